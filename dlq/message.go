@@ -1,0 +1,117 @@
+// Package dlq is the dead-letter side of the Causet projection worker: the
+// dead-letter message and its headers (SPEC §6), publishing dead letters,
+// creating the topics, reading the dead-letter topic back and the replay
+// ledger (SPEC §7).
+//
+// It does not import the projection package; the worker hands it a DeadLetter.
+package dlq
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// Default topic names (SPEC §2). All are configurable.
+const (
+	DefaultEventsTopic = "causet.projection-events.v1"
+	DefaultTopic       = "causet.projection-dlq.v1"
+	DefaultLedgerTopic = "causet.projection-dlq-ledger.v1"
+)
+
+// MinRetention is the shortest retention.ms the dead-letter topic may have:
+// 30 days (2592000000 ms), from the Causet DLQ guide.
+const MinRetention = 30 * 24 * time.Hour
+
+// Headers the worker writes on every dead letter (SPEC §6). The original
+// record's headers are carried over as well.
+const (
+	HeaderOriginalTopic     = "causet.dlq.original-topic"
+	HeaderOriginalPartition = "causet.dlq.original-partition" // decimal int32
+	HeaderOriginalOffset    = "causet.dlq.original-offset"    // decimal int64
+	HeaderOriginalTimestamp = "causet.dlq.original-timestamp" // epoch ms, decimal
+	HeaderProjection        = "causet.dlq.projection"
+	HeaderForkID            = "causet.dlq.fork-id"
+	HeaderTenantSchema      = "causet.dlq.tenant-schema"
+	HeaderEventType         = "causet.dlq.event-type"
+	HeaderErrorClass        = "causet.dlq.error-class" // permanent|projection|infrastructure
+	HeaderSQLState          = "causet.dlq.sqlstate"    // "" when not a PostgreSQL error
+	HeaderFingerprint       = "causet.dlq.fingerprint" // 16 hex digits
+	HeaderWorker            = "causet.dlq.worker"
+	HeaderGeneration        = "causet.dlq.generation" // "<build version>/<IR version>"
+	HeaderReplayCount       = "causet.dlq.replay-count"
+	// HeaderTruncated lists, comma-separated, the message fields that were
+	// shortened to fit the topic's size limit ("stackTrace", "error").
+	HeaderTruncated = "causet.dlq.truncated"
+)
+
+// Headers the replayer adds to a republished event (SPEC §7).
+const (
+	HeaderReplayProjection    = "causet.replay.projection"
+	HeaderReplaySource        = "causet.replay.source"          // "<dlq partition>:<dlq offset>"
+	HeaderReplayCountOut      = "causet.replay.count"           // decimal, 1 for the first replay
+	HeaderReplayFirstFailedAt = "causet.replay.first-failed-at" // epoch ms, decimal
+)
+
+// Message is the JSON value of a dead-letter record: exactly the documented
+// fields of SPEC §6, validated by schemas/projection-dlq.v1.schema.json.
+type Message struct {
+	// OriginalEvent is the failed record's value verbatim (byte for byte) when
+	// it is a JSON object, else JSON null.
+	OriginalEvent json.RawMessage `json:"originalEvent"`
+	// OriginalValueBase64 is the raw record value, standard base64, present
+	// only when OriginalEvent is null.
+	OriginalValueBase64 string `json:"originalValueBase64,omitempty"`
+	// ProjectionName is the projection that failed; "" for a permanent input
+	// error that no projection saw.
+	ProjectionName string `json:"projectionName"`
+	// TenantSchema is the event's tenant schema, "" when unreadable.
+	TenantSchema string `json:"tenantSchema"`
+	// Error is the message of the last failure; PostgreSQL errors read as
+	// PostgreSQL prints them ("ERROR: ... (SQLSTATE 42703)").
+	Error string `json:"error"`
+	// StackTrace is the wrapped error chain, PostgreSQL detail, hint, where,
+	// table, column and constraint, and the Go stack where the handler failed.
+	StackTrace string `json:"stackTrace"`
+	// RetryCount is the number of retries made before dead-lettering (0 for
+	// permanent errors).
+	RetryCount int `json:"retryCount"`
+	// FirstFailedAt is the epoch ms of the first failure; a replayed event that
+	// fails again keeps the original value.
+	FirstFailedAt int64 `json:"firstFailedAt"`
+	// FailedAt is the epoch ms of the dead-letter submission.
+	FailedAt int64 `json:"failedAt"`
+}
+
+// DeadLetter is one failed (record, projection) pair as the worker hands it
+// over for publishing.
+type DeadLetter struct {
+	// Source is the record that failed, as consumed (topic, partition, offset,
+	// timestamp, key, value, headers). Required.
+	Source *kgo.Record
+	// Projection is the projection that failed, "" for an input error no
+	// projection saw.
+	Projection string
+	// TenantSchema, ForkID and EventType come from the event, "" when it could
+	// not be decoded.
+	TenantSchema, ForkID, EventType string
+	// Class is the failure's class.
+	Class retry.Class
+	// Err is the last failure. Required.
+	Err error
+	// Stack is the Go stack where the handler failed or panicked, "" if none
+	// was captured.
+	Stack string
+	// Retries is the number of retries made (0 for permanent errors).
+	Retries int
+	// FirstFailedAt is the time of the first failure of this pair, or of the
+	// original failure for a replayed event (header
+	// causet.replay.first-failed-at).
+	FirstFailedAt time.Time
+	// ReplayCount is how many times the event has been replayed from the DLQ
+	// (header causet.replay.count), 0 for a first failure.
+	ReplayCount int
+}
