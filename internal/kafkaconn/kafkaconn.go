@@ -1,0 +1,107 @@
+// Package kafkaconn holds the Kafka connection settings shared by the
+// commands (brokers, TLS, SASL) and turns them into franz-go options.
+package kafkaconn
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/causet/projection-worker/internal/flagenv"
+)
+
+// DefaultBrokers is the broker list when neither --brokers nor KAFKA_BROKERS
+// is set: the embedded broker of `make run`.
+const DefaultBrokers = "127.0.0.1:9092"
+
+// Settings are the connection flags.
+type Settings struct {
+	// Brokers is a comma-separated host:port list. Default 127.0.0.1:9092.
+	Brokers string
+	// TLS enables TLS; TLSCA is a PEM bundle of CAs (default: system roots);
+	// TLSServerName overrides the name checked in the broker's certificate.
+	TLS           bool
+	TLSCA         string
+	TLSServerName string
+	// SASLMechanism is "", "plain", "scram-sha-256" or "scram-sha-512".
+	SASLMechanism string
+	SASLUser      string
+	SASLPassword  string
+}
+
+// Register defines the connection flags on fs, each with its environment
+// variable (KAFKA_BROKERS, KAFKA_TLS, KAFKA_TLS_CA, KAFKA_TLS_SERVER_NAME,
+// KAFKA_SASL_MECHANISM, KAFKA_SASL_USER, KAFKA_SASL_PASSWORD).
+func (s *Settings) Register(fs *flagenv.Set) {
+	fs.String(&s.Brokers, "brokers", "KAFKA_BROKERS", DefaultBrokers, "Kafka seed brokers, comma-separated host:port")
+	fs.Bool(&s.TLS, "kafka-tls", "KAFKA_TLS", false, "connect to Kafka with TLS")
+	fs.String(&s.TLSCA, "kafka-tls-ca", "KAFKA_TLS_CA", "", "PEM file of CA certificates for Kafka TLS (default: system roots)")
+	fs.String(&s.TLSServerName, "kafka-tls-server-name", "KAFKA_TLS_SERVER_NAME", "", "server name to verify in the brokers' certificates")
+	fs.String(&s.SASLMechanism, "kafka-sasl-mechanism", "KAFKA_SASL_MECHANISM", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default: none)")
+	fs.String(&s.SASLUser, "kafka-sasl-user", "KAFKA_SASL_USER", "", "SASL user name")
+	fs.String(&s.SASLPassword, "kafka-sasl-password", "KAFKA_SASL_PASSWORD", "", "SASL password (prefer the environment variable)")
+}
+
+// Opts validates the settings and returns the franz-go options for them:
+// seed brokers, TLS dialer and SASL mechanism. Errors are *flagenv.UsageError
+// naming the flag to fix.
+func (s Settings) Opts() ([]kgo.Opt, error) {
+	var brokers []string
+	for _, b := range strings.Split(s.Brokers, ",") {
+		if b = strings.TrimSpace(b); b == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return nil, flagenv.Usagef("--brokers: %q is not host:port", b)
+		}
+		brokers = append(brokers, b)
+	}
+	if len(brokers) == 0 {
+		return nil, flagenv.Usagef("--brokers (KAFKA_BROKERS) is empty: set it to host:port[,host:port...]")
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...)}
+	if s.TLS || s.TLSCA != "" {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.TLSServerName}
+		if s.TLSCA != "" {
+			pem, err := os.ReadFile(s.TLSCA)
+			if err != nil {
+				return nil, flagenv.Usagef("--kafka-tls-ca: %v", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, flagenv.Usagef("--kafka-tls-ca: %s holds no PEM certificate", s.TLSCA)
+			}
+			cfg.RootCAs = pool
+		}
+		opts = append(opts, kgo.DialTLSConfig(cfg))
+	}
+	switch strings.ToLower(s.SASLMechanism) {
+	case "":
+	case "plain":
+		opts = append(opts, kgo.SASL(plain.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsMechanism()))
+	case "scram-sha-256":
+		opts = append(opts, kgo.SASL(scram.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsSha256Mechanism()))
+	case "scram-sha-512":
+		opts = append(opts, kgo.SASL(scram.Auth{User: s.SASLUser, Pass: s.SASLPassword}.AsSha512Mechanism()))
+	default:
+		return nil, flagenv.Usagef("--kafka-sasl-mechanism: %q is not one of plain, scram-sha-256, scram-sha-512", s.SASLMechanism)
+	}
+	if s.SASLMechanism != "" && s.SASLUser == "" {
+		return nil, flagenv.Usagef("--kafka-sasl-user (KAFKA_SASL_USER) is required with --kafka-sasl-mechanism")
+	}
+	opts = append(opts, kgo.DialTimeout(10*time.Second))
+	return opts, nil
+}
+
+// String describes the connection for logs without the password.
+func (s Settings) String() string {
+	return fmt.Sprintf("brokers=%s tls=%t sasl=%s", s.Brokers, s.TLS || s.TLSCA != "", s.SASLMechanism)
+}
