@@ -1,0 +1,102 @@
+// Package kafkatest gives integration tests a Kafka broker: the real one
+// named by KAFKA_BROKERS when it is set (make test-kafka), else an in-process
+// franz-go kfake cluster. Tests that need kfake-only fault injection ask for
+// Fake and are skipped, by name and with the reason, against a real broker.
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Broker is a Kafka cluster for one test.
+type Broker struct {
+	// Addrs are the seed brokers.
+	Addrs []string
+	// Fake is the in-process cluster, nil against a real broker.
+	Fake *kfake.Cluster
+}
+
+// Real reports whether KAFKA_BROKERS names a real broker for the tests.
+func Real() bool { return os.Getenv("KAFKA_BROKERS") != "" }
+
+// New returns the broker for t: KAFKA_BROKERS when set, else a fresh kfake
+// cluster closed at the end of the test.
+func New(t testing.TB, opts ...kfake.Opt) *Broker {
+	t.Helper()
+	if Real() {
+		return &Broker{Addrs: strings.Split(os.Getenv("KAFKA_BROKERS"), ",")}
+	}
+	return Fake(t, opts...)
+}
+
+// Fake returns a fresh kfake cluster; against a real broker (KAFKA_BROKERS
+// set) the test is skipped, because it relies on kfake's fault injection.
+func Fake(t testing.TB, opts ...kfake.Opt) *Broker {
+	t.Helper()
+	if Real() {
+		t.Skipf("%s needs kfake fault injection; skipped against the real broker %s", t.Name(), os.Getenv("KAFKA_BROKERS"))
+	}
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return &Broker{Addrs: c.ListenAddrs(), Fake: c}
+}
+
+// Opts returns client options that reach the broker.
+func (b *Broker) Opts() []kgo.Opt {
+	return []kgo.Opt{kgo.SeedBrokers(b.Addrs...)}
+}
+
+// Client returns a client closed at the end of the test.
+func (b *Broker) Client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append(b.Opts(), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+var unsafe = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
+
+// TopicName returns a topic name unique to this test run: prefix, the test's
+// name and a random suffix.
+func TopicName(t testing.TB, prefix string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := prefix + "." + unsafe.ReplaceAllString(t.Name(), "_") + "." + hex.EncodeToString(b[:])
+	if len(name) > 240 {
+		name = name[len(name)-240:]
+	}
+	return name
+}
+
+// CreateTopic creates topic with the given partitions and configs and fails
+// the test on error.
+func (b *Broker) CreateTopic(t testing.TB, topic string, partitions int32, configs map[string]*string) {
+	t.Helper()
+	adm := kadm.NewClient(b.Client(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adm.CreateTopic(ctx, partitions, 1, configs, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
