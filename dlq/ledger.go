@@ -1,0 +1,277 @@
+package dlq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Ledger actions (the "action" field of a Decision).
+const (
+	// ActionReplayed records that the entry's event was republished to the
+	// events topic (and acknowledged).
+	ActionReplayed = "replayed"
+	// ActionSkipped records that the entry is permanently skipped: it is
+	// never replayed.
+	ActionSkipped = "skipped"
+)
+
+// Decision is the value of a ledger record: what was decided about one dead
+// letter, by whom and when. It is JSON
+//
+//	{"action":"replayed","at":1719331200000,"actor":"alice","runId":"5f0c…","reason":"","replayCount":1}
+//
+// keyed by the dead letter's "<dlq partition>:<dlq offset>". The ledger topic
+// is compacted, so the newest decision per dead letter is kept; a tombstone
+// (null value) removes the decision, which makes an entry replayable again.
+type Decision struct {
+	// Entry is the dead letter decided on: the record key, not part of the
+	// JSON value.
+	Entry Coordinates `json:"-"`
+	// Action is ActionReplayed or ActionSkipped.
+	Action string `json:"action"`
+	// At is when the decision was taken, epoch milliseconds.
+	At int64 `json:"at"`
+	// Actor is who took it (--actor; for retry the operator or job name).
+	Actor string `json:"actor"`
+	// RunID identifies the dlq-replayer run that recorded it.
+	RunID string `json:"runId"`
+	// Reason explains a skip (--reason); "" for a replay unless given.
+	Reason string `json:"reason"`
+	// ReplayCount is the causet.replay.count the republished event carried
+	// (the entry's causet.dlq.replay-count + 1); 0 for a skip.
+	ReplayCount int `json:"replayCount"`
+}
+
+// AtTime returns At as a time.
+func (d Decision) AtTime() time.Time { return time.UnixMilli(d.At) }
+
+// LedgerConfig configures OpenLedger.
+type LedgerConfig struct {
+	// Topic is the ledger topic. Default DefaultLedgerTopic.
+	Topic string
+	// ReadOnly opens the ledger for lookups only (dlq-replayer list and
+	// summary): a missing topic is read as an empty ledger and is not
+	// created, and Record fails. Default false: a missing topic is created,
+	// compacted (cleanup.policy=compact), with Partitions partitions.
+	ReadOnly bool
+	// Partitions is the partition count of a ledger topic created by
+	// OpenLedger. Default LedgerPartitions (1), as EnsureTopics creates it.
+	Partitions int32
+	// ReplicationFactor of a created ledger topic. Default -1: the broker's
+	// default.replication.factor.
+	ReplicationFactor int16
+	// Logger receives warnings about undecodable ledger records. Default:
+	// discard.
+	Logger *slog.Logger
+}
+
+// Ledger is the replay ledger (SPEC §2, §7): the newest decision for every
+// dead letter that was replayed or skipped, read from the compacted ledger
+// topic when it is opened and kept up to date by Record. Its methods are safe
+// for concurrent use.
+type Ledger struct {
+	topic    string
+	readOnly bool
+	cl       *kgo.Client // producer; nil when read-only
+
+	mu        sync.RWMutex
+	decisions map[Coordinates]Decision
+}
+
+// OpenLedger reads the ledger topic from its start up to the end offsets
+// listed when it starts (creating the topic first unless cfg.ReadOnly) and
+// returns the ledger. opts are the franz-go connection options. Ledger
+// records whose key is not "<partition>:<offset>" or whose value is not a
+// decision are logged and ignored. Close the ledger when done.
+func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (*Ledger, error) {
+	if cfg.Topic == "" {
+		cfg.Topic = DefaultLedgerTopic
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = LedgerPartitions
+	}
+	if cfg.ReplicationFactor == 0 {
+		cfg.ReplicationFactor = -1
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l := &Ledger{topic: cfg.Topic, readOnly: cfg.ReadOnly, decisions: map[Coordinates]Decision{}}
+	var created bool
+	if !cfg.ReadOnly {
+		var err error
+		if created, err = createLedgerTopic(ctx, opts, cfg); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	if !created { // a topic just created is empty
+		err = l.read(ctx, opts, cfg.Topic, log)
+	}
+	if err != nil && !(cfg.ReadOnly && errors.Is(err, ErrTopicNotFound)) {
+		return nil, fmt.Errorf("read ledger: %w", err)
+	}
+	if !cfg.ReadOnly {
+		l.cl, err = kgo.NewClient(append(append([]kgo.Opt{}, opts...),
+			kgo.DefaultProduceTopic(cfg.Topic),
+			kgo.RequiredAcks(kgo.AllISRAcks()),
+			kgo.ProducerLinger(0),
+			kgo.RecordDeliveryTimeout(time.Minute),
+		)...)
+		if err != nil {
+			return nil, fmt.Errorf("kafka client: %w", err)
+		}
+	}
+	return l, nil
+}
+
+// read loads the decisions of the ledger topic up to its end offsets.
+func (l *Ledger) read(ctx context.Context, opts []kgo.Opt, topic string, log *slog.Logger) error {
+	_, err := readToEnd(ctx, opts, topic, nil, func(r *kgo.Record) error {
+		c, err := ParseCoordinates(string(r.Key))
+		if err != nil {
+			log.Warn("ledger record has a bad key; ignored", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			return nil
+		}
+		if r.Value == nil {
+			delete(l.decisions, c)
+			return nil
+		}
+		var d Decision
+		if err := json.Unmarshal(r.Value, &d); err != nil || (d.Action != ActionReplayed && d.Action != ActionSkipped) {
+			log.Warn("ledger record is not a decision; ignored", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			return nil
+		}
+		d.Entry = c
+		l.decisions[c] = d
+		return nil
+	})
+	return err
+}
+
+// createLedgerTopic creates the compacted ledger topic unless it exists and
+// reports whether it created it.
+func createLedgerTopic(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (bool, error) {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return false, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topics, err := adm.ListTopics(ctx, cfg.Topic)
+	if err != nil {
+		return false, fmt.Errorf("describe ledger topic %s: %w", cfg.Topic, err)
+	}
+	if td, ok := topics[cfg.Topic]; ok && td.Err == nil {
+		return false, nil
+	}
+	_, err = adm.CreateTopic(ctx, cfg.Partitions, cfg.ReplicationFactor,
+		map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}, cfg.Topic)
+	switch {
+	case errors.Is(err, kerr.TopicAlreadyExists):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("create ledger topic %s: %w", cfg.Topic, err)
+	}
+	return true, nil
+}
+
+// Topic returns the ledger topic's name.
+func (l *Ledger) Topic() string { return l.topic }
+
+// Lookup returns the newest decision for the dead letter at c.
+func (l *Ledger) Lookup(c Coordinates) (Decision, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	d, ok := l.decisions[c]
+	return d, ok
+}
+
+// Status returns the action of the newest decision for c ("replayed",
+// "skipped"), or "" when there is none.
+func (l *Ledger) Status(c Coordinates) string {
+	d, _ := l.Lookup(c)
+	return d.Action
+}
+
+// Len returns the number of dead letters with a decision.
+func (l *Ledger) Len() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return len(l.decisions)
+}
+
+// Record writes decisions to the ledger topic and waits until Kafka has
+// acknowledged them (acks=all, idempotent producer); each acknowledged one
+// then replaces the entry's decision in memory. It returns nil when all were
+// written, else the errors of the failed ones joined (those are not
+// recorded). It fails on a read-only ledger.
+func (l *Ledger) Record(ctx context.Context, decisions ...Decision) error {
+	return errors.Join(l.record(ctx, decisions)...)
+}
+
+// record is Record with one error (or nil) per decision.
+func (l *Ledger) record(ctx context.Context, decisions []Decision) []error {
+	errs := make([]error, len(decisions))
+	if len(decisions) == 0 {
+		return errs
+	}
+	if l.readOnly {
+		for i := range errs {
+			errs[i] = errors.New("ledger opened read-only")
+		}
+		return errs
+	}
+	recs := make([]*kgo.Record, len(decisions))
+	for i, d := range decisions {
+		v, err := json.Marshal(d)
+		if err != nil { // cannot happen: plain fields
+			errs[i] = err
+			continue
+		}
+		recs[i] = &kgo.Record{Topic: l.topic, Key: []byte(d.Entry.String()), Value: v}
+	}
+	send := make([]*kgo.Record, 0, len(recs))
+	for _, r := range recs {
+		if r != nil {
+			send = append(send, r)
+		}
+	}
+	results := l.cl.ProduceSync(ctx, send...)
+	failed := map[*kgo.Record]error{}
+	for _, res := range results {
+		if res.Err != nil {
+			failed[res.Record] = res.Err
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, r := range recs {
+		if r == nil {
+			continue
+		}
+		if err := failed[r]; err != nil {
+			errs[i] = fmt.Errorf("record %s decision for %s in %s: %w", decisions[i].Action, decisions[i].Entry, l.topic, err)
+			continue
+		}
+		l.decisions[decisions[i].Entry] = decisions[i]
+	}
+	return errs
+}
+
+// Close releases the ledger's Kafka client. Decisions stay readable.
+func (l *Ledger) Close() {
+	if l.cl != nil {
+		l.cl.Close()
+	}
+}

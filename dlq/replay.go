@@ -1,0 +1,893 @@
+package dlq
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// DefaultMaxReplays is how many times an event may be replayed from the DLQ
+// (and fail again) before Retry refuses it without Force (SPEC §7).
+const DefaultMaxReplays = 3
+
+// Filters select dead letters (SPEC §7). Every non-zero field must match
+// (AND); the zero value selects everything. String fields compare exactly
+// with the entry's context (causet.dlq.* headers, falling back to the
+// message, see Entry); "" means no filter, so entries with an empty value
+// (an input error has no projection) cannot be selected by that value.
+type Filters struct {
+	// ForkID selects dead letters of one fork (causet.dlq.fork-id).
+	ForkID string
+	// Projection selects one projection (causet.dlq.projection).
+	Projection string
+	// TenantSchema selects one tenant schema (causet.dlq.tenant-schema).
+	TenantSchema string
+	// EventType selects one event type (causet.dlq.event-type).
+	EventType string
+	// ErrorContains selects dead letters whose error message contains it,
+	// ignoring case.
+	ErrorContains string
+	// Fingerprint selects one failure group (causet.dlq.fingerprint, 16 hex
+	// digits, case ignored).
+	Fingerprint string
+	// Since and Until select dead letters by failedAt: Since ≤ failedAt <
+	// Until; a zero time is no bound.
+	Since, Until time.Time
+}
+
+// IsZero reports whether f selects everything.
+func (f Filters) IsZero() bool { return f == Filters{} }
+
+// Match reports whether e passes every filter.
+func (f Filters) Match(e *Entry) bool {
+	switch {
+	case f.ForkID != "" && e.ForkID != f.ForkID,
+		f.Projection != "" && e.Projection != f.Projection,
+		f.TenantSchema != "" && e.TenantSchema != f.TenantSchema,
+		f.EventType != "" && e.EventType != f.EventType,
+		f.Fingerprint != "" && !strings.EqualFold(e.Fingerprint, f.Fingerprint),
+		!f.Since.IsZero() && e.Message.FailedAt < f.Since.UnixMilli(),
+		!f.Until.IsZero() && e.Message.FailedAt >= f.Until.UnixMilli():
+		return false
+	case f.ErrorContains != "":
+		return strings.Contains(strings.ToLower(e.Message.Error), strings.ToLower(f.ErrorContains))
+	}
+	return true
+}
+
+// LogValue lists the filters that are set, for logs.
+func (f Filters) LogValue() slog.Value {
+	var as []slog.Attr
+	add := func(k, v string) {
+		if v != "" {
+			as = append(as, slog.String(k, v))
+		}
+	}
+	add("fork_id", f.ForkID)
+	add("projection", f.Projection)
+	add("tenant_schema", f.TenantSchema)
+	add("event_type", f.EventType)
+	add("error_contains", f.ErrorContains)
+	add("fingerprint", f.Fingerprint)
+	if !f.Since.IsZero() {
+		as = append(as, slog.Time("since", f.Since))
+	}
+	if !f.Until.IsZero() {
+		as = append(as, slog.Time("until", f.Until))
+	}
+	return slog.GroupValue(as...)
+}
+
+// ParseTimeBound parses a --since/--until value: an RFC 3339 time
+// ("2024-06-25T12:00:00Z") or a Go duration ("24h", "90m") meaning that long
+// before now.
+func ParseTimeBound(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2024-06-25T12:00:00Z) nor a positive duration (24h)", s)
+	}
+	return now.Add(-d), nil
+}
+
+// ReplayRecord returns the record that replays e to topic at partition:
+// value originalEvent byte for byte, key the original key, and the original
+// headers (those of the dead letter without the causet.dlq.* ones and
+// without causet.replay.* ones of an earlier replay) plus
+//
+//   - causet.replay.projection: the entry's projectionName, so the worker
+//     applies the event to that projection only; omitted when projectionName
+//     is "" (an input error no projection saw), so every projection that
+//     handles the event type sees it;
+//   - causet.replay.source: "<dlq partition>:<dlq offset>";
+//   - causet.replay.count: the entry's replay count + 1;
+//   - causet.replay.first-failed-at: firstFailedAt (epoch ms; failedAt when
+//     firstFailedAt is 0).
+func ReplayRecord(e *Entry, topic string, partition int32) *kgo.Record {
+	hs := make([]kgo.RecordHeader, 0, len(e.Headers)+4)
+	for _, h := range e.Headers {
+		if strings.HasPrefix(h.Key, "causet.dlq.") || strings.HasPrefix(h.Key, "causet.replay.") {
+			continue
+		}
+		hs = append(hs, h)
+	}
+	if p := e.Message.ProjectionName; p != "" {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderReplayProjection, Value: []byte(p)})
+	}
+	first := e.Message.FirstFailedAt
+	if first == 0 {
+		first = e.Message.FailedAt
+	}
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderReplaySource, Value: []byte(e.Coordinates().String())},
+		kgo.RecordHeader{Key: HeaderReplayCountOut, Value: strconv.AppendInt(nil, int64(e.ReplayCount)+1, 10)},
+		kgo.RecordHeader{Key: HeaderReplayFirstFailedAt, Value: strconv.AppendInt(nil, first, 10)},
+	)
+	return &kgo.Record{
+		Topic:     topic,
+		Partition: partition,
+		Key:       e.Key,
+		Value:     []byte(e.Message.OriginalEvent),
+		Headers:   hs,
+	}
+}
+
+// OutcomeKind is what happened to one selected dead letter.
+type OutcomeKind string
+
+// Outcome kinds. Their names are the counters of the summary line.
+const (
+	// OutcomeReplayed: republished and acknowledged, then recorded in the
+	// ledger (in a dry run: would be republished).
+	OutcomeReplayed OutcomeKind = "replayed"
+	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent), or the
+	// skip was recorded (Skip).
+	OutcomeSkipped OutcomeKind = "skipped"
+	// OutcomeAlreadyReplayed: the ledger says "replayed" and
+	// IncludeReplayed is off; not sent.
+	OutcomeAlreadyReplayed OutcomeKind = "already-replayed"
+	// OutcomeRefused: not sent because the event was replayed MaxReplays
+	// times already (without Force), or because originalEvent is null.
+	OutcomeRefused OutcomeKind = "refused"
+	// OutcomeFailed: the produce, or the ledger write after it, failed.
+	OutcomeFailed OutcomeKind = "failed"
+)
+
+// Outcome reports what Retry or Skip did with one selected dead letter.
+type Outcome struct {
+	Entry *Entry
+	Kind  OutcomeKind
+	// DryRun is set when nothing was sent or recorded.
+	DryRun bool
+	// Topic and Partition are where the event was (or would be, or failed
+	// to be) republished; Partition is -1 when nothing was to be sent.
+	Topic     string
+	Partition int32
+	// FromHeader reports that Partition came from the
+	// causet.dlq.original-partition header (else: murmur2 of the key).
+	FromHeader bool
+	// Reason explains a refusal, a skip or a failure.
+	Reason string
+	// Err is the produce or ledger error of a failure.
+	Err error
+}
+
+// String describes the outcome on one line, as dry runs print it.
+func (o Outcome) String() string {
+	var b strings.Builder
+	verb := string(o.Kind)
+	if o.DryRun {
+		switch o.Kind {
+		case OutcomeReplayed:
+			verb = "would replay"
+		case OutcomeSkipped:
+			verb = "would skip"
+		}
+	}
+	fmt.Fprintf(&b, "%s %s", verb, o.Entry.Coordinates())
+	if o.Partition >= 0 {
+		src := "murmur2(key)"
+		if o.FromHeader {
+			src = "original partition"
+		}
+		fmt.Fprintf(&b, " -> %s[%d] (%s)", o.Topic, o.Partition, src)
+	}
+	fmt.Fprintf(&b, " key=%q projection=%q tenant=%q event=%q replay-count=%d",
+		o.Entry.Key, o.Entry.Message.ProjectionName, o.Entry.TenantSchema, o.Entry.EventType, o.Entry.ReplayCount)
+	if o.Reason != "" {
+		fmt.Fprintf(&b, ": %s", o.Reason)
+	}
+	return b.String()
+}
+
+// Result counts the outcomes of a Retry or Skip run.
+type Result struct {
+	Matched         int
+	Replayed        int
+	Skipped         int
+	AlreadyReplayed int
+	Refused         int
+	Failed          int
+	// DryRun is set when nothing was sent or recorded; Replayed and Skipped
+	// then count what would have been.
+	DryRun bool
+	// Scan is what was read from the dead-letter topic.
+	Scan ScanStats
+}
+
+// String returns the summary line
+// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
+func (r Result) String() string {
+	return fmt.Sprintf("matched=%d replayed=%d skipped=%d already-replayed=%d refused=%d failed=%d",
+		r.Matched, r.Replayed, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
+}
+
+func (r *Result) count(k OutcomeKind) {
+	switch k {
+	case OutcomeReplayed:
+		r.Replayed++
+	case OutcomeSkipped:
+		r.Skipped++
+	case OutcomeAlreadyReplayed:
+		r.AlreadyReplayed++
+	case OutcomeRefused:
+		r.Refused++
+	case OutcomeFailed:
+		r.Failed++
+	}
+}
+
+// ReplayConfig configures a Replayer.
+type ReplayConfig struct {
+	// EventsTopic receives replayed events. Default DefaultEventsTopic.
+	EventsTopic string
+	// DLQTopic is read. Default DefaultTopic.
+	DLQTopic string
+	// Filters select the dead letters; the zero value selects all (the
+	// command requires --all for that).
+	Filters Filters
+	// DryRun reports what would be sent (OnOutcome) and sends and records
+	// nothing.
+	DryRun bool
+	// IncludeReplayed replays entries the ledger already marks replayed.
+	// Skipped entries are never replayed.
+	IncludeReplayed bool
+	// MaxReplays refuses an entry whose event was already replayed that
+	// many times (its causet.dlq.replay-count) unless Force. Default
+	// DefaultMaxReplays (3); 0 means the default.
+	MaxReplays int
+	// Force replays entries over MaxReplays.
+	Force bool
+	// Rate caps replays per second; 0 means unlimited.
+	Rate float64
+	// Actor is recorded in ledger decisions. Default "dlq-replayer"; Skip
+	// requires it.
+	Actor string
+	// Reason is recorded in ledger decisions; Skip requires it.
+	Reason string
+	// RunID is recorded in ledger decisions. Default: 16 random hex digits.
+	RunID string
+	// BatchSize is the number of records produced (and then recorded) per
+	// round trip. Default 256; with Rate, at most Rate/10 so a batch leaves
+	// every 100 ms.
+	BatchSize int
+	// Progress is passed to Scan (called after each fetch).
+	Progress func(scanned, total int64)
+	// OnOutcome, when not nil, is called with the outcome of every selected
+	// dead letter, in the order they are decided (replays after they are
+	// acknowledged and recorded), from the goroutine running Retry/Skip.
+	OnOutcome func(Outcome)
+	// Logger receives one line per refusal and failure. Default: discard.
+	Logger *slog.Logger
+	// Now is the clock for decision times. Default time.Now.
+	Now func() time.Time
+}
+
+// Validate returns an error naming the first field that is out of range.
+func (c ReplayConfig) Validate() error {
+	switch {
+	case c.MaxReplays < 0:
+		return fmt.Errorf("max replays must be >= 0, got %d", c.MaxReplays)
+	case c.Rate < 0:
+		return fmt.Errorf("rate must be >= 0 records/s, got %g", c.Rate)
+	case c.BatchSize < 0:
+		return fmt.Errorf("batch size must be >= 0, got %d", c.BatchSize)
+	}
+	return nil
+}
+
+func (c *ReplayConfig) setDefaults() {
+	if c.EventsTopic == "" {
+		c.EventsTopic = DefaultEventsTopic
+	}
+	if c.DLQTopic == "" {
+		c.DLQTopic = DefaultTopic
+	}
+	if c.MaxReplays == 0 {
+		c.MaxReplays = DefaultMaxReplays
+	}
+	if c.Actor == "" {
+		c.Actor = "dlq-replayer"
+	}
+	if c.RunID == "" {
+		c.RunID = NewRunID()
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 256
+	}
+	if c.Rate > 0 {
+		c.BatchSize = max(1, min(c.BatchSize, int(c.Rate/10)))
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// NewRunID returns 16 random hex digits identifying a run in the ledger.
+func NewRunID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// Replayer republishes and skips dead letters (SPEC §7).
+type Replayer struct {
+	opts   []kgo.Opt
+	ledger *Ledger
+	cfg    ReplayConfig
+}
+
+// NewReplayer returns a Replayer that connects with opts (franz-go
+// connection options: seed brokers, TLS, SASL, logger) and records its
+// decisions in ledger, which must have been opened writable unless only dry
+// runs are made. It returns Validate's error for a bad cfg.
+func NewReplayer(opts []kgo.Opt, ledger *Ledger, cfg ReplayConfig) (*Replayer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if ledger == nil {
+		return nil, errors.New("replayer needs a ledger")
+	}
+	cfg.setDefaults()
+	return &Replayer{opts: opts, ledger: ledger, cfg: cfg}, nil
+}
+
+// RunID returns the run id recorded in the ledger.
+func (r *Replayer) RunID() string { return r.cfg.RunID }
+
+// Retry reads the selected dead letters and republishes each one's
+// originalEvent to the events topic with ReplayRecord, at the partition
+// ReplayPartitioner picks for the topic's current partition count. An entry
+// is recorded in the ledger as "replayed" only after Kafka acknowledged its
+// record (acks=all). Not sent: entries the ledger marks skipped (never), or
+// replayed (unless IncludeReplayed); entries replayed MaxReplays times
+// already (unless Force) and entries whose originalEvent is null are
+// refused. In a dry run nothing is sent or recorded and Replayed counts what
+// would be.
+//
+// A failed produce or ledger write is counted in Result.Failed (reported
+// through OnOutcome and the logger) and the run goes on; Retry returns an
+// error only when it cannot run (dead-letter or events topic missing, Kafka
+// unreachable, ctx done), with the counts so far.
+func (r *Replayer) Retry(ctx context.Context) (Result, error) {
+	cfg := &r.cfg
+	log := cfg.Logger
+	res := Result{DryRun: cfg.DryRun}
+
+	nparts, err := partitionCount(ctx, r.opts, cfg.EventsTopic)
+	if err != nil {
+		return res, err
+	}
+	parter := NewReplayPartitioner(nparts)
+
+	var prod *kgo.Client
+	if !cfg.DryRun {
+		prod, err = kgo.NewClient(append(append([]kgo.Opt{
+			kgo.RecordDeliveryTimeout(2 * time.Minute),
+			kgo.ProducerLinger(0),
+		}, r.opts...),
+			kgo.RecordPartitioner(kgo.ManualPartitioner()),
+			kgo.RequiredAcks(kgo.AllISRAcks()),
+		)...)
+		if err != nil {
+			return res, fmt.Errorf("kafka client: %w", err)
+		}
+		defer prod.Close()
+	}
+
+	emit := func(o Outcome) {
+		res.count(o.Kind)
+		switch o.Kind {
+		case OutcomeFailed:
+			log.Error("replay failed", "partition", o.Entry.Partition, "offset", o.Entry.Offset,
+				"projection", o.Entry.Projection, "tenant_schema", o.Entry.TenantSchema, "reason", o.Reason, "err", o.Err)
+		case OutcomeRefused:
+			log.Warn("replay refused", "partition", o.Entry.Partition, "offset", o.Entry.Offset,
+				"projection", o.Entry.Projection, "tenant_schema", o.Entry.TenantSchema, "reason", o.Reason)
+		}
+		if cfg.OnOutcome != nil {
+			cfg.OnOutcome(o)
+		}
+	}
+
+	type pendingReplay struct {
+		e          *Entry
+		rec        *kgo.Record
+		fromHeader bool
+	}
+	var pending []pendingReplay
+	flush := func() {
+		if len(pending) == 0 {
+			return
+		}
+		recs := make([]*kgo.Record, len(pending))
+		for i, p := range pending {
+			recs[i] = p.rec
+		}
+		prodErrs := map[*kgo.Record]error{}
+		for _, pr := range prod.ProduceSync(ctx, recs...) {
+			if pr.Err != nil {
+				prodErrs[pr.Record] = pr.Err
+			}
+		}
+		var decisions []Decision
+		var acked []pendingReplay
+		now := cfg.Now().UnixMilli()
+		for _, p := range pending {
+			if err := prodErrs[p.rec]; err != nil {
+				emit(Outcome{Entry: p.e, Kind: OutcomeFailed, Topic: cfg.EventsTopic, Partition: p.rec.Partition,
+					FromHeader: p.fromHeader, Reason: "produce to the events topic failed; not recorded in the ledger", Err: err})
+				continue
+			}
+			acked = append(acked, p)
+			decisions = append(decisions, Decision{Entry: p.e.Coordinates(), Action: ActionReplayed, At: now,
+				Actor: cfg.Actor, RunID: cfg.RunID, Reason: cfg.Reason, ReplayCount: p.e.ReplayCount + 1})
+		}
+		ledgerErrs := r.ledger.record(ctx, decisions)
+		for i, p := range acked {
+			o := Outcome{Entry: p.e, Kind: OutcomeReplayed, Topic: cfg.EventsTopic, Partition: p.rec.Partition, FromHeader: p.fromHeader}
+			if err := ledgerErrs[i]; err != nil {
+				o.Kind, o.Err = OutcomeFailed, err
+				o.Reason = "republished, but the ledger write failed: a later retry will send it again"
+			}
+			emit(o)
+		}
+		pending = pending[:0]
+	}
+
+	pace := newPacer(cfg.Rate)
+	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: log}, func(e *Entry) error {
+		res.Matched++
+		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
+		d, decided := r.ledger.Lookup(e.Coordinates())
+		switch {
+		case decided && d.Action == ActionSkipped:
+			o.Kind, o.Reason = OutcomeSkipped, fmt.Sprintf("skipped by %s: %s", d.Actor, d.Reason)
+		case decided && d.Action == ActionReplayed && !cfg.IncludeReplayed:
+			o.Kind = OutcomeAlreadyReplayed
+			o.Reason = fmt.Sprintf("replayed at %s by %s (run %s)", d.AtTime().UTC().Format(time.RFC3339), d.Actor, d.RunID)
+		case !e.HasOriginalEvent():
+			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a JSON object): nothing to replay"
+		case e.ReplayCount >= cfg.MaxReplays && !cfg.Force:
+			o.Kind = OutcomeRefused
+			o.Reason = fmt.Sprintf("event already replayed %d times (max %d; force to replay)", e.ReplayCount, cfg.MaxReplays)
+		default:
+			p, fromHeader := parter.Partition(e.OriginalPartition, e.Key)
+			if cfg.DryRun {
+				o.Kind, o.Partition, o.FromHeader = OutcomeReplayed, p, fromHeader
+				break
+			}
+			if err := pace.wait(ctx); err != nil {
+				return err
+			}
+			pending = append(pending, pendingReplay{e: e, rec: ReplayRecord(e, cfg.EventsTopic, p), fromHeader: fromHeader})
+			if len(pending) >= cfg.BatchSize {
+				flush()
+			}
+			return nil
+		}
+		emit(o)
+		return nil
+	})
+	if !cfg.DryRun {
+		flush()
+	}
+	res.Scan = st
+	if err != nil {
+		return res, fmt.Errorf("replay from %s: %w", cfg.DLQTopic, err)
+	}
+	return res, nil
+}
+
+// Skip records a "skipped" decision (Actor, Reason, RunID) in the ledger for
+// every selected dead letter, so Retry never sends it; in a dry run it only
+// reports them. Reason and Actor are required. Ledger write failures are
+// counted in Result.Failed; Skip returns an error only when it cannot run.
+func (r *Replayer) Skip(ctx context.Context) (Result, error) {
+	cfg := &r.cfg
+	res := Result{DryRun: cfg.DryRun}
+	if strings.TrimSpace(cfg.Reason) == "" || strings.TrimSpace(cfg.Actor) == "" {
+		return res, errors.New("skip needs a reason and an actor")
+	}
+	emit := func(o Outcome) {
+		res.count(o.Kind)
+		if o.Kind == OutcomeFailed {
+			cfg.Logger.Error("skip failed", "partition", o.Entry.Partition, "offset", o.Entry.Offset, "err", o.Err)
+		}
+		if cfg.OnOutcome != nil {
+			cfg.OnOutcome(o)
+		}
+	}
+	var pending []*Entry
+	flush := func() {
+		if len(pending) == 0 {
+			return
+		}
+		now := cfg.Now().UnixMilli()
+		ds := make([]Decision, len(pending))
+		for i, e := range pending {
+			ds[i] = Decision{Entry: e.Coordinates(), Action: ActionSkipped, At: now, Actor: cfg.Actor, RunID: cfg.RunID, Reason: cfg.Reason}
+		}
+		for i, err := range r.ledger.record(ctx, ds) {
+			o := Outcome{Entry: pending[i], Kind: OutcomeSkipped, Partition: -1, Reason: cfg.Reason}
+			if err != nil {
+				o.Kind, o.Err, o.Reason = OutcomeFailed, err, "ledger write failed"
+			}
+			emit(o)
+		}
+		pending = pending[:0]
+	}
+	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: cfg.Logger}, func(e *Entry) error {
+		res.Matched++
+		if cfg.DryRun {
+			emit(Outcome{Entry: e, Kind: OutcomeSkipped, DryRun: true, Partition: -1, Reason: cfg.Reason})
+			return nil
+		}
+		pending = append(pending, e)
+		if len(pending) >= cfg.BatchSize {
+			flush()
+		}
+		return nil
+	})
+	if !cfg.DryRun {
+		flush()
+	}
+	res.Scan = st
+	if err != nil {
+		return res, fmt.Errorf("skip from %s: %w", cfg.DLQTopic, err)
+	}
+	return res, nil
+}
+
+// partitionCount returns the current partition count of topic.
+func partitionCount(ctx context.Context, opts []kgo.Opt, topic string) (int32, error) {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return 0, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("describe events topic %s: %w", topic, err)
+	}
+	td, ok := tds[topic]
+	if !ok || td.Err != nil || len(td.Partitions) == 0 {
+		if ok && td.Err != nil {
+			err = td.Err
+		} else {
+			err = ErrTopicNotFound
+		}
+		return 0, fmt.Errorf("describe events topic %s: %w", topic, err)
+	}
+	return int32(len(td.Partitions)), nil
+}
+
+// pacer spaces calls to wait to rate per second.
+type pacer struct {
+	interval time.Duration
+	next     time.Time
+}
+
+func newPacer(rate float64) *pacer {
+	if rate <= 0 {
+		return &pacer{}
+	}
+	return &pacer{interval: time.Duration(float64(time.Second) / rate)}
+}
+
+func (p *pacer) wait(ctx context.Context) error {
+	if p.interval == 0 {
+		return nil
+	}
+	now := time.Now()
+	if p.next.IsZero() || p.next.Before(now) {
+		p.next = now
+	}
+	d := p.next.Sub(now)
+	p.next = p.next.Add(p.interval)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// GroupBy is how Summary groups dead letters.
+type GroupBy string
+
+// Summary groupings (dlq-replayer summary --by).
+const (
+	GroupByFingerprint GroupBy = "fingerprint"
+	GroupByProjection  GroupBy = "projection"
+	GroupByTenant      GroupBy = "tenant"
+	GroupByError       GroupBy = "error"
+)
+
+// ParseGroupBy returns the grouping named s: fingerprint, projection, tenant
+// or error.
+func ParseGroupBy(s string) (GroupBy, error) {
+	switch g := GroupBy(s); g {
+	case GroupByFingerprint, GroupByProjection, GroupByTenant, GroupByError:
+		return g, nil
+	}
+	return "", fmt.Errorf("%q is not fingerprint, projection, tenant or error", s)
+}
+
+// Group is one row of a summary.
+type Group struct {
+	// Key is the fingerprint, projection, tenant schema or first line of the
+	// error message the group shares.
+	Key string `json:"key"`
+	// Count is the number of dead letters in the group.
+	Count int `json:"count"`
+	// FirstFailedAt and LastFailedAt are the smallest and largest failedAt
+	// (epoch ms) in the group.
+	FirstFailedAt int64 `json:"firstFailedAt"`
+	LastFailedAt  int64 `json:"lastFailedAt"`
+	// Projections are the projections in the group, sorted.
+	Projections []string `json:"projections"`
+	// SampleError is the error of the group's first dead letter.
+	SampleError string `json:"sampleError"`
+}
+
+// Summary counts dead letters by group. Add entries, then read Groups.
+type Summary struct {
+	by     GroupBy
+	groups map[string]*Group
+	projs  map[string]map[string]bool
+}
+
+// NewSummary returns an empty summary grouping by by.
+func NewSummary(by GroupBy) *Summary {
+	return &Summary{by: by, groups: map[string]*Group{}, projs: map[string]map[string]bool{}}
+}
+
+// Add counts e in its group.
+func (s *Summary) Add(e *Entry) {
+	var key string
+	switch s.by {
+	case GroupByProjection:
+		key = e.Projection
+	case GroupByTenant:
+		key = e.TenantSchema
+	case GroupByError:
+		key = firstLine(e.Message.Error)
+	default:
+		key = e.Fingerprint
+	}
+	g := s.groups[key]
+	if g == nil {
+		g = &Group{Key: key, FirstFailedAt: e.Message.FailedAt, LastFailedAt: e.Message.FailedAt, SampleError: e.Message.Error}
+		s.groups[key] = g
+		s.projs[key] = map[string]bool{}
+	}
+	g.Count++
+	g.FirstFailedAt = min(g.FirstFailedAt, e.Message.FailedAt)
+	g.LastFailedAt = max(g.LastFailedAt, e.Message.FailedAt)
+	if !s.projs[key][e.Projection] {
+		s.projs[key][e.Projection] = true
+		g.Projections = append(g.Projections, e.Projection)
+	}
+}
+
+// Groups returns the groups, largest first (ties by key).
+func (s *Summary) Groups() []Group {
+	out := make([]Group, 0, len(s.groups))
+	for _, g := range s.groups {
+		c := *g
+		c.Projections = slices.Clone(g.Projections)
+		slices.Sort(c.Projections)
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Group) int {
+		if c := cmp.Compare(b.Count, a.Count); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Key, b.Key)
+	})
+	return out
+}
+
+// WriteTable writes the groups as an aligned table: COUNT, FIRST FAILED,
+// LAST FAILED (UTC, RFC 3339), the grouping key, PROJECTIONS and the first
+// line of a SAMPLE ERROR.
+func (s *Summary) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "COUNT\tFIRST FAILED\tLAST FAILED\t%s\tPROJECTIONS\tSAMPLE ERROR\n", strings.ToUpper(string(s.by)))
+	for _, g := range s.Groups() {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", g.Count, fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
+			cell(orDash(g.Key), 80), cell(strings.Join(g.Projections, ","), 60), cell(firstLine(g.SampleError), 160))
+	}
+	return tw.Flush()
+}
+
+// WriteJSON writes one JSON object per group per line, largest first.
+func (s *Summary) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	for _, g := range s.Groups() {
+		g.Projections = append(make([]string, 0, len(g.Projections)), g.Projections...)
+		if err := enc.Encode(struct {
+			By GroupBy `json:"by"`
+			Group
+		}{s.by, g}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ListWriter writes dead letters for dlq-replayer list, as a table or as JSON
+// lines.
+type ListWriter struct {
+	json bool
+	w    io.Writer
+	tw   *tabwriter.Writer
+}
+
+// NewListWriter returns a writer of format "table" or "json" to w.
+//
+// Table columns: DLQ (partition:offset), FAILED AT (UTC), PROJECTION,
+// TENANT, EVENT TYPE, ENTITY (the record key), RETRIES (retryCount),
+// REPLAYS (replay count), LEDGER (replayed, skipped or —) and the first line
+// of the ERROR. JSON: one object per line, the dead-letter message's fields
+// plus dlqPartition, dlqOffset, key, forkId, eventType, fingerprint,
+// errorClass, sqlstate, originalPartition (-1 when unknown), replayCount,
+// ledgerStatus ("replayed", "skipped" or "") and ledger (the decision, or
+// null), for jq.
+func NewListWriter(w io.Writer, format string) (*ListWriter, error) {
+	switch format {
+	case "json":
+		return &ListWriter{json: true, w: w}, nil
+	case "table", "":
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "DLQ\tFAILED AT\tPROJECTION\tTENANT\tEVENT TYPE\tENTITY\tRETRIES\tREPLAYS\tLEDGER\tERROR")
+		return &ListWriter{tw: tw}, nil
+	}
+	return nil, fmt.Errorf("output format %q is not table or json", format)
+}
+
+// Write writes one entry with its ledger decision (nil when it has none).
+func (lw *ListWriter) Write(e *Entry, d *Decision) error {
+	status := ""
+	if d != nil {
+		status = d.Action
+	}
+	if lw.json {
+		var key *string
+		if e.Key != nil {
+			k := string(e.Key)
+			key = &k
+		}
+		// Message has its own MarshalJSON (which keeps originalEvent byte
+		// for byte); the list fields are written first and the message's
+		// fields spliced in after them.
+		msg, err := e.Message.MarshalJSON()
+		if err != nil {
+			return fmt.Errorf("encode dead letter %s: %w", e.Coordinates(), err)
+		}
+		head, err := json.Marshal(struct {
+			DLQPartition      int32     `json:"dlqPartition"`
+			DLQOffset         int64     `json:"dlqOffset"`
+			Key               *string   `json:"key"`
+			ForkID            string    `json:"forkId"`
+			EventType         string    `json:"eventType"`
+			Fingerprint       string    `json:"fingerprint"`
+			ErrorClass        string    `json:"errorClass"`
+			SQLState          string    `json:"sqlstate"`
+			OriginalPartition int32     `json:"originalPartition"`
+			ReplayCount       int       `json:"replayCount"`
+			LedgerStatus      string    `json:"ledgerStatus"`
+			Ledger            *Decision `json:"ledger"`
+		}{e.Partition, e.Offset, key, e.ForkID, e.EventType, e.Fingerprint, e.ErrorClass, e.SQLState,
+			e.OriginalPartition, e.ReplayCount, status, d})
+		if err != nil {
+			return err
+		}
+		line := make([]byte, 0, len(head)+len(msg)+1)
+		line = append(line, head[:len(head)-1]...)
+		line = append(line, ',')
+		line = append(line, msg[1:]...)
+		line = append(line, '\n')
+		_, err = lw.w.Write(line)
+		return err
+	}
+	entity := "—"
+	if e.Key != nil {
+		entity = string(e.Key)
+	}
+	_, err := fmt.Fprintf(lw.tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n",
+		e.Coordinates(), fmtMillis(e.Message.FailedAt), cell(orDash(e.Projection), 60), cell(orDash(e.TenantSchema), 63),
+		cell(orDash(e.EventType), 60), cell(entity, 60), e.Message.RetryCount, e.ReplayCount, orDash(status),
+		cell(firstLine(e.Message.Error), 160))
+	return err
+}
+
+// Flush writes out a table; JSON lines are written as they come.
+func (lw *ListWriter) Flush() error {
+	if lw.tw != nil {
+		return lw.tw.Flush()
+	}
+	return nil
+}
+
+func fmtMillis(ms int64) string {
+	if ms == 0 {
+		return "—"
+	}
+	return time.UnixMilli(ms).UTC().Format(time.RFC3339)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return strings.TrimSpace(s)
+}
+
+// cell makes s fit a table cell: no tabs or control characters, at most n
+// runes (an ellipsis marks a cut).
+func cell(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
