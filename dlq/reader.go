@@ -325,9 +325,9 @@ func newSelector(f Filters) *selector { return &selector{f: f} }
 // headerValues are the causet.dlq.* headers of one record.
 type headerValues struct {
 	projection, tenant, fork, eventType, fingerprint, class, sqlstate string
-	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint       bool
-	originalPartition                                                     int32
-	replayCount                                                           int
+	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint   bool
+	originalPartition                                                 int32
+	replayCount                                                       int
 }
 
 func readHeaders(hs []kgo.RecordHeader) headerValues {

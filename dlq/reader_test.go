@@ -1,0 +1,195 @@
+package dlq_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/kafkatest"
+)
+
+// TestScanTerminatesWhileDeadLettersKeepArriving appends dead letters from a
+// goroutine during the whole scan: Scan stops at the end offsets it listed
+// when it started.
+func TestScanTerminatesWhileDeadLettersKeepArriving(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 3)
+	for i := range 300 {
+		f.add(deadLetter{key: "user-" + strconv.Itoa(i), fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+	}
+
+	ctx, stop := context.WithCancel(testCtx(t))
+	var appended atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by this test; exits when stop is called
+		defer wg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			rec, err := dlq.NewRecord(dlq.DeadLetter{
+				Source:     &kgo.Record{Topic: f.events, Key: []byte("late-" + strconv.Itoa(i)), Value: event("production", "acme_prod", "E", "late")},
+				Projection: "p", Err: errors.New("boom"),
+			}, dlq.RecordConfig{Topic: f.dlqTopic}, time.Now())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := f.cl.ProduceSync(ctx, rec).First(); err == nil {
+				appended.Add(1)
+			}
+		}
+	}()
+	defer func() { stop(); wg.Wait() }()
+	for appended.Load() < 20 {
+		time.Sleep(time.Millisecond)
+	}
+
+	var progressCalls int
+	var lastScanned, lastTotal int64
+	before := appended.Load()
+	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Progress: func(scanned, total int64) {
+		progressCalls++
+		lastScanned, lastTotal = scanned, total
+	}}, func(e *dlq.Entry) error {
+		time.Sleep(50 * time.Microsecond) // let the writer get ahead
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := appended.Load()
+	if st.Scanned < 300+before || st.Scanned > 300+after || st.Scanned != st.Matched {
+		t.Errorf("stats %+v: want %d..%d scanned, all matched", st, 300+before, 300+after)
+	}
+	if progressCalls < 2 || lastScanned != lastTotal || lastTotal != st.Scanned {
+		t.Errorf("progress: %d calls, last %d/%d, scanned %d", progressCalls, lastScanned, lastTotal, st.Scanned)
+	}
+	if after == before {
+		t.Log("the writer appended nothing during the scan")
+	}
+}
+
+func TestScanEntryFields(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 4, 1)
+	first := t0.Add(-time.Hour)
+	at := f.add(deadLetter{key: "user-1", fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
+		projection: "artist_followers", originalPartition: 2, replayCount: 1, firstFailedAt: first})
+	var got []*dlq.Entry
+	if _, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(e *dlq.Entry) error {
+		got = append(got, e)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("got %d entries", len(got))
+	}
+	e := got[0]
+	type fields struct {
+		Coords                                                    dlq.Coordinates
+		Key, Projection, Tenant, Fork, EventType, Class, SQLState string
+		OriginalPartition                                         int32
+		ReplayCount, RetryCount                                   int
+		FailedAt, FirstFailedAt                                   time.Time
+		HasEvent                                                  bool
+	}
+	want := fields{at, "user-1", "artist_followers", "acme_prod", "production", "ARTIST_FOLLOWED", "projection", "42703",
+		2, 1, 5, t0, first, true}
+	gotf := fields{e.Coordinates(), string(e.Key), e.Projection, e.TenantSchema, e.ForkID, e.EventType, e.ErrorClass, e.SQLState,
+		e.OriginalPartition, e.ReplayCount, e.Message.RetryCount, e.FailedAt().UTC(), e.FirstFailedAt().UTC(), e.HasOriginalEvent()}
+	if diff := cmp.Diff(want, gotf); diff != "" {
+		t.Errorf("entry (-want +got):\n%s", diff)
+	}
+	if len(e.Fingerprint) != 16 {
+		t.Errorf("fingerprint %q", e.Fingerprint)
+	}
+}
+
+func TestScanSkipsRecordsThatAreNotDeadLetters(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 1)
+	f.add(deadLetter{key: "user-1", projection: "p"})
+	f.produce(&kgo.Record{Topic: f.dlqTopic, Value: []byte("garbage")})
+	f.add(deadLetter{key: "user-2", projection: "p"})
+	var keys []string
+	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(e *dlq.Entry) error {
+		keys = append(keys, string(e.Key))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"user-1", "user-2"}, keys); diff != "" || st.Undecodable != 1 || st.Scanned != 3 {
+		t.Errorf("keys (-want +got):\n%s\nstats %+v", diff, st)
+	}
+}
+
+func TestScanStop(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 1)
+	for i := range 5 {
+		f.add(deadLetter{key: "user-" + strconv.Itoa(i), projection: "p"})
+	}
+	n := 0
+	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(e *dlq.Entry) error {
+		n++
+		if n == 2 {
+			return dlq.ErrStopScan
+		}
+		return nil
+	})
+	if err != nil || n != 2 || st.Matched != 2 {
+		t.Errorf("stopped scan: err %v, %d calls, stats %+v", err, n, st)
+	}
+	boom := errors.New("boom")
+	if _, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(*dlq.Entry) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("callback error: got %v", err)
+	}
+}
+
+func TestScanEmptyAndMissingTopics(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 3)
+	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(*dlq.Entry) error { return nil })
+	if err != nil || st.Scanned != 0 {
+		t.Errorf("empty topic: %+v, %v", st, err)
+	}
+	_, err = dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: kafkatest.TopicName(t, "missing")}, func(*dlq.Entry) error { return nil })
+	if !errors.Is(err, dlq.ErrTopicNotFound) {
+		t.Errorf("missing topic: got %v, want ErrTopicNotFound", err)
+	}
+}
+
+func TestParseCoordinates(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    dlq.Coordinates
+		wantErr bool
+	}{
+		{"0:0", dlq.Coordinates{}, false},
+		{"3:1891", dlq.Coordinates{Partition: 3, Offset: 1891}, false},
+		{"3", dlq.Coordinates{}, true},
+		{"-1:2", dlq.Coordinates{}, true},
+		{"1:x", dlq.Coordinates{}, true},
+		{"", dlq.Coordinates{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := dlq.ParseCoordinates(tt.in)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("ParseCoordinates(%q) = %v, %v", tt.in, got, err)
+			}
+			if err == nil && got.String() != tt.in {
+				t.Errorf("String() = %q", got.String())
+			}
+		})
+	}
+}

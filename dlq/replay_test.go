@@ -1,0 +1,847 @@
+package dlq_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/retry"
+)
+
+// t0 is the failedAt of the first dead letter of the fixtures.
+var t0 = time.Date(2024, 6, 25, 12, 0, 0, 0, time.UTC)
+
+// fixture is an events topic, a dead-letter topic and a ledger topic on a
+// broker (kfake, or KAFKA_BROKERS with unique topic names).
+type fixture struct {
+	t                        testing.TB
+	b                        *kafkatest.Broker
+	events, dlqTopic, ledger string
+	eventsPartitions         int32
+	cl                       *kgo.Client
+}
+
+func newFixture(t testing.TB, b *kafkatest.Broker, eventsPartitions, dlqPartitions int32) *fixture {
+	t.Helper()
+	f := &fixture{
+		t:                t,
+		b:                b,
+		events:           kafkatest.TopicName(t, "events"),
+		dlqTopic:         kafkatest.TopicName(t, "dlq"),
+		ledger:           kafkatest.TopicName(t, "ledger"),
+		eventsPartitions: eventsPartitions,
+	}
+	b.CreateTopic(t, f.events, eventsPartitions, nil)
+	b.CreateTopic(t, f.dlqTopic, dlqPartitions, nil)
+	f.cl = b.Client(t, kgo.ProducerLinger(0))
+	return f
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// deadLetter describes one dead letter to write.
+type deadLetter struct {
+	key                     string // "" for a nil key
+	value                   []byte // default: event(fork, tenant, eventType, key)
+	fork, tenant, eventType string
+	projection              string
+	err                     error
+	class                   retry.Class
+	originalPartition       int32
+	replayCount             int
+	failedAt                time.Time // default t0
+	firstFailedAt           time.Time
+	headers                 []kgo.RecordHeader // of the original record
+	strip                   bool               // drop the causet.dlq.* headers (a dead letter from another writer)
+}
+
+func event(fork, tenant, eventType, entity string) []byte {
+	return fmt.Appendf(nil, `{"eventType":%q,"entityId":%q,"forkId":%q,"tenantSchema":%q,"irVersion":"v42","sequenceNumber":7,"ts":1719331200000,"payload":{"user_id":%q,"artist_id":"artist-456"}}`,
+		eventType, entity, fork, tenant, entity)
+}
+
+func pgErr(code, msg string) error {
+	return &pgconn.PgError{Severity: "ERROR", Code: code, Message: msg}
+}
+
+// add writes the dead letter of d to the dead-letter topic (built by
+// dlq.NewRecord, as the worker does) and returns where it landed.
+func (f *fixture) add(d deadLetter) dlq.Coordinates {
+	f.t.Helper()
+	var key []byte
+	if d.key != "" {
+		key = []byte(d.key)
+	}
+	value := d.value
+	if value == nil {
+		value = event(d.fork, d.tenant, d.eventType, d.key)
+	}
+	if d.err == nil {
+		d.err = pgErr("42703", `column "followed_at" of relation "artist_followers" does not exist`)
+	}
+	if d.failedAt.IsZero() {
+		d.failedAt = t0
+	}
+	src := &kgo.Record{Topic: f.events, Partition: d.originalPartition, Offset: 41, Key: key, Value: value,
+		Headers: d.headers, Timestamp: d.failedAt.Add(-time.Minute)}
+	rec, err := dlq.NewRecord(dlq.DeadLetter{
+		Source: src, Projection: d.projection, TenantSchema: d.tenant, ForkID: d.fork, EventType: d.eventType,
+		Class: d.class, Err: d.err, Retries: 5, FirstFailedAt: d.firstFailedAt, ReplayCount: d.replayCount,
+	}, dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test"}, d.failedAt)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if d.strip {
+		rec.Headers = slices.DeleteFunc(rec.Headers, func(h kgo.RecordHeader) bool { return strings.HasPrefix(h.Key, "causet.dlq.") })
+	}
+	return f.produce(rec)
+}
+
+func (f *fixture) produce(rec *kgo.Record) dlq.Coordinates {
+	f.t.Helper()
+	r, err := f.cl.ProduceSync(testCtx(f.t), rec).First()
+	if err != nil {
+		f.t.Fatalf("produce dead letter: %v", err)
+	}
+	return dlq.Coordinates{Partition: r.Partition, Offset: r.Offset}
+}
+
+func (f *fixture) openLedger(readOnly bool) *dlq.Ledger {
+	f.t.Helper()
+	l, err := dlq.OpenLedger(testCtx(f.t), f.b.Opts(), dlq.LedgerConfig{Topic: f.ledger, ReadOnly: readOnly})
+	if err != nil {
+		f.t.Fatalf("open ledger: %v", err)
+	}
+	f.t.Cleanup(l.Close)
+	return l
+}
+
+// retry runs one Retry as a fresh dlq-replayer run would: ledger opened
+// anew. It returns the result and the outcomes.
+func (f *fixture) retry(cfg dlq.ReplayConfig) (dlq.Result, []dlq.Outcome) {
+	f.t.Helper()
+	res, outs, err := f.run(cfg, (*dlq.Replayer).Retry)
+	if err != nil {
+		f.t.Fatalf("retry: %v", err)
+	}
+	return res, outs
+}
+
+func (f *fixture) run(cfg dlq.ReplayConfig, op func(*dlq.Replayer, context.Context) (dlq.Result, error)) (dlq.Result, []dlq.Outcome, error) {
+	f.t.Helper()
+	cfg.EventsTopic, cfg.DLQTopic = f.events, f.dlqTopic
+	var outs []dlq.Outcome
+	cfg.OnOutcome = func(o dlq.Outcome) { outs = append(outs, o) }
+	r, err := dlq.NewReplayer(f.b.Opts(), f.openLedger(false), cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	res, err := op(r, testCtx(f.t))
+	return res, outs, err
+}
+
+// readTopic returns every record of topic up to its current end offsets,
+// sorted by partition and offset.
+func readTopic(t testing.TB, b *kafkatest.Broker, topic string) []*kgo.Record {
+	t.Helper()
+	ctx := testCtx(t)
+	adm := kadm.NewClient(b.Client(t))
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	if len(want) == 0 {
+		return nil
+	}
+	cl := b.Client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var out []*kgo.Record
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := fs.Err0(); err != nil {
+			t.Fatalf("read %s: %v", topic, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := want[r.Partition]; ok && r.Offset < end {
+				out = append(out, r)
+				if r.Offset == end-1 {
+					delete(want, r.Partition)
+				}
+			}
+		})
+	}
+	slices.SortFunc(out, func(a, b *kgo.Record) int {
+		if a.Partition != b.Partition {
+			return int(a.Partition - b.Partition)
+		}
+		return int(a.Offset - b.Offset)
+	})
+	return out
+}
+
+func headerValue(hs []kgo.RecordHeader, key string) (string, bool) {
+	for _, h := range hs {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// filterFixture writes five dead letters and returns their coordinates by
+// name:
+//
+//	A production/acme_prod     artist_followers ARTIST_FOLLOWED   42703 column  t0
+//	B production/acme_prod     artist_stats     ARTIST_FOLLOWED   division by zero (permanent) t0+1h
+//	C staging/acme_staging     artist_followers ARTIST_UNFOLLOWED 42703 column  t0+2h
+//	D production/acme_legacy   artist_followers ARTIST_FOLLOWED   42P01 relation t0+3h
+//	E input error, value not JSON (no projection, tenant, fork)    t0+4h
+func filterFixture(f *fixture, strip bool) map[string]dlq.Coordinates {
+	colErr := pgErr("42703", `column "followed_at" of relation "artist_followers" does not exist`)
+	return map[string]dlq.Coordinates{
+		"A": f.add(deadLetter{key: "user-1", fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
+			projection: "artist_followers", err: colErr, failedAt: t0, strip: strip}),
+		"B": f.add(deadLetter{key: "user-2", fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
+			projection: "artist_stats", err: retry.MarkPermanent(errors.New("derive score: division by zero")), class: retry.Permanent,
+			failedAt: t0.Add(time.Hour), strip: strip}),
+		"C": f.add(deadLetter{key: "user-3", fork: "staging", tenant: "acme_staging", eventType: "ARTIST_UNFOLLOWED",
+			projection: "artist_followers", err: colErr, failedAt: t0.Add(2 * time.Hour), strip: strip}),
+		"D": f.add(deadLetter{key: "user-4", fork: "production", tenant: "acme_legacy", eventType: "ARTIST_FOLLOWED",
+			projection: "artist_followers", err: pgErr("42P01", `relation "artist_followers" does not exist`),
+			failedAt: t0.Add(3 * time.Hour), strip: strip}),
+		"E": f.add(deadLetter{key: "user-5", value: []byte("not json"), class: retry.Permanent,
+			err:      retry.MarkPermanent(errors.New("invalid projection event: value is not a JSON object")),
+			failedAt: t0.Add(4 * time.Hour), strip: strip}),
+	}
+}
+
+// TestFiltersSelectExactlyTheRightEntries scans the fixture with each filter
+// and compares the selected dead letters, with the causet.dlq.* headers and
+// without them (values then come from the message and its originalEvent).
+func TestFiltersSelectExactlyTheRightEntries(t *testing.T) {
+	b := kafkatest.New(t)
+	for _, variant := range []struct {
+		name  string
+		strip bool
+	}{{"headers", false}, {"message fallback", true}} {
+		t.Run(variant.name, func(t *testing.T) {
+			f := newFixture(t, b, 3, 2)
+			at := filterFixture(f, variant.strip)
+			colFingerprint := dlq.Fingerprint("artist_followers", retry.Projection, "42703",
+				`ERROR: column "followed_at" of relation "artist_followers" does not exist (SQLSTATE 42703)`)
+			tests := []struct {
+				name     string
+				filters  dlq.Filters
+				want     string
+				headered bool // needs the headers
+			}{
+				{"none", dlq.Filters{}, "ABCDE", false},
+				{"fork", dlq.Filters{ForkID: "production"}, "ABD", false},
+				{"projection", dlq.Filters{Projection: "artist_followers"}, "ACD", false},
+				{"tenant", dlq.Filters{TenantSchema: "acme_staging"}, "C", false},
+				{"event type", dlq.Filters{EventType: "ARTIST_UNFOLLOWED"}, "C", false},
+				{"error contains, any case", dlq.Filters{ErrorContains: "DOES NOT EXIST"}, "ACD", false},
+				{"error contains SQLSTATE", dlq.Filters{ErrorContains: "SQLSTATE 42P01"}, "D", false},
+				{"fingerprint", dlq.Filters{Fingerprint: colFingerprint}, "AC", true},
+				{"fingerprint upper case", dlq.Filters{Fingerprint: strings.ToUpper(colFingerprint)}, "AC", true},
+				{"since", dlq.Filters{Since: t0.Add(time.Hour)}, "BCDE", false},
+				{"until is exclusive", dlq.Filters{Until: t0.Add(2 * time.Hour)}, "AB", false},
+				{"since and until", dlq.Filters{Since: t0.Add(time.Hour), Until: t0.Add(3 * time.Hour)}, "BC", false},
+				{"fork and projection", dlq.Filters{ForkID: "production", Projection: "artist_followers"}, "AD", false},
+				{"fork, projection and time", dlq.Filters{ForkID: "production", Projection: "artist_followers", Since: t0.Add(time.Minute)}, "D", false},
+				{"nothing matches", dlq.Filters{ForkID: "production", TenantSchema: "acme_staging"}, "", false},
+				{"unknown projection", dlq.Filters{Projection: "nope"}, "", false},
+			}
+			for _, tt := range tests {
+				if variant.strip && tt.headered {
+					continue
+				}
+				t.Run(tt.name, func(t *testing.T) {
+					var got []dlq.Coordinates
+					st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Filters: tt.filters}, func(e *dlq.Entry) error {
+						got = append(got, e.Coordinates())
+						return nil
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					var want []dlq.Coordinates
+					for _, n := range tt.want {
+						want = append(want, at[string(n)])
+					}
+					sortCoords(got)
+					sortCoords(want)
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Errorf("selected (-want +got):\n%s", diff)
+					}
+					if st.Scanned != 5 || st.Matched != int64(len(want)) {
+						t.Errorf("stats = %+v, want 5 scanned, %d matched", st, len(want))
+					}
+				})
+			}
+		})
+	}
+}
+
+func sortCoords(cs []dlq.Coordinates) {
+	slices.SortFunc(cs, func(a, b dlq.Coordinates) int {
+		if a.Partition != b.Partition {
+			return int(a.Partition - b.Partition)
+		}
+		return int(a.Offset - b.Offset)
+	})
+}
+
+func TestFiltersMatch(t *testing.T) {
+	e := &dlq.Entry{ForkID: "production", Projection: "p", TenantSchema: "t", EventType: "E", Fingerprint: "00ff00ff00ff00ff",
+		Message: dlq.Message{Error: "ERROR: Boom (SQLSTATE 42703)", FailedAt: t0.UnixMilli()}}
+	tests := []struct {
+		name string
+		f    dlq.Filters
+		want bool
+	}{
+		{"zero", dlq.Filters{}, true},
+		{"since equal is in", dlq.Filters{Since: t0}, true},
+		{"since after", dlq.Filters{Since: t0.Add(time.Millisecond)}, false},
+		{"until equal is out", dlq.Filters{Until: t0}, false},
+		{"until after", dlq.Filters{Until: t0.Add(time.Millisecond)}, true},
+		{"error any case", dlq.Filters{ErrorContains: "boom"}, true},
+		{"error absent", dlq.Filters{ErrorContains: "bang"}, false},
+		{"fingerprint any case", dlq.Filters{Fingerprint: "00FF00FF00FF00FF"}, true},
+		{"all of them", dlq.Filters{ForkID: "production", Projection: "p", TenantSchema: "t", EventType: "E", ErrorContains: "42703"}, true},
+		{"one fails", dlq.Filters{ForkID: "production", Projection: "q"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.f.Match(e); got != tt.want {
+				t.Errorf("Match = %t, want %t", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseTimeBound(t *testing.T) {
+	now := time.Date(2024, 6, 26, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		in      string
+		want    time.Time
+		wantErr bool
+	}{
+		{"2024-06-25T12:00:00Z", t0, false},
+		{"2024-06-25T14:00:00+02:00", t0, false},
+		{"24h", t0, false},
+		{"90m", now.Add(-90 * time.Minute), false},
+		{"yesterday", time.Time{}, true},
+		{"-1h", time.Time{}, true},
+		{"2024-06-25", time.Time{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := dlq.ParseTimeBound(tt.in, now)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, want error %t", err, tt.wantErr)
+			}
+			if !got.Equal(tt.want) {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestRetryRepublishesByteForByte checks value, key, headers and partition
+// of a replayed event.
+func TestRetryRepublishesByteForByte(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 4, 2)
+	// Odd spacing, escapes, a big number and HTML characters: any
+	// re-encoding would show.
+	value := []byte(`{ "eventType":"ARTIST_FOLLOWED","entityId":"user-9", "forkId":"production","tenantSchema":"acme_prod","irVersion":"v42","sequenceNumber":9007199254740993,"ts":1719331200000,"payload":{"note":"caf\u00e9 <b>&amp;","n":1.50}}`)
+	first := t0.Add(-time.Hour)
+	at := f.add(deadLetter{key: "user-9", value: value, fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
+		projection: "artist_followers", originalPartition: 3, firstFailedAt: first, replayCount: 1,
+		headers: []kgo.RecordHeader{
+			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+			{Key: dlq.HeaderReplaySource, Value: []byte("9:99")}, // from an earlier replay: replaced
+			{Key: dlq.HeaderReplayCountOut, Value: []byte("1")},
+			{Key: "empty", Value: nil},
+		}})
+
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice", RunID: "run-1"})
+	if res.String() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("result = %s", res)
+	}
+	if len(outs) != 1 || outs[0].Partition != 3 || !outs[0].FromHeader {
+		t.Fatalf("outcomes = %+v", outs)
+	}
+	got := readTopic(t, b, f.events)
+	if len(got) != 1 {
+		t.Fatalf("events topic has %d records, want 1", len(got))
+	}
+	r := got[0]
+	if !bytes.Equal(r.Value, value) {
+		t.Errorf("value changed:\n got %s\nwant %s", r.Value, value)
+	}
+	if string(r.Key) != "user-9" || r.Partition != 3 {
+		t.Errorf("key %q partition %d, want user-9 and 3", r.Key, r.Partition)
+	}
+	type hdr struct{ K, V string }
+	var hs []hdr
+	for _, h := range r.Headers {
+		hs = append(hs, hdr{h.Key, string(h.Value)})
+	}
+	want := []hdr{
+		{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		{"empty", ""},
+		{dlq.HeaderReplayProjection, "artist_followers"},
+		{dlq.HeaderReplaySource, at.String()},
+		{dlq.HeaderReplayCountOut, "2"},
+		{dlq.HeaderReplayFirstFailedAt, strconv.FormatInt(first.UnixMilli(), 10)},
+	}
+	if diff := cmp.Diff(want, hs); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+
+	l := f.openLedger(true)
+	d, ok := l.Lookup(at)
+	if !ok {
+		t.Fatalf("ledger has no decision for %s", at)
+	}
+	d.At = 0
+	if diff := cmp.Diff(dlq.Decision{Entry: at, Action: dlq.ActionReplayed, Actor: "alice", RunID: "run-1", ReplayCount: 2}, d); diff != "" {
+		t.Errorf("ledger decision (-want +got):\n%s", diff)
+	}
+}
+
+// crc32Key returns a key that librdkafka's default (CRC32) partitioner puts
+// in partition want of n while murmur2 puts it elsewhere.
+func crc32Key(t testing.TB, want, n int) string {
+	crc := kgo.SaramaHasher(crc32.ChecksumIEEE)
+	murmur := dlq.NewReplayPartitioner(int32(n))
+	for i := range 100000 {
+		k := "user-" + strconv.Itoa(i)
+		if crc([]byte(k), n) == want && int(murmur.Hash([]byte(k))) != want {
+			return k
+		}
+	}
+	t.Fatal("no key found")
+	return ""
+}
+
+// TestRetryKeepsTheOriginalPartitionOfACRC32Producer produces an event as
+// kcat does (CRC32), dead-letters it from the partition it was read from,
+// and checks that the replay goes back to that partition, not to murmur2's.
+func TestRetryKeepsTheOriginalPartitionOfACRC32Producer(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 6, 1)
+	key := crc32Key(t, 5, 6)
+	kcat := b.Client(t, kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaHasher(crc32.ChecksumIEEE))))
+	value := event("production", "acme_prod", "ARTIST_FOLLOWED", key)
+	src, err := kcat.ProduceSync(testCtx(t), &kgo.Record{Topic: f.events, Key: []byte(key), Value: value}).First()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src.Partition != 5 {
+		t.Fatalf("kcat-style producer wrote to partition %d, want 5", src.Partition)
+	}
+	f.add(deadLetter{key: key, fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
+		projection: "artist_followers", originalPartition: src.Partition})
+
+	res, _ := f.retry(dlq.ReplayConfig{})
+	if res.Replayed != 1 {
+		t.Fatalf("result = %s", res)
+	}
+	got := readTopic(t, b, f.events)
+	if len(got) != 2 || got[1].Partition != 5 || got[1].Offset != 1 || !bytes.Equal(got[1].Value, value) {
+		t.Fatalf("events = %v, want the original and its replay in partition 5", got)
+	}
+}
+
+// TestRetryHashesTheKeyWithMurmur2WithoutAUsableHeader covers a dead letter
+// without causet.dlq.original-partition and one whose partition no longer
+// exists: both go where kgo's (Kafka's) murmur2 partitioner puts the key.
+func TestRetryHashesTheKeyWithMurmur2WithoutAUsableHeader(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 6, 1)
+	murmur := kgo.StickyKeyPartitioner(nil).ForTopic(f.events)
+	tests := []struct {
+		name string
+		key  string
+		edit func([]kgo.RecordHeader) []kgo.RecordHeader
+	}{
+		{"header missing", crc32Key(t, 2, 6), func(hs []kgo.RecordHeader) []kgo.RecordHeader {
+			return slices.DeleteFunc(hs, func(h kgo.RecordHeader) bool { return h.Key == dlq.HeaderOriginalPartition })
+		}},
+		{"partition gone", crc32Key(t, 4, 6), func(hs []kgo.RecordHeader) []kgo.RecordHeader {
+			for i := range hs {
+				if hs[i].Key == dlq.HeaderOriginalPartition {
+					hs[i].Value = []byte("7")
+				}
+			}
+			return hs
+		}},
+		{"header garbage", crc32Key(t, 1, 6), func(hs []kgo.RecordHeader) []kgo.RecordHeader {
+			for i := range hs {
+				if hs[i].Key == dlq.HeaderOriginalPartition {
+					hs[i].Value = []byte("x")
+				}
+			}
+			return hs
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f.ledger = kafkatest.TopicName(t, "ledger")
+			rec, err := dlq.NewRecord(dlq.DeadLetter{
+				Source:     &kgo.Record{Topic: f.events, Partition: 0, Key: []byte(tt.key), Value: event("production", "acme_prod", "E", tt.key)},
+				Projection: "p", Err: errors.New("boom"),
+			}, dlq.RecordConfig{Topic: f.dlqTopic}, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.Headers = tt.edit(rec.Headers)
+			f.produce(rec)
+			_, outs := f.retry(dlq.ReplayConfig{Filters: dlq.Filters{ErrorContains: "boom"}})
+			want := int32(murmur.Partition(&kgo.Record{Key: []byte(tt.key)}, 6))
+			var sent []dlq.Outcome
+			for _, o := range outs {
+				if string(o.Entry.Key) == tt.key {
+					sent = append(sent, o)
+				}
+			}
+			if len(sent) != 1 || sent[0].Kind != dlq.OutcomeReplayed || sent[0].Partition != want || sent[0].FromHeader {
+				t.Fatalf("outcomes = %+v, want one replay to murmur2 partition %d", sent, want)
+			}
+			var found bool
+			for _, r := range readTopic(t, b, f.events) {
+				if string(r.Key) == tt.key {
+					found = r.Partition == want
+				}
+			}
+			if !found {
+				t.Errorf("replayed record not in partition %d", want)
+			}
+		})
+	}
+}
+
+// TestRetryLedger: a second run replays nothing, --include-replayed replays
+// again, and skipped entries are never sent.
+func TestRetryLedger(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 2)
+	at := filterFixture(f, false)
+	prod := dlq.Filters{ForkID: "production"} // A, B, D
+
+	res, _ := f.retry(dlq.ReplayConfig{Filters: prod})
+	if got, want := res.String(), "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0"; got != want {
+		t.Fatalf("first run: %s, want %s", got, want)
+	}
+	res, _ = f.retry(dlq.ReplayConfig{Filters: prod})
+	if got, want := res.String(), "matched=3 replayed=0 skipped=0 already-replayed=3 refused=0 failed=0"; got != want {
+		t.Fatalf("second run: %s, want %s", got, want)
+	}
+	if n := len(readTopic(t, b, f.events)); n != 3 {
+		t.Fatalf("events topic has %d records after two runs, want 3", n)
+	}
+	res, _ = f.retry(dlq.ReplayConfig{Filters: prod, IncludeReplayed: true})
+	if got, want := res.String(), "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0"; got != want {
+		t.Fatalf("--include-replayed: %s, want %s", got, want)
+	}
+
+	// skip C, then retry everything: C is not sent, E (not JSON) refused.
+	sres, _, err := f.run(dlq.ReplayConfig{Filters: dlq.Filters{ForkID: "staging"}, Reason: "data fixed by hand", Actor: "bob"}, (*dlq.Replayer).Skip)
+	if err != nil || sres.Skipped != 1 || sres.Matched != 1 {
+		t.Fatalf("skip: %s, %v", sres, err)
+	}
+	before := len(readTopic(t, b, f.events))
+	res, outs := f.retry(dlq.ReplayConfig{IncludeReplayed: true, Force: true})
+	if got, want := res.String(), "matched=5 replayed=3 skipped=1 already-replayed=0 refused=1 failed=0"; got != want {
+		t.Fatalf("retry --all after skip: %s, want %s", got, want)
+	}
+	for _, o := range outs {
+		if o.Entry.Coordinates() == at["C"] && o.Kind != dlq.OutcomeSkipped {
+			t.Errorf("skipped entry C: outcome %s", o.Kind)
+		}
+		if o.Entry.Coordinates() == at["E"] && (o.Kind != dlq.OutcomeRefused || !strings.Contains(o.Reason, "originalEvent is null")) {
+			t.Errorf("entry E without an original event: %s (%s)", o.Kind, o.Reason)
+		}
+	}
+	after := readTopic(t, b, f.events)
+	if len(after) != before+3 {
+		t.Fatalf("events topic grew by %d, want 3", len(after)-before)
+	}
+	for _, r := range after {
+		if src, _ := headerValue(r.Headers, dlq.HeaderReplaySource); src == at["C"].String() || src == at["E"].String() {
+			t.Errorf("entry %s was sent", src)
+		}
+	}
+	l := f.openLedger(true)
+	if d, _ := l.Lookup(at["C"]); d.Action != dlq.ActionSkipped || d.Reason != "data fixed by hand" || d.Actor != "bob" {
+		t.Errorf("ledger for C = %+v", d)
+	}
+	if _, ok := l.Lookup(at["E"]); ok {
+		t.Error("ledger has a decision for E, which was refused")
+	}
+}
+
+func TestRetryDryRunSendsAndRecordsNothing(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 2)
+	filterFixture(f, false)
+	res, outs := f.retry(dlq.ReplayConfig{DryRun: true})
+	if got, want := res.String(), "matched=5 replayed=4 skipped=0 already-replayed=0 refused=1 failed=0"; got != want || !res.DryRun {
+		t.Fatalf("dry run: %s (dry %t), want %s", got, res.DryRun, want)
+	}
+	for _, o := range outs {
+		if o.Kind == dlq.OutcomeReplayed && !strings.HasPrefix(o.String(), "would replay ") {
+			t.Errorf("dry-run line %q", o)
+		}
+	}
+	if n := len(readTopic(t, b, f.events)); n != 0 {
+		t.Errorf("dry run sent %d records", n)
+	}
+	if n := f.openLedger(true).Len(); n != 0 {
+		t.Errorf("dry run recorded %d decisions", n)
+	}
+	if recs := readTopic(t, b, f.ledger); len(recs) != 0 {
+		t.Errorf("ledger topic has %d records", len(recs))
+	}
+}
+
+// TestRetryMaxReplays refuses events replayed --max-replays times unless
+// --force, and counts replays on.
+func TestRetryMaxReplays(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 1)
+	first := t0.Add(-48 * time.Hour)
+	for n := range 4 {
+		f.add(deadLetter{key: "user-" + strconv.Itoa(n), fork: "production", tenant: "acme_prod", eventType: "E",
+			projection: "p", replayCount: n, firstFailedAt: first})
+	}
+	tests := []struct {
+		name string
+		cfg  dlq.ReplayConfig
+		want string
+		sent []int // replay counts of the sent entries
+	}{
+		{"default 3", dlq.ReplayConfig{}, "matched=4 replayed=3 skipped=0 already-replayed=0 refused=1 failed=0", []int{0, 1, 2}},
+		{"max 2", dlq.ReplayConfig{MaxReplays: 2, IncludeReplayed: true}, "matched=4 replayed=2 skipped=0 already-replayed=0 refused=2 failed=0", []int{0, 1}},
+		{"force", dlq.ReplayConfig{Force: true}, "matched=4 replayed=1 skipped=0 already-replayed=3 refused=0 failed=0", []int{3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := len(readTopic(t, b, f.events))
+			res, outs := f.retry(tt.cfg)
+			if res.String() != tt.want {
+				t.Fatalf("result %s, want %s", res, tt.want)
+			}
+			for _, o := range outs {
+				if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "already replayed") {
+					t.Errorf("refusal reason %q", o.Reason)
+				}
+			}
+			var sent []int
+			for _, r := range readTopic(t, b, f.events)[before:] {
+				c, _ := headerValue(r.Headers, dlq.HeaderReplayCountOut)
+				n, _ := strconv.Atoi(c)
+				sent = append(sent, n-1)
+				if ff, _ := headerValue(r.Headers, dlq.HeaderReplayFirstFailedAt); ff != strconv.FormatInt(first.UnixMilli(), 10) {
+					t.Errorf("first-failed-at %s, want %d", ff, first.UnixMilli())
+				}
+			}
+			slices.Sort(sent)
+			if diff := cmp.Diff(tt.sent, sent); diff != "" {
+				t.Errorf("replay counts of the sent entries (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestRetryInputErrorHasNoProjectionHeader: a dead letter with
+// projectionName "" (an input error no projection saw) is replayed without
+// causet.replay.projection, so every projection sees it again.
+func TestRetryInputErrorHasNoProjectionHeader(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	f.add(deadLetter{key: "user-1", fork: "production", tenant: "acme_prod", eventType: "E", class: retry.Permanent,
+		err: retry.MarkPermanent(errors.New("invalid projection event: field \"ts\" is a string"))})
+	if res, _ := f.retry(dlq.ReplayConfig{}); res.Replayed != 1 {
+		t.Fatalf("result %s", res)
+	}
+	r := readTopic(t, b, f.events)[0]
+	if v, ok := headerValue(r.Headers, dlq.HeaderReplayProjection); ok {
+		t.Errorf("causet.replay.projection = %q, want no header", v)
+	}
+	if v, _ := headerValue(r.Headers, dlq.HeaderReplayCountOut); v != "1" {
+		t.Errorf("causet.replay.count = %q, want 1", v)
+	}
+}
+
+// TestRetryProduceFailureLeavesNoLedgerEntry fails the produce to the events
+// topic (kfake): the run counts failed=1, the ledger has nothing for the
+// entry, and the next run sends it.
+func TestRetryProduceFailureLeavesNoLedgerEntry(t *testing.T) {
+	b := kafkatest.Fake(t)
+	f := newFixture(t, b, 3, 1)
+	at := f.add(deadLetter{key: "user-1", fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+	failProduce(t, b, f.events)
+
+	res, outs := f.retry(dlq.ReplayConfig{})
+	if got, want := res.String(), "matched=1 replayed=0 skipped=0 already-replayed=0 refused=0 failed=1"; got != want {
+		t.Fatalf("result %s, want %s", got, want)
+	}
+	if len(outs) != 1 || !errors.Is(outs[0].Err, kerr.InvalidRecord) {
+		t.Fatalf("outcomes %+v, want the produce error", outs)
+	}
+	if _, ok := f.openLedger(true).Lookup(at); ok {
+		t.Fatal("ledger records an entry whose produce failed")
+	}
+	if res, _ := f.retry(dlq.ReplayConfig{}); res.Replayed != 1 {
+		t.Fatalf("next run: %s, want it replayed", res)
+	}
+}
+
+// failProduce makes kfake fail the next produce request that writes to
+// topic with INVALID_RECORD (not retriable).
+func failProduce(t testing.TB, b *kafkatest.Broker, topic string) {
+	t.Helper()
+	tds, err := kadm.NewClient(b.Client(t)).ListTopics(testCtx(t), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := tds[topic].ID
+	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		preq := req.(*kmsg.ProduceRequest)
+		var ours bool
+		for _, pt := range preq.Topics {
+			ours = ours || pt.Topic == topic || pt.TopicID == id
+		}
+		if !ours {
+			return nil, nil, false
+		}
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		resp.Version = preq.Version
+		for _, pt := range preq.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
+			for _, pp := range pt.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = pp.Partition
+				rp.ErrorCode = kerr.InvalidRecord.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+}
+
+func TestRetryRateLimit(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	for i := range 6 {
+		f.add(deadLetter{key: "user-" + strconv.Itoa(i), fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+	}
+	start := time.Now()
+	res, _ := f.retry(dlq.ReplayConfig{Rate: 20})
+	if res.Replayed != 6 {
+		t.Fatalf("result %s", res)
+	}
+	// 6 records at 20/s: the last leaves 250 ms after the first.
+	if d := time.Since(start); d < 240*time.Millisecond {
+		t.Errorf("6 replays at 20/s took %s", d)
+	}
+}
+
+func TestSkipNeedsReasonAndActor(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 1)
+	_, _, err := f.run(dlq.ReplayConfig{Actor: "bob"}, (*dlq.Replayer).Skip)
+	if err == nil {
+		t.Fatal("skip without a reason: no error")
+	}
+}
+
+func TestReplayConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  dlq.ReplayConfig
+		want string
+	}{
+		{"zero", dlq.ReplayConfig{}, ""},
+		{"negative max replays", dlq.ReplayConfig{MaxReplays: -1}, "max replays"},
+		{"negative rate", dlq.ReplayConfig{Rate: -1}, "rate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate() = %v, want an error with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestSummaryGroups(t *testing.T) {
+	entries := []*dlq.Entry{
+		{Projection: "a", TenantSchema: "t1", Fingerprint: "f1", Message: dlq.Message{Error: "boom 1\nmore", FailedAt: 3000}},
+		{Projection: "a", TenantSchema: "t2", Fingerprint: "f1", Message: dlq.Message{Error: "boom 2", FailedAt: 1000}},
+		{Projection: "b", TenantSchema: "t2", Fingerprint: "f2", Message: dlq.Message{Error: "bang", FailedAt: 2000}},
+		{Projection: "c", TenantSchema: "t2", Fingerprint: "f3", Message: dlq.Message{Error: "bang", FailedAt: 4000}},
+	}
+	tests := []struct {
+		by   dlq.GroupBy
+		want []dlq.Group
+	}{
+		{dlq.GroupByFingerprint, []dlq.Group{
+			{Key: "f1", Count: 2, FirstFailedAt: 1000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "f2", Count: 1, FirstFailedAt: 2000, LastFailedAt: 2000, Projections: []string{"b"}, SampleError: "bang"},
+			{Key: "f3", Count: 1, FirstFailedAt: 4000, LastFailedAt: 4000, Projections: []string{"c"}, SampleError: "bang"},
+		}},
+		{dlq.GroupByTenant, []dlq.Group{
+			{Key: "t2", Count: 3, FirstFailedAt: 1000, LastFailedAt: 4000, Projections: []string{"a", "b", "c"}, SampleError: "boom 2"},
+			{Key: "t1", Count: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+		}},
+		{dlq.GroupByError, []dlq.Group{
+			{Key: "bang", Count: 2, FirstFailedAt: 2000, LastFailedAt: 4000, Projections: []string{"b", "c"}, SampleError: "bang"},
+			{Key: "boom 1", Count: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "boom 2", Count: 1, FirstFailedAt: 1000, LastFailedAt: 1000, Projections: []string{"a"}, SampleError: "boom 2"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.by), func(t *testing.T) {
+			s := dlq.NewSummary(tt.by)
+			for _, e := range entries {
+				s.Add(e)
+			}
+			if diff := cmp.Diff(tt.want, s.Groups()); diff != "" {
+				t.Errorf("groups (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
