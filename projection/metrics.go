@@ -1,0 +1,143 @@
+package projection
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// Metrics are the worker's OpenTelemetry instruments. The zero value records
+// nothing. Build one with NewMetrics from a meter of the caller's
+// MeterProvider (only cmd/ wires the SDK and exporters).
+//
+// Instruments (attributes in brackets):
+//   - causet.projection.applied, {event} [projection, tenant_schema]: pairs applied
+//   - causet.projection.stale, {event} [projection, tenant_schema]: stale no-ops
+//   - causet.projection.failed, {attempt} [projection, tenant_schema, error_class]: failed attempts
+//   - causet.projection.retried, {attempt} [projection, tenant_schema]: retries
+//   - causet.projection.dead_lettered, {event} [projection, tenant_schema, error_class]
+//   - causet.projection.apply.duration, s [projection, tenant_schema]: one attempt
+//   - causet.projection.consumer.lag, {record} [topic, partition]: high watermark − next offset
+//   - causet.projection.partitions.paused, {partition}: partitions waiting for the database
+type Metrics struct {
+	meter        metric.Meter
+	appliedC     metric.Int64Counter
+	staleC       metric.Int64Counter
+	failedC      metric.Int64Counter
+	retriedC     metric.Int64Counter
+	deadC        metric.Int64Counter
+	applyLatency metric.Float64Histogram
+	pausedC      metric.Int64UpDownCounter
+}
+
+// NewMetrics creates the instruments on meter. It returns the first
+// instrument-creation error.
+func NewMetrics(meter metric.Meter) (*Metrics, error) {
+	m := &Metrics{meter: meter}
+	var err error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		if err != nil {
+			return nil
+		}
+		var c metric.Int64Counter
+		c, err = meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		return c
+	}
+	m.appliedC = counter("causet.projection.applied", "{event}", "Events applied to a projection.")
+	m.staleC = counter("causet.projection.stale", "{event}", "Stale events: the projection already held a newer sequence number (successful no-ops).")
+	m.failedC = counter("causet.projection.failed", "{attempt}", "Failed attempts to apply an event to a projection.")
+	m.retriedC = counter("causet.projection.retried", "{attempt}", "Retries of failed (event, projection) pairs.")
+	m.deadC = counter("causet.projection.dead_lettered", "{event}", "(event, projection) pairs written to the dead-letter topic.")
+	if err != nil {
+		return nil, err
+	}
+	m.applyLatency, err = meter.Float64Histogram("causet.projection.apply.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to apply one event to one projection (one attempt)."),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+	if err != nil {
+		return nil, err
+	}
+	m.pausedC, err = meter.Int64UpDownCounter("causet.projection.partitions.paused", metric.WithUnit("{partition}"),
+		metric.WithDescription("Partitions paused while waiting for the database."))
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func pairAttrs(projection, tenant string) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("projection", projection),
+		attribute.String("tenant_schema", tenant),
+	))
+}
+
+func (m *Metrics) applied(ctx context.Context, attrs metric.MeasurementOption, out Outcome) {
+	if m.appliedC == nil {
+		return
+	}
+	if out == Stale {
+		m.staleC.Add(ctx, 1, attrs)
+		return
+	}
+	m.appliedC.Add(ctx, 1, attrs)
+}
+
+func (m *Metrics) failed(ctx context.Context, attrs metric.MeasurementOption, class retry.Class) {
+	if m.failedC != nil {
+		m.failedC.Add(ctx, 1, attrs, metric.WithAttributes(attribute.String("error_class", class.String())))
+	}
+}
+
+func (m *Metrics) retried(ctx context.Context, attrs metric.MeasurementOption) {
+	if m.retriedC != nil {
+		m.retriedC.Add(ctx, 1, attrs)
+	}
+}
+
+func (m *Metrics) deadLettered(ctx context.Context, attrs metric.MeasurementOption, class retry.Class) {
+	if m.deadC != nil {
+		m.deadC.Add(ctx, 1, attrs, metric.WithAttributes(attribute.String("error_class", class.String())))
+	}
+}
+
+func (m *Metrics) observeApply(ctx context.Context, attrs metric.MeasurementOption, d time.Duration) {
+	if m.applyLatency != nil {
+		m.applyLatency.Record(ctx, d.Seconds(), attrs)
+	}
+}
+
+func (m *Metrics) addPaused(ctx context.Context, n int64) {
+	if m.pausedC != nil {
+		m.pausedC.Add(ctx, n)
+	}
+}
+
+// observeWorker registers the consumer-lag gauge for w's partitions.
+func (m *Metrics) observeWorker(w *Worker) error {
+	if m.meter == nil {
+		return nil
+	}
+	_, err := m.meter.Int64ObservableGauge("causet.projection.consumer.lag",
+		metric.WithUnit("{record}"),
+		metric.WithDescription("Records between a partition's high watermark and the next offset to process."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			for p, pc := range w.partitions {
+				pc.mu.Lock()
+				lag := pc.lag
+				pc.mu.Unlock()
+				if lag >= 0 {
+					o.Observe(lag, metric.WithAttributes(
+						attribute.String("topic", w.cfg.Topic), attribute.Int("partition", int(p))))
+				}
+			}
+			return nil
+		}))
+	return err
+}

@@ -1,0 +1,718 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/retry"
+)
+
+// InfraMode says what the worker does when the database is unavailable.
+type InfraMode string
+
+const (
+	// InfraPause (the default) pauses the affected partitions, reports
+	// not-ready and retries without limit until the database answers; no
+	// event is dead-lettered during an outage.
+	InfraPause InfraMode = "pause"
+	// InfraDeadLetter treats infrastructure errors like projection errors:
+	// retried up to the maximum, then dead-lettered.
+	InfraDeadLetter InfraMode = "dlq"
+)
+
+// Defaults for Config.
+const (
+	DefaultGroup            = "causet-projection-worker"
+	DefaultMaxPollRecords   = 1000
+	DefaultMaxQueuedRecords = 1000
+	DefaultShutdownGrace    = 25 * time.Second
+)
+
+// Config configures a Worker. Zero values take the documented defaults; call
+// Validate (NewWorker does) to fill them in and check the rest.
+type Config struct {
+	// Topic is the events topic. Default "causet.projection-events.v1".
+	Topic string
+	// Group is the consumer group. Default "causet-projection-worker".
+	Group string
+	// Retry is the policy for failing (event, projection) pairs. Default
+	// retry.DefaultPolicy(): 200 ms, ×2, 10 s cap, jitter, 5 retries.
+	Retry retry.Policy
+	// OnInfraError is InfraPause (default) or InfraDeadLetter.
+	OnInfraError InfraMode
+	// InfraRetry paces the waits while the database is unavailable under
+	// InfraPause; its MaxRetries is ignored (no limit). Default 500 ms, ×2,
+	// 30 s cap, jitter 0.5.
+	InfraRetry retry.Policy
+	// MaxPollRecords bounds the records taken from the client per poll.
+	// Default 1000.
+	MaxPollRecords int
+	// MaxQueuedRecords bounds the records queued for one partition; above it
+	// the partition's fetching is paused until its queue is half drained, so
+	// memory does not grow with the backlog. Default 1000.
+	MaxQueuedRecords int
+	// CommitInterval is how often marked offsets are committed while
+	// running (they are also committed on revoke and at shutdown). Default
+	// 5 s (franz-go's default).
+	CommitInterval time.Duration
+	// ShutdownGrace bounds the time Run takes after its context is done to
+	// commit finished offsets and leave the group. Default 25 s.
+	ShutdownGrace time.Duration
+	// Logger receives the worker's logs. Default: discarded.
+	Logger *slog.Logger
+	// Metrics records counters and histograms; default: none recorded.
+	Metrics *Metrics
+	// Tracer, when set, starts a process span per record, continuing the W3C
+	// trace context found in the record's headers (franz-go kotel).
+	Tracer *kotel.Tracer
+}
+
+// Validate fills in defaults and returns an error naming the first invalid
+// field.
+func (c *Config) Validate() error {
+	if c.Topic == "" {
+		c.Topic = dlq.DefaultEventsTopic
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.Retry == (retry.Policy{}) {
+		c.Retry = retry.DefaultPolicy()
+	}
+	if err := c.Retry.Validate(); err != nil {
+		return err
+	}
+	if c.InfraRetry == (retry.Policy{}) {
+		c.InfraRetry = retry.Policy{Initial: 500 * time.Millisecond, Multiplier: 2, MaxInterval: 30 * time.Second, Jitter: 0.5}
+	}
+	if err := c.InfraRetry.Validate(); err != nil {
+		return fmt.Errorf("infra retry: %w", err)
+	}
+	switch c.OnInfraError {
+	case "":
+		c.OnInfraError = InfraPause
+	case InfraPause, InfraDeadLetter:
+	default:
+		return fmt.Errorf("on-infra-error must be %q or %q, got %q", InfraPause, InfraDeadLetter, c.OnInfraError)
+	}
+	if c.MaxPollRecords == 0 {
+		c.MaxPollRecords = DefaultMaxPollRecords
+	}
+	if c.MaxQueuedRecords == 0 {
+		c.MaxQueuedRecords = DefaultMaxQueuedRecords
+	}
+	if c.MaxPollRecords < 0 || c.MaxQueuedRecords < 0 {
+		return errors.New("max poll records and max queued records must be > 0")
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = 5 * time.Second
+	}
+	if c.CommitInterval < 0 {
+		return fmt.Errorf("commit interval must be > 0, got %s", c.CommitInterval)
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	if c.ShutdownGrace < 0 {
+		return fmt.Errorf("shutdown grace must be > 0, got %s", c.ShutdownGrace)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = &Metrics{}
+	}
+	return nil
+}
+
+// DeadLetterWriter publishes a dead letter and returns nil only once Kafka
+// has acknowledged it; it returns an error only when ctx is done (the source
+// offset then stays uncommitted). *dlq.Writer implements it.
+type DeadLetterWriter interface {
+	Write(ctx context.Context, dl dlq.DeadLetter) error
+}
+
+// Worker is the consumer-group worker: it applies each record of the events
+// topic to every projection that handles its type, retries failures and
+// dead-letters what cannot be applied, and commits a record's offset only
+// after all of its (event, projection) pairs are applied or dead-lettered.
+type Worker struct {
+	cfg      Config
+	log      *slog.Logger
+	cl       *kgo.Client
+	db       DB
+	dead     DeadLetterWriter
+	handlers []Handler
+
+	mu         sync.Mutex
+	partitions map[int32]*partition
+	joined     bool
+	wg         sync.WaitGroup // partition goroutines
+}
+
+// NewWorker returns a worker that consumes cfg.Topic in cfg.Group with a
+// franz-go client built from opts (seed brokers, TLS, SASL, hooks, ...) plus
+// the worker's own group options: cooperative-sticky balancing,
+// BlockRebalanceOnPoll, AutoCommitMarks and its assignment callbacks. Do not
+// pass consumer-group or consume-topic options in opts.
+//
+// handlers must have unique names. db is where handlers apply events (a
+// *pgxpool.Pool). dead receives the dead letters. It returns an error for an
+// invalid cfg, duplicate handler names or a client that cannot be built.
+func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opts ...kgo.Opt) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if db == nil || dead == nil {
+		return nil, errors.New("projection worker needs a database and a dead-letter writer")
+	}
+	seen := make(map[string]bool, len(handlers))
+	for _, h := range handlers {
+		if seen[h.Name()] {
+			return nil, fmt.Errorf("duplicate projection name %q", h.Name())
+		}
+		seen[h.Name()] = true
+	}
+	w := &Worker{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		db:         db,
+		dead:       dead,
+		handlers:   handlers,
+		partitions: make(map[int32]*partition),
+	}
+	all := append([]kgo.Opt{}, opts...)
+	all = append(all,
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(cfg.CommitInterval),
+		kgo.OnPartitionsAssigned(w.onAssigned),
+		kgo.OnPartitionsRevoked(w.onRevoked),
+		kgo.OnPartitionsLost(w.onLost),
+		kgo.FetchMaxWait(time.Second),
+	)
+	cl, err := kgo.NewClient(all...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	w.cl = cl
+	if err := cfg.Metrics.observeWorker(w); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("consumer lag gauge: %w", err)
+	}
+	return w, nil
+}
+
+// Client returns the worker's franz-go client (for admin calls and tests).
+func (w *Worker) Client() *kgo.Client { return w.cl }
+
+// Ready returns nil when the worker has joined its consumer group and no
+// partition is paused waiting for the database, else an error saying why.
+func (w *Worker) Ready() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.joined {
+		return errors.New("consumer group not joined")
+	}
+	var paused []int32
+	for p, pc := range w.partitions {
+		if pc.waitingForDB() {
+			paused = append(paused, p)
+		}
+	}
+	if len(paused) > 0 {
+		return fmt.Errorf("partitions %v paused: database unavailable", paused)
+	}
+	return nil
+}
+
+// Run polls and processes records until ctx is done, then shuts down within
+// the shutdown grace: it cancels in-flight retries and backoff waits, waits
+// for the partition goroutines, commits the offsets of finished records and
+// leaves the group. It returns nil after a clean shutdown, and an error when
+// the final commit fails or the grace period runs out. Run may be called
+// once; it closes the client.
+func (w *Worker) Run(ctx context.Context) error {
+	for {
+		fetches := w.cl.PollRecords(ctx, w.cfg.MaxPollRecords)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			w.log.Error("fetch failed", "topic", topic, "partition", p, "error", err)
+		})
+		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if len(fp.Records) == 0 {
+				return
+			}
+			w.partition(fp.Partition).push(fp.Records, fp.HighWatermark)
+		})
+		w.cl.AllowRebalance()
+	}
+	return w.shutdown()
+}
+
+func (w *Worker) shutdown() error {
+	grace, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownGrace)
+	defer cancel()
+	w.mu.Lock()
+	all := make([]*partition, 0, len(w.partitions))
+	for p, pc := range w.partitions {
+		all = append(all, pc)
+		delete(w.partitions, p)
+	}
+	w.mu.Unlock()
+	stopPartitions(all)
+	var errs []error
+	if err := w.cl.CommitMarkedOffsets(grace); err != nil {
+		errs = append(errs, fmt.Errorf("commit offsets at shutdown: %w", err))
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		w.cl.CloseAllowingRebalance()
+	}()
+	select {
+	case <-closed:
+	case <-grace.Done():
+		errs = append(errs, fmt.Errorf("leave group: shutdown grace of %s exceeded", w.cfg.ShutdownGrace))
+	}
+	w.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// partition returns the goroutine state of partition p, starting it if it
+// is not running. Called from the poll loop and the assignment callback.
+func (w *Worker) partition(p int32) *partition {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if pc, ok := w.partitions[p]; ok {
+		return pc
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pc := &partition{
+		w:         w,
+		partition: p,
+		ctx:       ctx,
+		cancel:    cancel,
+		wake:      make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		lag:       -1,
+	}
+	w.partitions[p] = pc
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		pc.run()
+	}()
+	return pc
+}
+
+func (w *Worker) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	w.mu.Lock()
+	w.joined = true
+	w.mu.Unlock()
+	for _, p := range assigned[w.cfg.Topic] {
+		w.partition(p)
+	}
+	if len(assigned[w.cfg.Topic]) > 0 {
+		w.log.Info("partitions assigned", "topic", w.cfg.Topic, "partitions", assigned[w.cfg.Topic])
+	}
+}
+
+// onRevoked stops the revoked partitions' goroutines (cancelling retries and
+// backoff waits at once) and commits what they finished.
+func (w *Worker) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	w.stop(revoked[w.cfg.Topic])
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+		w.log.Error("commit offsets on revoke failed", "topic", w.cfg.Topic, "error", err)
+	}
+	if len(revoked[w.cfg.Topic]) > 0 {
+		w.log.Info("partitions revoked", "topic", w.cfg.Topic, "partitions", revoked[w.cfg.Topic])
+	}
+}
+
+// onLost stops the lost partitions without committing: another member may
+// already own them.
+func (w *Worker) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	w.mu.Lock()
+	w.joined = false
+	w.mu.Unlock()
+	w.stop(lost[w.cfg.Topic])
+	w.log.Warn("partitions lost", "topic", w.cfg.Topic, "partitions", lost[w.cfg.Topic])
+}
+
+func (w *Worker) stop(ps []int32) {
+	w.mu.Lock()
+	var stopping []*partition
+	for _, p := range ps {
+		if pc, ok := w.partitions[p]; ok {
+			stopping = append(stopping, pc)
+			delete(w.partitions, p)
+		}
+	}
+	w.mu.Unlock()
+	stopPartitions(stopping)
+}
+
+func stopPartitions(ps []*partition) {
+	for _, pc := range ps {
+		pc.cancel()
+	}
+	for _, pc := range ps {
+		<-pc.done
+	}
+}
+
+// partition is the state of one assigned partition. Its goroutine (run)
+// processes queued records in offset order and exits when ctx is cancelled.
+type partition struct {
+	w         *Worker
+	partition int32
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wake      chan struct{} // cap 1: records were queued
+	done      chan struct{} // closed when run returns
+
+	mu            sync.Mutex
+	queue         []*kgo.Record
+	fetchPaused   bool  // fetching paused for backpressure or a database wait
+	dbWait        bool  // waiting for the database (InfraPause)
+	lag           int64 // high watermark − next offset; −1 unknown
+	highWatermark int64
+}
+
+func (pc *partition) push(recs []*kgo.Record, hwm int64) {
+	pc.mu.Lock()
+	pc.queue = append(pc.queue, recs...)
+	pc.highWatermark = hwm
+	full := len(pc.queue) >= pc.w.cfg.MaxQueuedRecords
+	pc.mu.Unlock()
+	if full {
+		pc.pauseFetch()
+	}
+	select {
+	case pc.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (pc *partition) pauseFetch() {
+	pc.mu.Lock()
+	already := pc.fetchPaused
+	pc.fetchPaused = true
+	pc.mu.Unlock()
+	if !already {
+		pc.w.cl.PauseFetchPartitions(map[string][]int32{pc.w.cfg.Topic: {pc.partition}})
+	}
+}
+
+// maybeResume resumes fetching once the queue is half drained and the
+// database is not being waited for.
+func (pc *partition) maybeResume() {
+	pc.mu.Lock()
+	resume := pc.fetchPaused && !pc.dbWait && len(pc.queue) <= pc.w.cfg.MaxQueuedRecords/2
+	if resume {
+		pc.fetchPaused = false
+	}
+	pc.mu.Unlock()
+	if resume {
+		pc.w.cl.ResumeFetchPartitions(map[string][]int32{pc.w.cfg.Topic: {pc.partition}})
+	}
+}
+
+func (pc *partition) waitingForDB() bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.dbWait
+}
+
+func (pc *partition) setDBWait(waiting bool) {
+	pc.mu.Lock()
+	changed := pc.dbWait != waiting
+	pc.dbWait = waiting
+	pc.mu.Unlock()
+	if !changed {
+		return
+	}
+	if waiting {
+		pc.pauseFetch()
+		pc.w.cfg.Metrics.addPaused(pc.ctx, 1)
+		pc.w.log.Warn("database unavailable: partition paused", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+	} else {
+		pc.w.cfg.Metrics.addPaused(pc.ctx, -1)
+		pc.w.log.Info("database available again: partition resumed", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+		pc.maybeResume()
+	}
+}
+
+func (pc *partition) take() []*kgo.Record {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	q := pc.queue
+	pc.queue = nil
+	return q
+}
+
+func (pc *partition) run() {
+	defer close(pc.done)
+	defer func() {
+		if pc.waitingForDB() {
+			pc.w.cfg.Metrics.addPaused(context.Background(), -1)
+		}
+	}()
+	for {
+		select {
+		case <-pc.ctx.Done():
+			return
+		case <-pc.wake:
+		}
+		recs := pc.take()
+		for i, rec := range recs {
+			if err := pc.w.process(pc.ctx, pc, rec); err != nil {
+				return // ctx is done: leave the rest unmarked for the next owner
+			}
+			pc.w.cl.MarkCommitRecords(rec)
+			pc.mu.Lock()
+			pc.lag = pc.highWatermark - rec.Offset - 1
+			pc.mu.Unlock()
+			if i%64 == 0 {
+				pc.maybeResume()
+			}
+		}
+		pc.maybeResume()
+	}
+}
+
+// replayInfo is what the replayer's headers say about a republished record
+// (SPEC §7).
+type replayInfo struct {
+	projection    string    // apply only to this projection when non-empty
+	count         int       // causet.replay.count
+	firstFailedAt time.Time // causet.replay.first-failed-at, zero if absent
+}
+
+func readReplayInfo(rec *kgo.Record) replayInfo {
+	var ri replayInfo
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case dlq.HeaderReplayProjection:
+			ri.projection = string(h.Value)
+		case dlq.HeaderReplayCountOut:
+			ri.count, _ = strconv.Atoi(string(h.Value))
+		case dlq.HeaderReplayFirstFailedAt:
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+				ri.firstFailedAt = time.UnixMilli(ms)
+			}
+		}
+	}
+	return ri
+}
+
+// pairFailure is one (event, projection) pair whose first attempt failed.
+type pairFailure struct {
+	h       Handler
+	err     error
+	stack   string
+	firstAt time.Time
+}
+
+// process applies one record to every projection that handles it, retrying
+// and dead-lettering failures. It returns a non-nil error only when ctx is
+// done before every pair was applied or dead-lettered; the record must then
+// not be marked for commit.
+func (w *Worker) process(ctx context.Context, pc *partition, rec *kgo.Record) error {
+	if w.cfg.Tracer != nil {
+		_, span := w.cfg.Tracer.WithProcessSpan(rec)
+		defer span.End()
+		ctx = trace.ContextWithSpan(ctx, span)
+	}
+	replay := readReplayInfo(rec)
+	ev, err := DecodeEvent(rec.Value)
+	if err != nil {
+		return w.deadLetter(ctx, dlq.DeadLetter{
+			Source: rec, Class: retry.Permanent, Err: err,
+			FirstFailedAt: firstFailedAt(replay, time.Now()), ReplayCount: replay.count,
+		})
+	}
+	var failures []pairFailure
+	matched := 0
+	for _, h := range w.handlers {
+		if replay.projection != "" && h.Name() != replay.projection {
+			continue
+		}
+		if !h.Handles(ev.EventType) {
+			continue
+		}
+		matched++
+		if stack, err := w.attempt(ctx, pc, h, ev); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			failures = append(failures, pairFailure{h: h, err: err, stack: stack, firstAt: time.Now()})
+		}
+	}
+	if replay.projection != "" && matched == 0 {
+		return w.deadLetter(ctx, w.newDeadLetter(rec, ev, replay, replay.projection, retry.Projection,
+			fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", replay.projection, ev.EventType),
+			"", 0, time.Now()))
+	}
+	for _, f := range failures {
+		if err := w.retryPair(ctx, pc, rec, ev, replay, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// retryPair retries a pair whose first attempt failed and dead-letters it
+// when the error is permanent or the retries run out.
+func (w *Worker) retryPair(ctx context.Context, pc *partition, rec *kgo.Record, ev *Event, replay replayInfo, f pairFailure) error {
+	m := w.cfg.Metrics
+	attrs := pairAttrs(f.h.Name(), ev.TenantSchema)
+	last, stack := f.err, f.stack
+	retries := 0
+	if !retry.IsPermanent(last) {
+		first := true
+		var err error
+		retries, err = w.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+			if first {
+				first = false
+				return last
+			}
+			s, err := w.attempt(ctx, pc, f.h, ev)
+			if err != nil {
+				last, stack = err, s
+			}
+			return err
+		}, func(err error, n int, wait time.Duration) {
+			m.retried(ctx, attrs)
+			w.log.Warn("projection failed, retrying",
+				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
+				"projection", f.h.Name(), "tenant_schema", ev.TenantSchema,
+				"retry", n, "wait", wait, "error", err)
+		})
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil {
+			return nil
+		}
+		last = err
+	}
+	class := retry.Classify(last)
+	return w.deadLetter(ctx, w.newDeadLetter(rec, ev, replay, f.h.Name(), class, last, stack, retries, f.firstAt))
+}
+
+func (w *Worker) newDeadLetter(rec *kgo.Record, ev *Event, replay replayInfo, projection string, class retry.Class, err error, stack string, retries int, firstAt time.Time) dlq.DeadLetter {
+	return dlq.DeadLetter{
+		Source:        rec,
+		Projection:    projection,
+		TenantSchema:  ev.TenantSchema,
+		ForkID:        ev.ForkID,
+		EventType:     ev.EventType,
+		Class:         class,
+		Err:           err,
+		Stack:         stack,
+		Retries:       retries,
+		FirstFailedAt: firstFailedAt(replay, firstAt),
+		ReplayCount:   replay.count,
+	}
+}
+
+func firstFailedAt(replay replayInfo, now time.Time) time.Time {
+	if !replay.firstFailedAt.IsZero() {
+		return replay.firstFailedAt
+	}
+	return now
+}
+
+// attempt applies ev to one projection once. Under InfraPause, it waits
+// (without counting retries) while the database is unavailable. It returns
+// the Go stack where the handler failed or panicked with the error.
+func (w *Worker) attempt(ctx context.Context, pc *partition, h Handler, ev *Event) (string, error) {
+	var stack string
+	once := func(ctx context.Context) (err error) {
+		stack, err = w.applyOnce(ctx, h, ev)
+		return err
+	}
+	if w.cfg.OnInfraError != InfraPause {
+		err := once(ctx)
+		return stack, err
+	}
+	err := w.cfg.InfraRetry.UntilAvailable(ctx, once, func(err error, n int, wait time.Duration) {
+		pc.setDBWait(true)
+		w.log.Warn("database unavailable, waiting",
+			"partition", pc.partition, "projection", h.Name(), "tenant_schema", ev.TenantSchema,
+			"attempt", n, "wait", wait, "error", err)
+	})
+	pc.setDBWait(false)
+	return stack, err
+}
+
+// applyOnce calls the handler, turning a panic into an error, and records
+// the outcome in the metrics.
+func (w *Worker) applyOnce(ctx context.Context, h Handler, ev *Event) (stack string, err error) {
+	m := w.cfg.Metrics
+	attrs := pairAttrs(h.Name(), ev.TenantSchema)
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			stack = string(debug.Stack())
+			err = &PanicError{Projection: h.Name(), Value: r}
+		}
+		if err != nil && ctx.Err() == nil {
+			if stack == "" {
+				stack = string(debug.Stack())
+			}
+			m.failed(ctx, attrs, retry.Classify(err))
+		}
+	}()
+	out, err := h.Apply(ctx, w.db, ev)
+	m.observeApply(ctx, attrs, time.Since(start))
+	if err != nil {
+		return "", fmt.Errorf("apply %s to %s: %w", ev.EventType, h.Name(), err)
+	}
+	m.applied(ctx, attrs, out)
+	return "", nil
+}
+
+func (w *Worker) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
+	if err := w.dead.Write(ctx, dl); err != nil {
+		return err
+	}
+	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, dl.TenantSchema), dl.Class)
+	w.log.Warn("dead-lettered",
+		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
+		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
+		"error_class", dl.Class.String(), "retries", dl.Retries, "error", dl.Err)
+	return nil
+}
+
+// PanicError is the error a handler's panic becomes. It is a projection
+// error: retried, then dead-lettered with the stack of the panic.
+type PanicError struct {
+	Projection string
+	Value      any
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("projection %s panicked: %v", e.Projection, e.Value)
+}

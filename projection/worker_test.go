@@ -1,0 +1,749 @@
+package projection_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/projection"
+	"github.com/causet/projection-worker/retry"
+	"github.com/causet/projection-worker/schemas"
+)
+
+// fastRetry keeps the documented shape (×2, jitter, 5 retries) with short
+// waits so tests run in seconds.
+var fastRetry = retry.Policy{Initial: 5 * time.Millisecond, Multiplier: 2, MaxInterval: 40 * time.Millisecond, Jitter: 0.5, MaxRetries: 5}
+
+// rig is one worker scenario: its own topics, consumer group and tenant
+// schema on a shared broker and database.
+type rig struct {
+	t         *testing.T
+	broker    *kafkatest.Broker
+	topic     string
+	dlqTopic  string
+	group     string
+	pool      *pgxpool.Pool
+	tenant    string
+	handlers  []projection.Handler
+	validator *schemas.Validator
+	producer  *kgo.Client
+	produced  int64
+}
+
+type rigOptions struct {
+	partitions int32
+	db         *pgtest.Server // own database server (outage tests); default shared
+	fake       bool           // needs kfake fault injection
+}
+
+func newRig(t *testing.T, o rigOptions) *rig {
+	t.Helper()
+	if o.partitions == 0 {
+		o.partitions = 1
+	}
+	var b *kafkatest.Broker
+	if o.fake {
+		b = kafkatest.Fake(t)
+	} else {
+		b = kafkatest.New(t)
+	}
+	var pool *pgxpool.Pool
+	if o.db != nil {
+		p, err := pgxpool.New(context.Background(), o.db.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		pool = p
+	} else {
+		pool = pgtest.Pool(t)
+	}
+	r := &rig{
+		t:        t,
+		broker:   b,
+		topic:    kafkatest.TopicName(t, "events"),
+		dlqTopic: kafkatest.TopicName(t, "dlq"),
+		group:    kafkatest.TopicName(t, "group"),
+		pool:     pool,
+		tenant:   pgtest.NewSchemaName(t),
+	}
+	b.CreateTopic(t, r.topic, o.partitions, nil)
+	b.CreateTopic(t, r.dlqTopic, o.partitions, nil)
+	defs, err := projection.LoadDefinitions("testdata/worker/projections.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := projection.NewTableProjections(defs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range tps {
+		r.handlers = append(r.handlers, p)
+	}
+	if err := projection.Migrate(context.Background(), pool, defs, r.tenant); err != nil {
+		t.Fatal(err)
+	}
+	if r.validator, err = schemas.NewValidator(); err != nil {
+		t.Fatal(err)
+	}
+	r.producer = b.Client(t, kgo.DefaultProduceTopic(r.topic), kgo.ProducerLinger(0))
+	return r
+}
+
+type running struct {
+	w      *projection.Worker
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop cancels the worker and returns Run's result.
+func (rn *running) stop(t *testing.T) error {
+	t.Helper()
+	rn.cancel()
+	select {
+	case err := <-rn.done:
+		return err
+	case <-time.After(40 * time.Second):
+		t.Fatal("worker did not stop within 40s")
+		return nil
+	}
+}
+
+func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler) *running {
+	t := r.t
+	t.Helper()
+	prod := r.broker.Client(t, kgo.ProducerLinger(0))
+	writer, err := dlq.NewWriter(prod, dlq.WriterConfig{
+		RecordConfig: dlq.RecordConfig{Topic: r.dlqTopic, Worker: "test-worker", Generation: "test/v42"},
+		Backoff:      retry.Policy{Initial: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 100 * time.Millisecond, Jitter: 0.2},
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := projection.Config{
+		Topic:          r.topic,
+		Group:          r.group,
+		Retry:          fastRetry,
+		InfraRetry:     retry.Policy{Initial: 20 * time.Millisecond, Multiplier: 2, MaxInterval: 200 * time.Millisecond, Jitter: 0.2},
+		ShutdownGrace:  20 * time.Second,
+		CommitInterval: 100 * time.Millisecond,
+		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if len(handlers) == 0 {
+		handlers = r.handlers
+	}
+	w, err := projection.NewWorker(cfg, handlers, r.pool, writer, r.broker.Opts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rn := &running{w: w, cancel: cancel, done: make(chan error, 1)}
+	go func() { rn.done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-rn.done:
+		case <-time.After(40 * time.Second):
+		}
+	})
+	return rn
+}
+
+// testWriter sends log lines to t.Log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// event returns a projection event for the rig's tenant.
+func (r *rig) event(typ, entity string, seq int64, payload string) string {
+	return fmt.Sprintf(`{"eventType":%q,"entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":%d,"ts":1719331200000,"payload":%s}`,
+		typ, entity, r.tenant, seq, payload)
+}
+
+func (r *rig) follow(user, artist string, seq int64) string {
+	return r.event("ARTIST_FOLLOWED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":%q}`, user, artist))
+}
+
+// produce writes records synchronously, keyed by key, value nil for a
+// tombstone.
+func (r *rig) produce(key string, value []byte, headers ...kgo.RecordHeader) {
+	r.t.Helper()
+	rec := &kgo.Record{Key: []byte(key), Value: value, Headers: headers}
+	if err := r.producer.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.produced++
+}
+
+// waitCommitted waits until the group has committed every produced record.
+func (r *rig) waitCommitted(timeout time.Duration) {
+	r.t.Helper()
+	adm := kadm.NewClient(r.broker.Client(r.t))
+	deadline := time.Now().Add(timeout)
+	var got int64
+	for time.Now().Before(deadline) {
+		offs, err := adm.FetchOffsets(context.Background(), r.group)
+		if err == nil {
+			got = 0
+			offs.Each(func(o kadm.OffsetResponse) {
+				if o.Topic == r.topic && o.Err == nil {
+					got += o.At
+				}
+			})
+			if got == r.produced {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.t.Fatalf("group committed %d of %d records within %s", got, r.produced, timeout)
+}
+
+// committed returns the group's committed offset of partition 0 (−1 none).
+func (r *rig) committed() int64 {
+	r.t.Helper()
+	adm := kadm.NewClient(r.broker.Client(r.t))
+	offs, err := adm.FetchOffsets(context.Background(), r.group)
+	if err != nil {
+		return -1
+	}
+	if o, ok := offs.Lookup(r.topic, 0); ok && o.Err == nil {
+		return o.At
+	}
+	return -1
+}
+
+// deadLetter is one record read back from the dead-letter topic.
+type deadLetter struct {
+	key     string
+	headers map[string]string
+	msg     dlq.Message
+	raw     []byte
+}
+
+// deadLetters reads the whole dead-letter topic and validates every value
+// against schemas/projection-dlq.v1.schema.json.
+func (r *rig) deadLetters() []deadLetter {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(r.broker.Client(r.t))
+	ends, err := adm.ListEndOffsets(ctx, r.dlqTopic)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	total := int64(0)
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+			total += o.Offset
+		}
+	})
+	if total == 0 {
+		return nil
+	}
+	cl := r.broker.Client(r.t, kgo.ConsumeTopics(r.dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var out []deadLetter
+	for int64(len(out)) < total {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			r.t.Fatalf("read %d of %d dead letters: %v", len(out), total, ctx.Err())
+		}
+		fs.EachRecord(func(rec *kgo.Record) {
+			if rec.Offset >= want[rec.Partition] {
+				return
+			}
+			if err := r.validator.ValidateDeadLetter(rec.Value); err != nil {
+				r.t.Errorf("dead letter at %d:%d does not validate against the schema: %v\n%s", rec.Partition, rec.Offset, err, rec.Value)
+			}
+			d := deadLetter{key: string(rec.Key), headers: map[string]string{}, raw: rec.Value}
+			for _, h := range rec.Headers {
+				d.headers[h.Key] = string(h.Value)
+			}
+			if err := json.Unmarshal(rec.Value, &d.msg); err != nil {
+				r.t.Fatalf("dead letter value: %v", err)
+			}
+			out = append(out, d)
+		})
+	}
+	return out
+}
+
+// count returns the rows of a projection table in the rig's tenant.
+func (r *rig) count(table string) int {
+	r.t.Helper()
+	var n int
+	q := "SELECT count(*) FROM " + pgx.Identifier{r.tenant, table}.Sanitize()
+	if err := r.pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		r.t.Fatal(err)
+	}
+	return n
+}
+
+const testTimeout = 60 * time.Second
+
+func TestWorkerProjectsTheSpecExample(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil)
+	r.produce("user-123", []byte(r.follow("user-123", "artist-456", 1891)))
+	r.waitCommitted(testTimeout)
+
+	var followedAt time.Time
+	var seq int64
+	q := "SELECT followed_at, _causet_seq FROM " + pgx.Identifier{r.tenant, "artist_followers"}.Sanitize() + " WHERE artist_id = 'artist-456' AND user_id = 'user-123'"
+	if err := r.pool.QueryRow(context.Background(), q).Scan(&followedAt, &seq); err != nil {
+		t.Fatalf("artist_followers row: %v", err)
+	}
+	if want := time.UnixMilli(1719331200000); !followedAt.Equal(want) || seq != 1891 {
+		t.Errorf("row = (%s, %d), want (%s, 1891)", followedAt.UTC(), seq, want.UTC())
+	}
+	if n := r.count("user_follows"); n != 1 {
+		t.Errorf("user_follows rows = %d, want 1", n)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0: %s", len(dls), dls[0].raw)
+	}
+}
+
+// TestWorkerDeadLettersEachDocumentedCause covers the four data causes of
+// the Causet DLQ guide; the fifth (database unreachable) has its own tests.
+func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		setup func(r *rig)
+		value func(r *rig) string
+		// want is one dead letter; applied lists tables that still get a row.
+		wantProjection string
+		wantError      string
+		wantSQLState   string
+		wantClass      retry.Class
+		wantRetries    int
+		applied        []string
+		notMigrated    bool
+	}{
+		{
+			name: "missing column",
+			setup: func(r *rig) {
+				exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" DROP COLUMN followed_at")
+			},
+			value:          func(r *rig) string { return r.follow("user-1", "artist-1", 1) },
+			wantProjection: "artist_followers",
+			wantError:      `ERROR: column "followed_at" of relation "artist_followers" does not exist (SQLSTATE 42703)`,
+			wantSQLState:   "42703", wantClass: retry.Projection, wantRetries: 5,
+			applied: []string{"user_follows"},
+		},
+		{
+			name: "derive null into not null column",
+			value: func(r *rig) string {
+				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1"}`)
+			},
+			wantProjection: "artist_ratings",
+			wantError:      `ERROR: null value in column "stars" of relation "artist_ratings" violates not-null constraint (SQLSTATE 23502)`,
+			wantSQLState:   "23502", wantClass: retry.Projection, wantRetries: 5,
+		},
+		{
+			name: "derive divides by zero",
+			value: func(r *rig) string {
+				return r.event("ARTIST_FOLLOWED", "user-3", 1, `{"user_id":"user-3","artist_id":"artist-1","points":10,"games":0}`)
+			},
+			wantProjection: "artist_followers",
+			wantError:      "division by zero",
+			wantClass:      retry.Permanent, wantRetries: 0,
+			applied: []string{"user_follows"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{})
+			if tt.setup != nil {
+				tt.setup(r)
+			}
+			r.start(nil)
+			before := time.Now().UnixMilli()
+			r.produce("k1", []byte(tt.value(r)), kgo.RecordHeader{Key: "traceparent-ish", Value: []byte("carried")})
+			r.waitCommitted(testTimeout)
+			after := time.Now().UnixMilli()
+			dls := r.deadLetters()
+			if len(dls) != 1 {
+				t.Fatalf("dead letters = %d, want 1", len(dls))
+			}
+			d := dls[0]
+			checkDeadLetter(t, d, r.tenant, tt.wantProjection, tt.wantClass, tt.wantSQLState, tt.wantRetries, before, after)
+			if !strings.Contains(d.msg.Error, tt.wantError) {
+				t.Errorf("error = %q, want it to contain %q", d.msg.Error, tt.wantError)
+			}
+			if d.headers["traceparent-ish"] != "carried" || d.key != "k1" {
+				t.Errorf("original key/header not carried: key %q headers %v", d.key, d.headers)
+			}
+			for _, table := range tt.applied {
+				if n := r.count(table); n != 1 {
+					t.Errorf("%s rows = %d, want 1: one projection's failure must not stop another", table, n)
+				}
+			}
+		})
+	}
+	t.Run("tenant never migrated", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t, rigOptions{})
+		r.start(nil)
+		other := pgtest.NewSchemaName(t)
+		before := time.Now().UnixMilli()
+		v := strings.Replace(r.follow("user-4", "artist-1", 1), r.tenant, other, 1)
+		r.produce("user-4", []byte(v))
+		r.waitCommitted(testTimeout)
+		dls := r.deadLetters()
+		if len(dls) != 2 {
+			t.Fatalf("dead letters = %d, want 2 (one per projection of ARTIST_FOLLOWED)", len(dls))
+		}
+		for _, d := range dls {
+			checkDeadLetter(t, d, other, d.msg.ProjectionName, retry.Projection, "42P01", 5, before, time.Now().UnixMilli())
+			want := fmt.Sprintf(`ERROR: relation "%s.%s" does not exist (SQLSTATE 42P01)`, other, d.msg.ProjectionName)
+			if d.msg.Error != want {
+				t.Errorf("error = %q, want %q", d.msg.Error, want)
+			}
+		}
+	})
+}
+
+func checkDeadLetter(t *testing.T, d deadLetter, tenant, projectionName string, class retry.Class, sqlstate string, retries int, before, after int64) {
+	t.Helper()
+	m := d.msg
+	if m.ProjectionName != projectionName || m.TenantSchema != tenant || m.RetryCount != retries {
+		t.Errorf("dead letter (projection, tenant, retries) = (%q, %q, %d), want (%q, %q, %d)",
+			m.ProjectionName, m.TenantSchema, m.RetryCount, projectionName, tenant, retries)
+	}
+	if !(before <= m.FirstFailedAt && m.FirstFailedAt <= m.FailedAt && m.FailedAt <= after) {
+		t.Errorf("timestamps: want %d <= firstFailedAt %d <= failedAt %d <= %d", before, m.FirstFailedAt, m.FailedAt, after)
+	}
+	h := d.headers
+	if h[dlq.HeaderErrorClass] != class.String() || h[dlq.HeaderSQLState] != sqlstate || h[dlq.HeaderProjection] != projectionName {
+		t.Errorf("headers class/sqlstate/projection = %q/%q/%q, want %q/%q/%q",
+			h[dlq.HeaderErrorClass], h[dlq.HeaderSQLState], h[dlq.HeaderProjection], class, sqlstate, projectionName)
+	}
+	if len(h[dlq.HeaderFingerprint]) != 16 || h[dlq.HeaderGeneration] != "test/v42" || h[dlq.HeaderWorker] != "test-worker" {
+		t.Errorf("headers fingerprint/generation/worker = %q/%q/%q", h[dlq.HeaderFingerprint], h[dlq.HeaderGeneration], h[dlq.HeaderWorker])
+	}
+	if !strings.Contains(m.StackTrace, "goroutine") {
+		t.Errorf("stackTrace has no Go stack: %q", m.StackTrace)
+	}
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestWorkerPermanentInputsBetweenGoodEvents puts every kind of invalid
+// record between good ones on one partition: each invalid record becomes
+// exactly one dead letter at once, and every good one is applied.
+func TestWorkerPermanentInputsBetweenGoodEvents(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	poison := []struct {
+		name, value, field string
+	}{
+		{"not JSON", "this is not json", ""},
+		{"truncated JSON", `{"eventType":"ARTIST_FOLLOWED","entityId":`, ""},
+		{"tombstone", "", ""},
+		{"JSON null", "null", ""},
+		{"duplicate key", strings.Replace(r.follow("u", "a", 1), `"forkId":"production"`, `"forkId":"production","forkId":"staging"`, 1), "forkId"},
+		{"sequenceNumber as string", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":"7"`, 1), "sequenceNumber"},
+		{"sequenceNumber 7.5", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":7.5`, 1), "sequenceNumber"},
+		{"sequenceNumber beyond int64", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":9223372036854775808`, 1), "sequenceNumber"},
+		{"hostile tenantSchema", strings.Replace(r.follow("u", "a", 1), r.tenant, `tenant_a\"; DROP TABLE x; --`, 1), "tenantSchema"},
+	}
+	r.start(nil)
+	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
+	for _, p := range poison {
+		var v []byte
+		if p.value != "" {
+			v = []byte(p.value)
+		}
+		r.produce("poison", v)
+	}
+	r.produce("good-2", []byte(r.follow("good-2", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+
+	if n := r.count("artist_followers"); n != 2 {
+		t.Errorf("artist_followers rows = %d, want 2 (both good events)", n)
+	}
+	dls := r.deadLetters()
+	if len(dls) != len(poison) {
+		t.Fatalf("dead letters = %d, want %d", len(dls), len(poison))
+	}
+	for i, p := range poison {
+		d := dls[i]
+		t.Run(p.name, func(t *testing.T) {
+			if d.msg.ProjectionName != "" || d.msg.RetryCount != 0 || d.headers[dlq.HeaderErrorClass] != "permanent" {
+				t.Errorf("dead letter = projection %q retries %d class %q, want \"\", 0, permanent", d.msg.ProjectionName, d.msg.RetryCount, d.headers[dlq.HeaderErrorClass])
+			}
+			if p.field != "" && !strings.Contains(d.msg.Error, p.field) {
+				t.Errorf("error %q does not name the field %q", d.msg.Error, p.field)
+			}
+			if string(d.msg.OriginalEvent) != "null" {
+				if string(d.msg.OriginalEvent) != p.value {
+					t.Errorf("originalEvent not verbatim:\n got %s\nwant %s", d.msg.OriginalEvent, p.value)
+				}
+			} else if d.msg.OriginalValueBase64 == "" && p.value != "" {
+				t.Errorf("originalEvent null but originalValueBase64 empty")
+			}
+		})
+	}
+}
+
+func TestWorkerRedeliveryOfOlderSequenceIsNoop(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil)
+	withScore := func(seq, points int64) []byte {
+		return []byte(r.event("ARTIST_FOLLOWED", "user-1", seq, fmt.Sprintf(`{"user_id":"user-1","artist_id":"artist-1","points":%d,"games":1}`, points)))
+	}
+	r.produce("user-1", withScore(5, 50))
+	r.produce("user-1", withScore(3, 30)) // older: no-op
+	r.produce("user-1", withScore(5, 50)) // re-delivery: same state
+	r.waitCommitted(testTimeout)
+	var score, seq int64
+	q := "SELECT score, _causet_seq FROM " + pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()
+	if err := r.pool.QueryRow(context.Background(), q).Scan(&score, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if score != 50 || seq != 5 {
+		t.Errorf("row (score, seq) = (%d, %d), want (50, 5)", score, seq)
+	}
+	// A delete at 6 leaves a tombstone; a late upsert at 4 must not bring
+	// the row back.
+	r.produce("user-1", []byte(r.event("ARTIST_UNFOLLOWED", "user-1", 6, `{"user_id":"user-1","artist_id":"artist-1"}`)))
+	r.produce("user-1", withScore(4, 40))
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_followers"); n != 0 {
+		t.Errorf("rows after delete and late upsert = %d, want 0", n)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0", len(dls))
+	}
+}
+
+func TestWorkerRestartResumesFromCommittedOffset(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 3})
+	rn := r.start(nil)
+	for i := range 10 {
+		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
+	}
+	r.waitCommitted(testTimeout)
+	if err := rn.stop(t); err != nil {
+		t.Fatalf("Run returned %v, want nil after a clean shutdown", err)
+	}
+	for i := 10; i < 20; i++ {
+		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
+	}
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_followers"); n != 20 {
+		t.Errorf("rows = %d, want 20", n)
+	}
+}
+
+func TestWorkerReplayedEventAppliesOnlyToNamedProjection(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil)
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)),
+		kgo.RecordHeader{Key: dlq.HeaderReplayProjection, Value: []byte("artist_followers")})
+	// Replayed again and failing again: the dead letter keeps the original
+	// firstFailedAt and carries the replay count.
+	r.produce("user-2", []byte(r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1"}`)),
+		kgo.RecordHeader{Key: dlq.HeaderReplayProjection, Value: []byte("artist_ratings")},
+		kgo.RecordHeader{Key: dlq.HeaderReplayCountOut, Value: []byte("2")},
+		kgo.RecordHeader{Key: dlq.HeaderReplayFirstFailedAt, Value: []byte("1700000000000")})
+	r.waitCommitted(testTimeout)
+	if a, u := r.count("artist_followers"), r.count("user_follows"); a != 1 || u != 0 {
+		t.Errorf("rows artist_followers=%d user_follows=%d, want 1 and 0", a, u)
+	}
+	dls := r.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dls))
+	}
+	if d := dls[0]; d.msg.FirstFailedAt != 1700000000000 || d.headers[dlq.HeaderReplayCount] != "2" {
+		t.Errorf("firstFailedAt %d replay-count %q, want 1700000000000 and 2", d.msg.FirstFailedAt, d.headers[dlq.HeaderReplayCount])
+	}
+}
+
+// TestWorkerDatabaseOutagePausesWithoutDeadLetters stops PostgreSQL while
+// events arrive: by default nothing is dead-lettered, the worker reports
+// not-ready, and every event is applied once the database is back.
+func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartOwn(t)
+	r := newRig(t, rigOptions{db: db})
+	rn := r.start(nil)
+	r.produce("user-0", []byte(r.follow("user-0", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	if err := db.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
+	}
+	deadline := time.Now().Add(testTimeout)
+	for rn.w.Ready() == nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := rn.w.Ready(); err == nil || !strings.Contains(err.Error(), "paused") {
+		t.Errorf("Ready() during the outage = %v, want a paused error", err)
+	}
+	time.Sleep(500 * time.Millisecond) // well past 5 retries of fastRetry
+	if got := r.committed(); got != 1 {
+		t.Errorf("committed offset during the outage = %d, want 1", got)
+	}
+	if err := db.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_followers"); n != 4 {
+		t.Errorf("rows = %d, want 4", n)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0 during an outage", len(dls))
+	}
+	if err := rn.w.Ready(); err != nil {
+		t.Errorf("Ready() after the outage = %v", err)
+	}
+}
+
+func TestWorkerDatabaseOutageDeadLettersWithOnInfraErrorDLQ(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartOwn(t)
+	r := newRig(t, rigOptions{db: db})
+	if err := db.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.start(func(c *projection.Config) { c.OnInfraError = projection.InfraDeadLetter })
+	before := time.Now().UnixMilli()
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 2 {
+		t.Fatalf("dead letters = %d, want 2 (both projections of ARTIST_FOLLOWED)", len(dls))
+	}
+	for _, d := range dls {
+		checkDeadLetter(t, d, r.tenant, d.msg.ProjectionName, retry.Infrastructure, "", 5, before, time.Now().UnixMilli())
+	}
+}
+
+// TestWorkerDeadLetterProduceFailureKeepsOffset fails every produce to the
+// dead-letter topic for a while: the poison record's offset must not be
+// committed, and once produce works again it is dead-lettered exactly once.
+func TestWorkerDeadLetterProduceFailureKeepsOffset(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{fake: true})
+	topics, err := kadm.NewClient(r.broker.Client(t)).ListTopics(context.Background(), r.dlqTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlqID := topics[r.dlqTopic].ID
+	var failing atomic.Bool
+	failing.Store(true)
+	var refused atomic.Int64
+	r.broker.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r.broker.Fake.KeepControl()
+		pr := req.(*kmsg.ProduceRequest)
+		if !failing.Load() || len(pr.Topics) == 0 || (pr.Topics[0].Topic != r.dlqTopic && pr.Topics[0].TopicID != dlqID) {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, tp := range pr.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
+			for _, p := range tp.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	r.start(nil)
+	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
+	r.produce("poison", []byte("not json"))
+	r.produce("good-2", []byte(r.follow("good-2", "artist-1", 1)))
+	deadline := time.Now().Add(testTimeout)
+	for refused.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if refused.Load() < 3 {
+		t.Fatalf("dead-letter produce attempts = %d, want >= 3", refused.Load())
+	}
+	time.Sleep(300 * time.Millisecond) // give a wrong commit time to happen
+	if got := r.committed(); got > 1 {
+		t.Fatalf("committed offset %d while the dead letter of offset 1 was not acknowledged", got)
+	}
+	failing.Store(false)
+	r.waitCommitted(testTimeout)
+	if dls := r.deadLetters(); len(dls) != 1 {
+		t.Errorf("dead letters = %d, want exactly 1", len(dls))
+	}
+	if n := r.count("artist_followers"); n != 2 {
+		t.Errorf("rows = %d, want 2", n)
+	}
+}
+
+// panicky is a Go projection that panics: a projection error, retried and
+// dead-lettered with the panic's stack.
+type panicky struct{}
+
+func (panicky) Name() string          { return "panicky" }
+func (panicky) Handles(t string) bool { return t == "ARTIST_FOLLOWED" }
+func (panicky) Apply(context.Context, projection.DB, *projection.Event) (projection.Outcome, error) {
+	panic("boom")
+}
+
+func TestWorkerHandlerPanicIsDeadLetteredWithStack(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil, append([]projection.Handler{panicky{}}, r.handlers...)...)
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dls))
+	}
+	d := dls[0]
+	if d.msg.ProjectionName != "panicky" || d.msg.RetryCount != 5 || !strings.Contains(d.msg.Error, "boom") || !strings.Contains(d.msg.StackTrace, "panicky.Apply") {
+		t.Errorf("dead letter = %+v", d.msg)
+	}
+	if n := r.count("artist_followers"); n != 1 {
+		t.Errorf("artist_followers rows = %d, want 1", n)
+	}
+}
