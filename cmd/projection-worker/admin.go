@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/projection"
+)
+
+// runMigrate creates the schema, tables and missing columns of the loaded
+// definitions in every --tenant-schema.
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := flagenv.New("projection-worker migrate", stderr)
+	s.registerCommon(fs)
+	s.registerDatabase(fs)
+	s.registerProjections(fs)
+	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := s.requireDatabase(); err != nil {
+		return err
+	}
+	if err := s.requireProjections(); err != nil {
+		return err
+	}
+	if len(s.tenantSchemas) == 0 {
+		return flagenv.Usagef("--tenant-schema is required (repeat it for several tenants)")
+	}
+	for _, t := range s.tenantSchemas {
+		if !projection.ValidTenantSchema(t) {
+			return flagenv.Usagef("--tenant-schema %q: must match ^[a-z_][a-z0-9_]{0,62}$", t)
+		}
+	}
+	defs, _, err := loadProjections(s.projections)
+	if err != nil {
+		return flagenv.Usagef("%v", err)
+	}
+	pool, err := newPool(ctx, s.databaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	for _, t := range s.tenantSchemas {
+		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
+			return fmt.Errorf("migrate %s: %w", t, err)
+		}
+		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%d projections)\n", t, defs.IRVersion, len(defs.Projections))
+	}
+	return nil
+}
+
+// runTopics creates the events, dead-letter and ledger topics.
+func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := flagenv.New("projection-worker topics", stderr)
+	s.registerCommon(fs)
+	s.registerKafka(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := s.topicConfig()
+	if err != nil {
+		return err
+	}
+	kopts, err := s.kafka.Opts()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kopts...)
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rep, err := dlq.EnsureTopics(tctx, kadm.NewClient(cl), cfg)
+	if err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
+	for _, t := range rep.Created {
+		fmt.Fprintf(stdout, "created %s\n", t)
+	}
+	fmt.Fprintf(stdout, "%s: %d partitions; %s: %d partitions, retention %s\n",
+		cfg.EventsTopic, rep.EventsPartitions, cfg.DLQTopic, rep.DLQPartitions, retentionText(rep.DLQRetention))
+	if rep.DLQRetentionTooShort {
+		fmt.Fprintf(stdout, "WARNING: %s keeps less than 30 days; set retention.ms >= %d\n", cfg.DLQTopic, dlq.MinRetention.Milliseconds())
+	}
+	return nil
+}
+
+func retentionText(d time.Duration) string {
+	if d < 0 {
+		return "unlimited"
+	}
+	return fmt.Sprintf("%s (%d ms)", d, d.Milliseconds())
+}
+
+// runValidate checks a definitions file: exit 0 when it loads, 1 with every
+// problem named otherwise (2 for a usage error).
+func runValidate(args []string, stdout, stderr io.Writer) error {
+	var s settings
+	fs := flagenv.New("projection-worker validate", stderr)
+	s.registerProjections(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := s.requireProjections(); err != nil {
+		return err
+	}
+	defs, handlers, err := loadProjections(s.projections)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: IR %s, %d projections: ok\n", s.projections, defs.IRVersion, len(handlers))
+	return nil
+}

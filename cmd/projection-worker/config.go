@@ -1,0 +1,152 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/projection"
+	"github.com/causet/projection-worker/retry"
+)
+
+// settings are the flags of every command; each command registers the ones
+// it uses.
+type settings struct {
+	kafka       kafkaconn.Settings
+	databaseURL string
+	projections string
+	topic       string
+	dlqTopic    string
+	ledgerTopic string
+	partitions  int
+	logFormat   string
+	logLevel    string
+
+	// run
+	group          string
+	maxRetries     int
+	retryInitial   time.Duration
+	retryMax       time.Duration
+	onInfraError   string
+	shutdownGrace  time.Duration
+	httpAddr       string
+	workerID       string
+	dlqMaxBytes    int
+	createTopics   bool
+	maxPollRecords int
+
+	// migrate
+	tenantSchemas []string
+}
+
+func (s *settings) registerCommon(fs *flagenv.Set) {
+	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", "json", "log format: json or text")
+	fs.String(&s.logLevel, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn or error")
+}
+
+func (s *settings) registerKafka(fs *flagenv.Set) {
+	s.kafka.Register(fs)
+	fs.String(&s.topic, "topic", "EVENTS_TOPIC", dlq.DefaultEventsTopic, "events topic")
+	fs.String(&s.dlqTopic, "dlq-topic", "DLQ_TOPIC", dlq.DefaultTopic, "dead-letter topic")
+	fs.String(&s.ledgerTopic, "ledger-topic", "LEDGER_TOPIC", dlq.DefaultLedgerTopic, "replay ledger topic (compacted)")
+	fs.Int(&s.partitions, "partitions", "EVENTS_PARTITIONS", 8, "partitions of the events topic when it has to be created")
+}
+
+func (s *settings) registerDatabase(fs *flagenv.Set) {
+	fs.String(&s.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL connection string (postgres://user:pass@host:5432/db?sslmode=verify-full); TLS is set here")
+}
+
+func (s *settings) registerProjections(fs *flagenv.Set) {
+	fs.String(&s.projections, "projections", "PROJECTIONS_FILE", "", "projection definitions file (YAML or JSON)")
+}
+
+func (s *settings) registerRun(fs *flagenv.Set) {
+	def := retry.DefaultPolicy()
+	host, _ := os.Hostname()
+	fs.String(&s.group, "group", "CONSUMER_GROUP", projection.DefaultGroup, "consumer group")
+	fs.Int(&s.maxRetries, "max-retries", "MAX_RETRIES", def.MaxRetries, "retries of a failing (event, projection) pair before it is dead-lettered")
+	fs.Duration(&s.retryInitial, "retry-initial", "RETRY_INITIAL", def.Initial, "first retry wait (doubles each retry, with jitter)")
+	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait")
+	fs.String(&s.onInfraError, "on-infra-error", "ON_INFRA_ERROR", string(projection.InfraPause), "when the database is unavailable: pause (wait, not ready) or dlq (retry, then dead-letter)")
+	fs.Duration(&s.shutdownGrace, "shutdown-grace", "SHUTDOWN_GRACE", projection.DefaultShutdownGrace, "time allowed after SIGTERM to commit and leave the group")
+	fs.String(&s.httpAddr, "http-addr", "HTTP_ADDR", ":8080", "address of /healthz, /readyz and /metrics (empty: no HTTP server)")
+	fs.String(&s.workerID, "worker-id", "POD_NAME", host, "this worker's name in dead-letter headers")
+	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 1000000, "largest dead-letter record in bytes (the topic's max.message.bytes); larger ones truncate stackTrace, then error")
+	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
+	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
+}
+
+// logger returns the slog logger the flags ask for.
+func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
+		return nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(s.logFormat) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, flagenv.Usagef("--log-format: %q is not json or text", s.logFormat)
+	}
+}
+
+// retryPolicy returns the retry policy of the flags, or a usage error.
+func (s *settings) retryPolicy() (retry.Policy, error) {
+	p := retry.DefaultPolicy()
+	p.MaxRetries = s.maxRetries
+	p.Initial = s.retryInitial
+	p.MaxInterval = s.retryMax
+	if err := p.Validate(); err != nil {
+		return p, flagenv.Usagef("--max-retries/--retry-initial/--retry-max-interval: %v", err)
+	}
+	return p, nil
+}
+
+func (s *settings) requireDatabase() error {
+	if s.databaseURL == "" {
+		return flagenv.Usagef("--database-url (DATABASE_URL) is required: set it to a PostgreSQL connection string")
+	}
+	return nil
+}
+
+func (s *settings) requireProjections() error {
+	if s.projections == "" {
+		return flagenv.Usagef("--projections (PROJECTIONS_FILE) is required: set it to a projection definitions file")
+	}
+	return nil
+}
+
+func parseFlags(fs *flagenv.Set, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return flagenv.Usagef("unexpected argument %q (flags start with --)", fs.Arg(0))
+	}
+	return nil
+}
+
+func (s *settings) topicConfig() (dlq.TopicConfig, error) {
+	if s.partitions < 1 || s.partitions > 10000 {
+		return dlq.TopicConfig{}, flagenv.Usagef("--partitions must be in 1..10000, got %d", s.partitions)
+	}
+	return dlq.TopicConfig{
+		EventsTopic: s.topic,
+		DLQTopic:    s.dlqTopic,
+		LedgerTopic: s.ledgerTopic,
+		Partitions:  int32(s.partitions),
+	}, nil
+}
+
+func describe(s *settings) string {
+	return fmt.Sprintf("%s topic=%s dlq-topic=%s", s.kafka, s.topic, s.dlqTopic)
+}

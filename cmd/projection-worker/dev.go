@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/internal/devstack"
+	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/projection"
+)
+
+// runDev is `make run`: the worker on an embedded Kafka and a throwaway
+// PostgreSQL, seeded with example events, until Ctrl-C.
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var s settings
+	var kafkaPort int
+	fs := flagenv.New("projection-worker dev", stderr)
+	s.registerCommon(fs)
+	s.registerRun(fs)
+	fs.String(&s.projections, "projections", "PROJECTIONS_FILE", "examples/projections.yaml", "projection definitions file")
+	fs.String(&s.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL to use instead of a throwaway cluster")
+	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	// The dev stack keeps its defaults short so the failure examples reach
+	// the dead-letter topic within seconds.
+	if s.logFormat == "json" && !flagGiven(fs, "log-format") {
+		s.logFormat = "text"
+	}
+	log, err := s.logger(stderr)
+	if err != nil {
+		return err
+	}
+	defs, _, err := loadProjections(s.projections)
+	if err != nil {
+		return flagenv.Usagef("%v", err)
+	}
+	stack, err := devstack.Start(ctx, devstack.Options{
+		KafkaPort:   kafkaPort,
+		DatabaseURL: s.databaseURL,
+		Logf:        func(f string, a ...any) { fmt.Fprintf(stdout, "dev: "+f+"\n", a...) },
+	})
+	if err != nil {
+		return err
+	}
+	defer stack.Close()
+	s.kafka.Brokers = stack.Brokers
+	s.databaseURL = stack.DatabaseURL
+	s.topic, s.dlqTopic, s.ledgerTopic, s.partitions = "causet.projection-events.v1", "causet.projection-dlq.v1", "causet.projection-dlq-ledger.v1", 3
+
+	pool, err := newPool(ctx, s.databaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := devstack.PrepareTenants(ctx, pool, defs); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "dev: migrated %s and %s (staging without followed_at); %s left unmigrated\n",
+		devstack.TenantProduction, devstack.TenantStaging, devstack.TenantLegacy)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	statusCtx, stopStatus := context.WithCancel(ctx)
+	defer stopStatus()
+	started := func(*projection.Worker) {
+		kopts, _ := s.kafka.Opts()
+		examples := devstack.Examples(time.Now())
+		if err := devstack.Produce(ctx, kopts, s.topic, examples); err != nil {
+			log.Error("producing the example events failed", "error", err)
+			return
+		}
+		fmt.Fprintf(stdout, "dev: produced %d example events:\n", len(examples))
+		for _, e := range examples {
+			if e.Shows != "" {
+				fmt.Fprintf(stdout, "dev:   - %s\n", e.Shows)
+			}
+		}
+		fmt.Fprintf(stdout, "dev: read the dead letters with:\n  kcat -b %s -t %s -C -o beginning -e -f '%%k %%h %%s\\n'\n", stack.Brokers, s.dlqTopic)
+		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n", s.databaseURL, devstack.TenantProduction)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			printStatus(statusCtx, stdout, pool, kopts, s.dlqTopic, defs, log)
+		}()
+	}
+	return serve(ctx, &s, log, started)
+}
+
+func flagGiven(fs *flagenv.Set, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
+// printStatus prints the projected row counts of the production tenant and
+// the number of dead letters whenever they change, until ctx is done.
+func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts []kgo.Opt, dlqTopic string, defs *projection.Definitions, log *slog.Logger) {
+	cl, err := kgo.NewClient(kopts...)
+	if err != nil {
+		log.Error("status client", "error", err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	last := ""
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		var parts []string
+		total := 0
+		for _, p := range defs.Projections {
+			var n int
+			q := "SELECT count(*) FROM " + pgx.Identifier{devstack.TenantProduction, p.Table}.Sanitize()
+			if err := pool.QueryRow(ctx, q).Scan(&n); err == nil {
+				parts = append(parts, fmt.Sprintf("%s=%d", p.Table, n))
+				total += n
+			}
+		}
+		dead := int64(0)
+		if ends, err := adm.ListEndOffsets(ctx, dlqTopic); err == nil {
+			ends.Each(func(o kadm.ListedOffset) { dead += o.Offset })
+		}
+		line := fmt.Sprintf("dev: projected rows in %s: %d (%s); dead letters: %d", devstack.TenantProduction, total, strings.Join(parts, " "), dead)
+		if line != last && ctx.Err() == nil {
+			fmt.Fprintln(out, line)
+			last = line
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

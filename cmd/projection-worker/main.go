@@ -1,0 +1,107 @@
+// Command projection-worker consumes projection events from Kafka and applies
+// them to PostgreSQL projections, retrying failures and dead-lettering what
+// cannot be applied (see README.md and SPEC.md).
+//
+// Usage:
+//
+//	projection-worker run      [flags]   consume and project until SIGTERM/SIGINT
+//	projection-worker migrate  --tenant-schema S [--tenant-schema S2 ...] [flags]
+//	projection-worker topics   [flags]   create the events, dead-letter and ledger topics
+//	projection-worker validate --projections F
+//	projection-worker dev      [flags]   the embedded default behind `make run`
+//	projection-worker version
+//
+// Exit status: 0 on success, 1 on a runtime failure, 2 on a usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/causet/projection-worker/internal/flagenv"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+const usage = `projection-worker applies Causet projection events from Kafka to PostgreSQL.
+
+Commands:
+  run        consume and project until SIGTERM/SIGINT
+  migrate    create tenant schemas, tables and missing columns (--tenant-schema, repeatable)
+  topics     create the events, dead-letter and ledger topics
+  validate   check a projection definitions file (--projections)
+  dev        run on an embedded Kafka and a throwaway PostgreSQL with example events (make run)
+  version    print the build version
+
+Run 'projection-worker COMMAND -h' for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command and returns the process exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "run":
+		err = runWorker(ctx, rest, stderr)
+	case "migrate":
+		err = runMigrate(ctx, rest, stdout, stderr)
+	case "topics":
+		err = runTopics(ctx, rest, stdout, stderr)
+	case "validate":
+		err = runValidate(rest, stdout, stderr)
+	case "dev":
+		err = runDev(ctx, rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, buildVersion())
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "projection-worker: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	return exitCode(err, stderr)
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	var ue *flagenv.UsageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
+		return 1
+	}
+}

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kslog"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/projection"
+)
+
+func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
+	var s settings
+	fs := flagenv.New("projection-worker run", stderr)
+	s.registerCommon(fs)
+	s.registerKafka(fs)
+	s.registerDatabase(fs)
+	s.registerProjections(fs)
+	s.registerRun(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := s.requireDatabase(); err != nil {
+		return err
+	}
+	if err := s.requireProjections(); err != nil {
+		return err
+	}
+	log, err := s.logger(stderr)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, &s, log, nil)
+}
+
+// loadProjections loads and checks the definitions file; its errors name the
+// file, projection and field.
+func loadProjections(path string) (*projection.Definitions, []projection.Handler, error) {
+	defs, err := projection.LoadDefinitions(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	tables, err := projection.NewTableProjections(defs)
+	if err != nil {
+		return nil, nil, err
+	}
+	handlers := make([]projection.Handler, len(tables))
+	for i, t := range tables {
+		handlers[i] = t
+	}
+	return defs, handlers, nil
+}
+
+// newPool parses the connection string (a usage error when it is malformed)
+// and returns a pool; it does not wait for the database to answer.
+func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, flagenv.Usagef("--database-url (DATABASE_URL): %v", err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database pool: %w", err)
+	}
+	return pool, nil
+}
+
+// serve runs the worker until ctx is done. started, when non-nil, is called
+// once the worker is built (the dev stack uses it to seed events).
+func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*projection.Worker)) error {
+	defs, handlers, err := loadProjections(s.projections)
+	if err != nil {
+		return flagenv.Usagef("%v", err)
+	}
+	policy, err := s.retryPolicy()
+	if err != nil {
+		return err
+	}
+	kopts, err := s.kafka.Opts()
+	if err != nil {
+		return err
+	}
+	topics, err := s.topicConfig()
+	if err != nil {
+		return err
+	}
+	if s.dlqMaxBytes < 1024 {
+		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)
+	}
+	tel, err := newTelemetry(ctx, s.group)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.shutdown(sctx); err != nil {
+			log.Warn("telemetry shutdown", "error", err)
+		}
+	}()
+	kopts = append(kopts, kgo.WithLogger(kslog.New(log.With("component", "kgo"))), tel.hooks())
+
+	pool, err := newPool(ctx, s.databaseURL, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	admCl, err := kgo.NewClient(kopts...)
+	if err != nil {
+		return fmt.Errorf("kafka admin client: %w", err)
+	}
+	defer admCl.Close()
+	adm := kadm.NewClient(admCl)
+	if err := checkTopics(ctx, s, adm, topics, tel.meter(), log); err != nil {
+		return err
+	}
+
+	prodCl, err := kgo.NewClient(append(kopts,
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytes(int32(max(s.dlqMaxBytes+64*1024, 1<<20))),
+	)...)
+	if err != nil {
+		return fmt.Errorf("kafka dead-letter producer: %w", err)
+	}
+	defer prodCl.Close()
+	writer, err := dlq.NewWriter(prodCl, dlq.WriterConfig{
+		RecordConfig: dlq.RecordConfig{
+			Topic:      s.dlqTopic,
+			Worker:     s.workerID,
+			Generation: buildVersion() + "/" + defs.IRVersion,
+			MaxBytes:   s.dlqMaxBytes,
+		},
+		Backoff: policy,
+		Logger:  log,
+	})
+	if err != nil {
+		return err
+	}
+
+	metrics, err := projection.NewMetrics(tel.meter())
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	w, err := projection.NewWorker(projection.Config{
+		Topic:          s.topic,
+		Group:          s.group,
+		Retry:          policy,
+		OnInfraError:   projection.InfraMode(s.onInfraError),
+		MaxPollRecords: s.maxPollRecords,
+		ShutdownGrace:  s.shutdownGrace,
+		Logger:         log,
+		Metrics:        metrics,
+		Tracer:         tel.tracer,
+	}, handlers, pool, writer, kopts...)
+	if err != nil {
+		var ue *flagenv.UsageError
+		if !errors.As(err, &ue) {
+			err = flagenv.Usagef("%v", err)
+		}
+		return err
+	}
+
+	var srv *http.Server
+	if s.httpAddr != "" {
+		ln, err := net.Listen("tcp", s.httpAddr)
+		if err != nil {
+			w.Client().Close()
+			return fmt.Errorf("--http-addr %s: %w", s.httpAddr, err)
+		}
+		srv = &http.Server{Handler: httpHandler(w, pool, tel), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("http server", "error", err)
+			}
+		}()
+		log.Info("http listening", "addr", ln.Addr().String())
+	}
+	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
+		"projections", len(handlers), "group", s.group, "kafka", describe(s), "on_infra_error", s.onInfraError)
+	if started != nil {
+		started(w)
+	}
+	runErr := w.Run(ctx)
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = srv.Shutdown(sctx)
+		cancel()
+	}
+	if runErr != nil {
+		return runErr
+	}
+	log.Info("projection worker stopped")
+	return nil
+}
+
+// checkTopics creates missing topics (unless --create-topics=false), warns
+// about a dead-letter topic that keeps less than 30 days and exports its
+// retention and depth as metrics.
+func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) error {
+	if !s.createTopics {
+		return nil
+	}
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rep, err := dlq.EnsureTopics(tctx, adm, cfg)
+	if err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
+	for _, t := range rep.Created {
+		log.Info("topic created", "topic", t)
+	}
+	if rep.DLQRetentionTooShort {
+		log.Warn("dead-letter topic keeps less than 30 days: dead letters may expire before anyone replays them",
+			"topic", cfg.DLQTopic, "retention", rep.DLQRetention.String(), "want_at_least", dlq.MinRetention.String())
+	}
+	_, err = meter.Int64ObservableGauge("causet.dlq.retention",
+		metric.WithUnit("ms"),
+		metric.WithDescription("retention.ms of the dead-letter topic at start (-1 = unlimited); should be >= 2592000000 (30 days)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(rep.DLQRetention.Milliseconds())
+			return nil
+		}))
+	if err != nil {
+		return err
+	}
+	_, err = meter.Int64ObservableGauge("causet.dlq.depth",
+		metric.WithUnit("{record}"),
+		metric.WithDescription("Records in the dead-letter topic (end offset minus start offset, all partitions)."),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			ends, err := adm.ListEndOffsets(ctx, cfg.DLQTopic)
+			if err != nil {
+				return nil // not observed this time
+			}
+			starts, err := adm.ListStartOffsets(ctx, cfg.DLQTopic)
+			if err != nil {
+				return nil
+			}
+			var depth int64
+			ends.Each(func(e kadm.ListedOffset) {
+				if st, ok := starts.Lookup(e.Topic, e.Partition); ok && e.Err == nil && st.Err == nil {
+					depth += e.Offset - st.Offset
+				}
+			})
+			o.Observe(depth)
+			return nil
+		}))
+	return err
+}
+
+// httpHandler serves /healthz (the process is up), /readyz (group joined,
+// database reachable, no partition paused) and /metrics.
+func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(rw, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		err := w.Ready()
+		if err == nil {
+			if perr := pool.Ping(ctx); perr != nil {
+				err = fmt.Errorf("database unreachable: %w", perr)
+			}
+		}
+		if err != nil {
+			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(rw, "ready\n")
+	})
+	mux.Handle("GET /metrics", tel.metricsHandler())
+	return mux
+}

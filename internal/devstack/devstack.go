@@ -1,0 +1,158 @@
+// Package devstack is the embedded default behind `make run`: an in-process
+// Kafka (franz-go kfake) on 127.0.0.1:9092, a throwaway PostgreSQL (or
+// DATABASE_URL), and example events that show rows being projected and each
+// documented failure cause becoming a dead letter.
+package devstack
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/projection"
+)
+
+// Tenants of the example: the first is migrated, the second is migrated and
+// then loses a column, the third is never migrated.
+const (
+	TenantProduction = "acme_concertapp_production"
+	TenantStaging    = "acme_concertapp_staging"
+	TenantLegacy     = "acme_concertapp_legacy"
+)
+
+// Options configure Start.
+type Options struct {
+	// KafkaPort is the port of the in-process broker on 127.0.0.1. Default
+	// 9092 (kcat's and the worker's default); -1 picks a free port.
+	KafkaPort int
+	// Partitions of the events topic. Default 3.
+	Partitions int32
+	// DatabaseURL, when set, is used instead of a throwaway PostgreSQL.
+	DatabaseURL string
+	// Logf receives progress lines. Default: discarded.
+	Logf func(format string, args ...any)
+}
+
+// Stack is a running embedded Kafka and PostgreSQL.
+type Stack struct {
+	// Brokers is the broker address ("127.0.0.1:9092").
+	Brokers string
+	// DatabaseURL is the PostgreSQL connection string.
+	DatabaseURL string
+
+	kafka *kfake.Cluster
+	pg    *pgtest.Server
+}
+
+// Start starts the broker and, unless opts.DatabaseURL is set, a throwaway
+// PostgreSQL cluster made with the machine's initdb/pg_ctl. It fails with a
+// message saying what to install or free when it cannot.
+func Start(ctx context.Context, opts Options) (*Stack, error) {
+	if opts.KafkaPort == 0 {
+		opts.KafkaPort = 9092
+	}
+	if opts.KafkaPort < 0 {
+		opts.KafkaPort = 0
+	}
+	if opts.Partitions == 0 {
+		opts.Partitions = 3
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(opts.KafkaPort), kfake.DefaultNumPartitions(int(opts.Partitions)))
+	if err != nil {
+		return nil, fmt.Errorf("embedded kafka on 127.0.0.1:%d: %w (is another broker or `make run` already listening there?)", opts.KafkaPort, err)
+	}
+	s := &Stack{Brokers: kc.ListenAddrs()[0], kafka: kc, DatabaseURL: opts.DatabaseURL}
+	opts.Logf("embedded kafka (kfake) listening on %s", s.Brokers)
+	if s.DatabaseURL == "" {
+		pg, err := pgtest.Start(ctx, pgtest.Options{})
+		if err != nil {
+			kc.Close()
+			return nil, fmt.Errorf("throwaway postgresql: %w (or set DATABASE_URL)", err)
+		}
+		s.pg = pg
+		s.DatabaseURL = pg.URL()
+		opts.Logf("throwaway postgresql at %s", s.DatabaseURL)
+	} else {
+		opts.Logf("using DATABASE_URL")
+	}
+	return s, nil
+}
+
+// Close stops the broker and removes the throwaway PostgreSQL.
+func (s *Stack) Close() error {
+	s.kafka.Close()
+	if s.pg != nil {
+		return s.pg.Close()
+	}
+	return nil
+}
+
+// PrepareTenants migrates the production and staging tenants, drops
+// followed_at from staging's artist_followers (so its events fail with
+// `column "followed_at" ... does not exist`) and leaves the legacy tenant
+// unmigrated (`relation ... does not exist`).
+func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions) error {
+	for _, t := range []string{TenantProduction, TenantStaging} {
+		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
+			return fmt.Errorf("migrate %s: %w", t, err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE acme_concertapp_staging.artist_followers DROP COLUMN IF EXISTS followed_at`); err != nil {
+		return fmt.Errorf("drop column for the staging example: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS acme_concertapp_legacy CASCADE`); err != nil {
+		return fmt.Errorf("reset the legacy example: %w", err)
+	}
+	return nil
+}
+
+// Example is one example event and what it shows.
+type Example struct {
+	Shows string
+	Key   string
+	Value string
+}
+
+// Examples are the seeded events: the SPEC example and friends, which
+// project rows, and one event for each documented data failure cause.
+func Examples(now time.Time) []Example {
+	ts := now.UnixMilli()
+	ev := func(typ, entity, tenant string, seq int64, payload string) string {
+		return fmt.Sprintf(`{"eventType":%q,"entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":%d,"ts":%d,"payload":%s}`,
+			typ, entity, tenant, seq, ts, payload)
+	}
+	return []Example{
+		{"the SPEC example: projected", "user-123", `{"eventType":"ARTIST_FOLLOWED","entityId":"user-123","forkId":"production","tenantSchema":"acme_concertapp_production","irVersion":"v42","sequenceNumber":1891,"ts":1719331200000,"payload":{"user_id":"user-123","artist_id":"artist-456"}}`},
+		{"a follow with a score: projected", "user-124", ev("ARTIST_FOLLOWED", "user-124", TenantProduction, 7, `{"user_id":"user-124","artist_id":"artist-456","points":9007199254740993,"games":1}`)},
+		{"a follow then an unfollow: deleted, tombstone kept", "user-125", ev("ARTIST_FOLLOWED", "user-125", TenantProduction, 1, `{"user_id":"user-125","artist_id":"artist-789"}`)},
+		{"", "user-125", ev("ARTIST_UNFOLLOWED", "user-125", TenantProduction, 2, `{"user_id":"user-125","artist_id":"artist-789"}`)},
+		{"tenant whose table lacks a column: column ... does not exist (42703), retried then dead-lettered", "user-200", ev("ARTIST_FOLLOWED", "user-200", TenantStaging, 1, `{"user_id":"user-200","artist_id":"artist-456"}`)},
+		{"derive returning null into a NOT NULL column (23502), retried then dead-lettered", "user-201", ev("ARTIST_RATED", "user-201", TenantProduction, 1, `{"user_id":"user-201","artist_id":"artist-456"}`)},
+		{"tenant never migrated: relation ... does not exist (42P01), retried then dead-lettered", "user-202", ev("ARTIST_FOLLOWED", "user-202", TenantLegacy, 1, `{"user_id":"user-202","artist_id":"artist-456"}`)},
+		{"derive dividing by zero: permanent, dead-lettered at once", "user-203", ev("ARTIST_FOLLOWED", "user-203", TenantProduction, 1, `{"user_id":"user-203","artist_id":"artist-456","points":10,"games":0}`)},
+		{"not JSON: permanent, dead-lettered at once with the raw value in base64", "user-204", `this is not json`},
+	}
+}
+
+// Produce writes the examples to topic and waits for the acks.
+func Produce(ctx context.Context, kopts []kgo.Opt, topic string, examples []Example) error {
+	cl, err := kgo.NewClient(append(kopts, kgo.DefaultProduceTopic(topic))...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, 0, len(examples))
+	for _, e := range examples {
+		recs = append(recs, &kgo.Record{Key: []byte(e.Key), Value: []byte(e.Value),
+			Headers: []kgo.RecordHeader{{Key: "source", Value: []byte("make-run")}}})
+	}
+	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
