@@ -1,0 +1,54 @@
+# Makefile of the Causet projection worker. `make help` lists the targets.
+
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+# Broker of the real-Kafka suite (make kafka-up starts it there).
+TEST_KAFKA_BROKERS ?= 127.0.0.1:19092
+# Events in the throughput benchmark (make bench N=1000000).
+N ?= 200000
+
+.PHONY: help build run test test-unit test-kafka vet fuzz bench bench-replay clean
+
+help:
+	@echo "make run          the worker on an embedded Kafka (127.0.0.1:9092) and a throwaway PostgreSQL, with example events"
+	@echo "make test         every test: vet, unit and integration (in-process Kafka, real PostgreSQL)"
+	@echo "make test-kafka   the integration suite against the real broker of 'make kafka-up' ($(TEST_KAFKA_BROKERS))"
+	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
+	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events)"
+	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
+	@echo "make build        binaries in bin/"
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+
+run:
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/projection-worker dev
+
+vet:
+	$(GO) vet ./...
+
+# make test: everything, with the race detector. Integration tests use
+# DATABASE_URL or start a throwaway PostgreSQL; with CI=true a missing
+# service fails them instead of skipping.
+test: vet
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+# The same integration scenarios against a real Apache Kafka broker. Tests
+# that need kfake fault injection are skipped by name with the reason.
+test-kafka:
+	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) $(GO) test -count=1 -timeout 12m ./...
+
+fuzz:
+	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s
+
+bench:
+	BENCH_EVENTS=$(N) $(GO) test ./internal/bench -run '^$$' -bench BenchmarkWorkerThroughput -benchtime 1x -timeout 60m -v
+
+bench-replay:
+	$(GO) test ./dlq -run '^$$' -bench BenchmarkScan -benchtime 1x -timeout 30m -v
+
+clean:
+	rm -rf bin
+
+include scripts/kafka.mk
