@@ -1,0 +1,179 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// WriterConfig configures a Writer. The zero value is usable.
+type WriterConfig struct {
+	// RecordConfig says how records are built: topic, worker id,
+	// generation and the size limit. See its fields for defaults.
+	RecordConfig
+	// Backoff paces the retries of a failed produce: Initial, Multiplier,
+	// MaxInterval and Jitter are used, MaxRetries is ignored (a dead letter
+	// is retried until it is acknowledged or the context ends). The zero
+	// Policy means retry.DefaultPolicy() (200 ms, ×2, 10 s cap, jitter 0.5).
+	Backoff retry.Policy
+	// Logger receives one WARN line per failed produce attempt. nil
+	// discards them.
+	Logger *slog.Logger
+}
+
+// Writer publishes dead letters to the dead-letter topic and returns only
+// once Kafka has acknowledged them (SPEC §5: the source offset is committed
+// only after the dead letter is acknowledged). It is safe for concurrent
+// use; each Write retries on its own.
+type Writer struct {
+	client  *kgo.Client
+	cfg     RecordConfig
+	backoff retry.Policy
+	log     *slog.Logger
+}
+
+// NewWriter returns a Writer producing through client, which the caller
+// owns and closes after the last Write.
+//
+// The client must be configured for durable, non-duplicated writes (STYLE
+// rule 11): acks=all (kgo's default RequiredAcks(AllISRAcks())) and
+// idempotent writes (kgo's default; no DisableIdempotentWrite), with no
+// TransactionalID; Write sets each record's Topic, so the client must not
+// use DefaultProduceTopicAlways with a different DefaultProduceTopic, and
+// its ProducerBatchMaxBytes (default 1,000,012) and MaxBufferedBytes must
+// not be below cfg.MaxBytes. NewWriter returns an error naming the first of
+// these that the client breaks, or the first invalid field of cfg, or when
+// client is nil.
+//
+// The dead-letter topic should exist (EnsureTopics) before the first Write:
+// with a broker that auto-creates topics it would otherwise get the
+// broker's default retention.
+func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
+	if client == nil {
+		return nil, errors.New("dead-letter writer: nil kafka client")
+	}
+	rc := cfg.RecordConfig.WithDefaults()
+	if err := rc.Validate(); err != nil {
+		return nil, fmt.Errorf("dead-letter writer: %w", err)
+	}
+	bo := cfg.Backoff
+	if bo == (retry.Policy{}) {
+		bo = retry.DefaultPolicy()
+	}
+	if err := bo.Validate(); err != nil {
+		return nil, fmt.Errorf("dead-letter writer backoff: %w", err)
+	}
+	if err := checkClient(client, rc); err != nil {
+		return nil, fmt.Errorf("dead-letter writer: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Writer{client: client, cfg: rc, backoff: bo, log: log}, nil
+}
+
+// checkClient refuses a client whose producer settings could lose or
+// misroute a dead letter.
+func checkClient(cl *kgo.Client, rc RecordConfig) error {
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
+		return errors.New("kafka client must produce with acks=all (kgo.RequiredAcks(kgo.AllISRAcks()))")
+	}
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		return errors.New("kafka client must produce idempotently (remove kgo.DisableIdempotentWrite)")
+	}
+	if _, set := optPresent(cl, kgo.TransactionalID); set {
+		return errors.New("kafka client must not be transactional (kgo.TransactionalID)")
+	}
+	if always, _ := cl.OptValue(kgo.DefaultProduceTopicAlways).(bool); always {
+		if t, _ := cl.OptValue(kgo.DefaultProduceTopic).(string); t != rc.Topic {
+			return fmt.Errorf("kafka client produces every record to %q (kgo.DefaultProduceTopicAlways), not to dead-letter topic %q", t, rc.Topic)
+		}
+	}
+	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
+		if limit := int(fn(rc.Topic)); limit < rc.MaxBytes {
+			return fmt.Errorf("kafka client ProducerBatchMaxBytes %d for %q is below dead-letter max bytes %d", limit, rc.Topic, rc.MaxBytes)
+		}
+	}
+	if limit, ok := cl.OptValue(kgo.MaxBufferedBytes).(int64); ok && limit > 0 && limit < int64(rc.MaxBytes) {
+		return fmt.Errorf("kafka client MaxBufferedBytes %d is below dead-letter max bytes %d", limit, rc.MaxBytes)
+	}
+	return nil
+}
+
+// optPresent returns the value of a pointer-stored kgo option and whether
+// it is set.
+func optPresent(cl *kgo.Client, opt any) (any, bool) {
+	vs := cl.OptValues(opt)
+	if len(vs) < 2 {
+		return nil, false
+	}
+	set, _ := vs[1].(bool)
+	return vs[0], set
+}
+
+// Topic returns the dead-letter topic the Writer produces to.
+func (w *Writer) Topic() string { return w.cfg.Topic }
+
+// Write publishes the dead letter of dl, built by NewRecord with
+// time.Now(), and waits for Kafka to acknowledge it
+// (client.ProduceSync(ctx, rec).FirstErr()). A failed produce is logged at
+// WARN (keys topic, partition, offset, projection, tenant_schema of the
+// source record, plus dlq_topic, attempt, wait and error) and retried after
+// a backoff wait, with no retry limit: the same record (same FailedAt and
+// timestamp) until Kafka acknowledges it or ctx is done.
+//
+// It returns nil only once the broker has acknowledged the write. When ctx
+// ends first, it returns an error that wraps ctx's error joined with the
+// last produce error (errors.Is(err, context.Canceled) holds); the caller
+// must then not commit the source offset, and the next owner of the
+// partition dead-letters the record again. A dead letter cancelled while a
+// produce request was in flight may still have been written, so a dead
+// letter can appear twice (at least once, never lost). Errors from
+// NewRecord (an invalid dl, or ErrTooLarge) are returned at once, without
+// retrying.
+func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
+	rec, err := NewRecord(dl, w.cfg, time.Now())
+	if err != nil {
+		return err
+	}
+	src := dl.Source
+	b := w.backoff.NewBackOff()
+	for attempt := 1; ; attempt++ {
+		// kgo stamps the record it is given (partition, offset, context);
+		// produce a fresh copy each time.
+		r := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp}
+		perr := w.client.ProduceSync(ctx, r).FirstErr()
+		if perr == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), perr))
+		}
+		wait := b.NextBackOff()
+		w.log.LogAttrs(ctx, slog.LevelWarn, "dead-letter write failed, retrying",
+			slog.String("topic", src.Topic),
+			slog.Int("partition", int(src.Partition)),
+			slog.Int64("offset", src.Offset),
+			slog.String("projection", dl.Projection),
+			slog.String("tenant_schema", dl.TenantSchema),
+			slog.String("dlq_topic", w.cfg.Topic),
+			slog.Int("attempt", attempt),
+			slog.Duration("wait", wait),
+			slog.Any("error", perr),
+		)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), perr))
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,385 @@
+package dlq
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/retry"
+)
+
+// testBackoff keeps produce retries fast in tests.
+var testBackoff = retry.Policy{Initial: 5 * time.Millisecond, Multiplier: 2, MaxInterval: 20 * time.Millisecond}
+
+// newBroker returns the test's Kafka (KAFKA_BROKERS, else kfake; fake
+// when the test injects faults) and a dead-letter topic of 3 partitions
+// unique to the test.
+func newBroker(t *testing.T, fake bool) (*kafkatest.Broker, string) {
+	t.Helper()
+	b := kafkatest.New(t)
+	if fake {
+		b = kafkatest.Fake(t)
+	}
+	topic := kafkatest.TopicName(t, "dlq")
+	b.CreateTopic(t, topic, 3, nil)
+	return b, topic
+}
+
+func newClient(t *testing.T, b *kafkatest.Broker, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	return b.Client(t, append([]kgo.Opt{
+		kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }),
+		// A NOT_LEADER answer makes kgo refresh metadata first, at most
+		// once per MetadataMinAge (default 5 s).
+		kgo.MetadataMinAge(10 * time.Millisecond),
+	}, opts...)...)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// lines returns the JSON log lines written so far.
+func (s *syncBuffer) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("log line %q: %v", sc.Text(), err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func newWriter(t *testing.T, cl *kgo.Client, topic string, logs *syncBuffer) *Writer {
+	t.Helper()
+	cfg := WriterConfig{
+		RecordConfig: RecordConfig{Topic: topic, Worker: "worker-1", Generation: "test/v42"},
+		Backoff:      testBackoff,
+	}
+	if logs != nil {
+		cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	}
+	w, err := NewWriter(cl, cfg)
+	if err != nil {
+		t.Fatalf("NewWriter: %v", err)
+	}
+	return w
+}
+
+// failProduces answers the first n produce requests (every one when n < 0)
+// with code instead of writing them, calling before (if not nil) with the
+// number of the failing request first. It returns the count of requests
+// it failed.
+func failProduces(c *kfake.Cluster, n int64, code int16, before func(int64)) *atomic.Int64 {
+	var failed atomic.Int64
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if n >= 0 && failed.Load() >= n {
+			return nil, nil, false
+		}
+		i := failed.Add(1)
+		if before != nil {
+			before(i)
+		}
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return &failed
+}
+
+// recordsOn returns how many records topic holds (the sum of its end
+// offsets).
+func recordsOn(t *testing.T, cl *kgo.Client, topic string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	offs, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := offs.Error(); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	offs.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n
+}
+
+// consume reads want records of topic from its start.
+func consume(t *testing.T, b *kafkatest.Broker, topic string, want int) []*kgo.Record {
+	t.Helper()
+	cl := newClient(t, b, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < want {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("consumed %d of %d records: %v", len(recs), want, ctx.Err())
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("fetch %s[%d]: %v", topic, p, err) })
+		recs = append(recs, fs.Records()...)
+	}
+	return recs
+}
+
+func TestWriterWriteIsConsumedBack(t *testing.T) {
+	b, topic := newBroker(t, false)
+	cl := newClient(t, b)
+	w := newWriter(t, cl, topic, nil)
+	if w.Topic() != topic {
+		t.Errorf("Topic() = %q, want %q", w.Topic(), topic)
+	}
+	dl := testDeadLetter([]byte(testEvent))
+
+	before := time.Now()
+	if err := w.Write(context.Background(), dl); err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+	after := time.Now()
+
+	got := consume(t, b, topic, 1)[0]
+	m := decodeMessage(t, got.Value)
+	if m.FailedAt < before.UnixMilli() || m.FailedAt > after.UnixMilli() {
+		t.Errorf("failedAt %d not within the Write call [%d, %d]", m.FailedAt, before.UnixMilli(), after.UnixMilli())
+	}
+	want, err := NewRecord(dl, w.cfg, time.UnixMilli(m.FailedAt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(decodeMessage(t, want.Value), m); diff != "" {
+		t.Errorf("message (-want +got):\n%s", diff)
+	}
+	if !bytes.Equal(got.Value, want.Value) {
+		t.Errorf("value bytes differ:\n got %s\nwant %s", got.Value, want.Value)
+	}
+	if diff := cmp.Diff(want.Headers, got.Headers); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+	if string(got.Key) != "user-123" {
+		t.Errorf("key %q, want user-123", got.Key)
+	}
+	if got.Timestamp.UnixMilli() != m.FailedAt {
+		t.Errorf("record timestamp %d, want failedAt %d", got.Timestamp.UnixMilli(), m.FailedAt)
+	}
+}
+
+func TestWriterRetriesUntilTheProduceIsAcknowledged(t *testing.T) {
+	tests := []struct {
+		name string
+		code int16
+		// writerRetries is whether the Writer itself sees the failures:
+		// kgo retries retriable errors inside one ProduceSync.
+		writerRetries bool
+	}{
+		{"non-retriable error returned by kgo", kerr.TopicAuthorizationFailed.Code, true},
+		{"retriable error retried inside kgo", kerr.NotLeaderForPartition.Code, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const failures = 3
+			b, topic := newBroker(t, true)
+			cl := newClient(t, b)
+			var logs syncBuffer
+			w := newWriter(t, cl, topic, &logs)
+			failed := failProduces(b.Fake, failures, tt.code, nil)
+
+			dl := testDeadLetter([]byte(testEvent))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := w.Write(ctx, dl); err != nil {
+				t.Fatalf("Write: %v", err)
+			}
+			if n := failed.Load(); n != failures {
+				t.Errorf("%d produce requests failed, want %d", n, failures)
+			}
+			if n := recordsOn(t, cl, topic); n != 1 {
+				t.Errorf("dead-letter topic holds %d records, want exactly 1", n)
+			}
+			consume(t, b, topic, 1)
+
+			lines := logs.lines(t)
+			if !tt.writerRetries {
+				if len(lines) != 0 {
+					t.Errorf("logged %d lines, want none: %v", len(lines), lines)
+				}
+				return
+			}
+			if len(lines) != failures {
+				t.Fatalf("logged %d lines, want %d: %v", len(lines), failures, lines)
+			}
+			for i, l := range lines {
+				want := map[string]any{
+					"level":         "WARN",
+					"topic":         DefaultEventsTopic,
+					"partition":     float64(3),
+					"offset":        float64(1891),
+					"projection":    "artist_followers",
+					"tenant_schema": "acme_concertapp_production",
+					"dlq_topic":     topic,
+					"attempt":       float64(i + 1),
+				}
+				for k, v := range want {
+					if l[k] != v {
+						t.Errorf("log line %d: %s = %v, want %v", i, k, l[k], v)
+					}
+				}
+				if _, ok := l["error"]; !ok {
+					t.Errorf("log line %d has no error", i)
+				}
+			}
+		})
+	}
+}
+
+func TestWriterStopsWhenTheContextEnds(t *testing.T) {
+	b, topic := newBroker(t, true)
+	cl := newClient(t, b)
+	w := newWriter(t, cl, topic, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Every produce fails; the second one cancels the context while it is
+	// in flight, as a partition revoke or SIGTERM would.
+	failProduces(b.Fake, -1, kerr.TopicAuthorizationFailed.Code, func(i int64) {
+		if i == 2 {
+			cancel()
+		}
+	})
+
+	done := make(chan error, 1)
+	go func() { done <- w.Write(ctx, testDeadLetter([]byte(testEvent))) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Write did not return after its context was cancelled")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Write error %v, want context.Canceled", err)
+	}
+	if !errors.Is(err, kerr.TopicAuthorizationFailed) {
+		t.Errorf("Write error %v does not carry the last produce error", err)
+	}
+	if n := recordsOn(t, cl, topic); n != 0 {
+		t.Errorf("dead-letter topic holds %d records, want none", n)
+	}
+}
+
+func TestWriterReturnsBuildErrorsWithoutProducing(t *testing.T) {
+	b, topic := newBroker(t, false)
+	cl := newClient(t, b)
+	w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic, MaxBytes: 4096}, Backoff: testBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := testDeadLetter([]byte(`{"blob":"` + string(bytes.Repeat([]byte("x"), 8192)) + `"}`))
+	if err := w.Write(context.Background(), dl); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("Write error %v, want ErrTooLarge", err)
+	}
+	if n := recordsOn(t, cl, topic); n != 0 {
+		t.Errorf("dead-letter topic holds %d records, want none", n)
+	}
+}
+
+// TestRecordSizeIsWhatKgoCounts checks recordSize against kgo: a client
+// whose ProducerBatchMaxBytes is the record's size accepts it, one byte
+// less refuses it.
+func TestRecordSizeIsWhatKgoCounts(t *testing.T) {
+	b, topic := newBroker(t, false)
+	rec := newRecord(t, testDeadLetter([]byte(testEvent)), RecordConfig{Topic: topic})
+	size := recordSize(rec)
+	for _, tt := range []struct {
+		limit   int
+		wantErr error
+	}{
+		{size, nil},
+		{size - 1, kerr.MessageTooLarge},
+	} {
+		cl := newClient(t, b, kgo.ProducerBatchMaxBytes(int32(tt.limit)))
+		r := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := cl.ProduceSync(ctx, r).FirstErr()
+		cancel()
+		if !errors.Is(err, tt.wantErr) {
+			t.Errorf("record of %d bytes with ProducerBatchMaxBytes %d: produce error %v, want %v", size, tt.limit, err, tt.wantErr)
+		}
+	}
+}
+
+func TestNewWriterRefusesUnsafeClients(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    []kgo.Opt
+		cfg     WriterConfig
+		wantErr bool
+	}{
+		{"defaults", nil, WriterConfig{}, false},
+		{"default produce topic always, same topic", []kgo.Opt{kgo.DefaultProduceTopic(DefaultTopic), kgo.DefaultProduceTopicAlways()}, WriterConfig{}, false},
+		{"default produce topic, not always", []kgo.Opt{kgo.DefaultProduceTopic("other")}, WriterConfig{}, false},
+		{"leader acks", []kgo.Opt{kgo.RequiredAcks(kgo.LeaderAck()), kgo.DisableIdempotentWrite()}, WriterConfig{}, true},
+		{"idempotency disabled", []kgo.Opt{kgo.DisableIdempotentWrite()}, WriterConfig{}, true},
+		{"transactional", []kgo.Opt{kgo.TransactionalID("tx")}, WriterConfig{}, true},
+		{"default produce topic always, other topic", []kgo.Opt{kgo.DefaultProduceTopic("other"), kgo.DefaultProduceTopicAlways()}, WriterConfig{}, true},
+		{"batch max bytes below max bytes", []kgo.Opt{kgo.ProducerBatchMaxBytes(600000)}, WriterConfig{}, true},
+		{"batch max bytes with smaller max bytes", []kgo.Opt{kgo.ProducerBatchMaxBytes(600000)}, WriterConfig{RecordConfig: RecordConfig{MaxBytes: 600000}}, false},
+		{"buffered bytes below max bytes", []kgo.Opt{kgo.MaxBufferedBytes(1000)}, WriterConfig{}, true},
+		{"invalid record config", nil, WriterConfig{RecordConfig: RecordConfig{Topic: "a b"}}, true},
+		{"invalid backoff", nil, WriterConfig{Backoff: retry.Policy{Initial: -1}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, tt.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if _, err := NewWriter(cl, tt.cfg); (err != nil) != tt.wantErr {
+				t.Errorf("NewWriter error %v, want error %v", err, tt.wantErr)
+			}
+		})
+	}
+	if _, err := NewWriter(nil, WriterConfig{}); err == nil {
+		t.Error("NewWriter(nil) returned no error")
+	}
+}
