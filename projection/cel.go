@@ -1,0 +1,203 @@
+package projection
+
+// CEL notes for derive columns (SPEC §4).
+//
+// A derive expression sees two variables, both map(string, dyn): event, the
+// whole event object (eventType, entityId, ..., ts, payload and any unknown
+// fields), and payload, the same as event.payload. JSON numbers become CEL
+// int when they are integers that fit int64, else double (only for CEL: from
+// columns keep the exact text); JSON null is CEL null. Optional syntax
+// (payload.?x.orValue(null)), heterogeneous numeric comparisons and the
+// cel-go strings and math extensions are enabled. A conditional whose other
+// branch has a static type needs dyn(null) for NULL: `x > 0 ? 'yes' : dyn(null)`.
+//
+// The result is stored like a from value: null (or an empty optional) gives
+// NULL, int and uint their decimal text, double its shortest round-trip text
+// (exponent form such as 1e+21 for large values; NaN and ±Infinity as
+// PostgreSQL spells them), string and bool as they are,
+// timestamp as RFC 3339 in UTC, and lists and maps (with string keys) only into
+// jsonb columns. A runtime error (division by zero, no such key, no matching
+// overload, the cost limit) is permanent: the same event can never succeed.
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/common/types/traits"
+	"github.com/google/cel-go/ext"
+)
+
+// deriveCostLimit bounds the work of one derive evaluation (cel-go cost
+// units, roughly one per operation or per element visited), so that a
+// hostile expression such as nested comprehensions over a large payload list
+// cannot spin. Field arithmetic costs a handful of units.
+const deriveCostLimit = 1_000_000
+
+// deriveEnv is the CEL environment of derive expressions. It is immutable and
+// safe for concurrent use.
+var deriveEnv = sync.OnceValues(func() (*cel.Env, error) {
+	dynMap := cel.MapType(cel.StringType, cel.DynType)
+	return cel.NewEnv(
+		cel.Variable("event", dynMap),
+		cel.Variable("payload", dynMap),
+		cel.OptionalTypes(),
+		cel.CrossTypeNumericComparisons(true),
+		ext.Strings(),
+		ext.Math(),
+	)
+})
+
+// compileDerive compiles a derive expression into a program that is safe
+// for concurrent use. Errors give line:column and CEL's message.
+func compileDerive(expr string) (cel.Program, error) {
+	env, err := deriveEnv()
+	if err != nil {
+		return nil, fmt.Errorf("cel environment: %w", err)
+	}
+	ast, iss := env.Compile(expr)
+	if iss != nil && iss.Err() != nil {
+		var msgs []string
+		for _, e := range iss.Errors() {
+			msgs = append(msgs, fmt.Sprintf("%d:%d: %s", e.Location.Line(), e.Location.Column()+1, e.Message))
+		}
+		return nil, fmt.Errorf("%q does not compile: %s", expr, strings.Join(msgs, "; "))
+	}
+	prg, err := env.Program(ast, cel.CostLimit(deriveCostLimit))
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", expr, err)
+	}
+	return prg, nil
+}
+
+// deriveVars returns the CEL activation for ev: event and payload converted
+// to CEL-friendly values.
+func deriveVars(ev *Event) map[string]any {
+	event := make(map[string]any, len(ev.Fields)+8)
+	for k, v := range ev.Fields {
+		if k != "payload" {
+			event[k] = celValue(v)
+		}
+	}
+	// A hand-built Event may lack Fields; the typed fields are authoritative.
+	event["eventType"] = ev.EventType
+	event["entityId"] = ev.EntityID
+	event["forkId"] = ev.ForkID
+	event["tenantSchema"] = ev.TenantSchema
+	event["irVersion"] = ev.IRVersion
+	event["sequenceNumber"] = ev.SequenceNumber
+	event["ts"] = ev.TS
+	payload, _ := celValue(eventPayload(ev)).(map[string]any)
+	if payload == nil {
+		payload = map[string]any{}
+	}
+	event["payload"] = payload
+	return map[string]any{"event": event, "payload": payload}
+}
+
+// celValue converts an event tree value for CEL: json.Number becomes int64
+// when it is an integer that fits, else float64.
+func celValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[k] = celValue(e)
+		}
+		return m
+	case []any:
+		l := make([]any, len(x))
+		for i, e := range x {
+			l[i] = celValue(e)
+		}
+		return l
+	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
+			return i
+		}
+		f, _ := strconv.ParseFloat(string(x), 64) // ±Inf beyond float64's range
+		return f
+	default:
+		return v
+	}
+}
+
+// evalDerive evaluates prg and returns its result as an event tree value
+// (nil, string, bool, json.Number, time.Time, map[string]any, []any).
+func evalDerive(prg cel.Program, vars map[string]any) (any, error) {
+	out, _, err := prg.Eval(vars)
+	if err != nil {
+		return nil, err
+	}
+	return fromCEL(out)
+}
+
+// fromCEL converts a CEL result to an event tree value.
+func fromCEL(v ref.Val) (any, error) {
+	switch x := v.(type) {
+	case types.Null:
+		return nil, nil
+	case *types.Optional:
+		if !x.HasValue() {
+			return nil, nil
+		}
+		return fromCEL(x.GetValue())
+	case types.Bool:
+		return bool(x), nil
+	case types.String:
+		return string(x), nil
+	case types.Int:
+		return json.Number(strconv.FormatInt(int64(x), 10)), nil
+	case types.Uint:
+		return json.Number(strconv.FormatUint(uint64(x), 10)), nil
+	case types.Double:
+		f := float64(x)
+		switch {
+		case math.IsNaN(f):
+			return "NaN", nil
+		case math.IsInf(f, 1):
+			return "Infinity", nil
+		case math.IsInf(f, -1):
+			return "-Infinity", nil
+		}
+		return json.Number(strconv.FormatFloat(f, 'g', -1, 64)), nil
+	case types.Timestamp:
+		return x.Time.UTC(), nil
+	case traits.Lister:
+		n, ok := x.Size().(types.Int)
+		if !ok {
+			return nil, fmt.Errorf("list of unknown size")
+		}
+		l := make([]any, 0, int(n))
+		for i := types.Int(0); i < n; i++ {
+			e, err := fromCEL(x.Get(i))
+			if err != nil {
+				return nil, err
+			}
+			l = append(l, e)
+		}
+		return l, nil
+	case traits.Mapper:
+		m := map[string]any{}
+		for it := x.Iterator(); it.HasNext() == types.True; {
+			k := it.Next()
+			ks, ok := k.(types.String)
+			if !ok {
+				return nil, fmt.Errorf("map key %v is a %s, not a string", k, k.Type().TypeName())
+			}
+			e, err := fromCEL(x.Get(k))
+			if err != nil {
+				return nil, err
+			}
+			m[string(ks)] = e
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("result of type %s cannot be stored", v.Type().TypeName())
+}

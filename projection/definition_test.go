@@ -1,0 +1,285 @@
+package projection
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// wantSPECDefinitions is testdata/defs/valid.yaml, the SPEC §4 example.
+func wantSPECDefinitions() *Definitions {
+	return &Definitions{
+		IRVersion: "v42",
+		Projections: []ProjectionDef{{
+			Name:       "artist_followers",
+			Table:      "artist_followers",
+			PrimaryKey: []string{"artist_id", "user_id"},
+			Columns: map[string]ColumnDef{
+				"artist_id":   {Type: "text", From: "payload.artist_id"},
+				"user_id":     {Type: "text", From: "payload.user_id"},
+				"followed_at": {Type: "timestamptz", From: "ts"},
+				"score":       {Type: "bigint", Derive: "payload.points / payload.games"},
+			},
+			ColumnNames: []string{"artist_id", "user_id", "followed_at", "score"},
+			Events:      map[string]Op{"ARTIST_FOLLOWED": OpUpsert, "ARTIST_UNFOLLOWED": OpDelete},
+		}},
+	}
+}
+
+func TestLoadDefinitionsValidFiles(t *testing.T) {
+	for _, path := range []string{"testdata/defs/valid.yaml", "testdata/defs/valid.json"} {
+		t.Run(path, func(t *testing.T) {
+			d, err := LoadDefinitions(path)
+			if err != nil {
+				t.Fatalf("LoadDefinitions: %v", err)
+			}
+			if diff := cmp.Diff(wantSPECDefinitions(), d, cmpopts.IgnoreUnexported(Definitions{})); diff != "" {
+				t.Errorf("definitions (-want +got):\n%s", diff)
+			}
+			if _, ok := d.programs["payload.points / payload.games"]; !ok {
+				t.Errorf("derive not compiled at load")
+			}
+		})
+	}
+}
+
+func TestLoadDefinitionsExamplesFile(t *testing.T) {
+	d, err := LoadDefinitions("../examples/projections.yaml")
+	if err != nil {
+		t.Fatalf("LoadDefinitions: %v", err)
+	}
+	if diff := cmp.Diff(wantSPECDefinitions().Projections[0], d.Projections[0]); diff != "" {
+		t.Errorf("first projection is not the SPEC §4 example (-want +got):\n%s", diff)
+	}
+	if len(d.Projections) < 2 {
+		t.Fatalf("want a second projection, got %d", len(d.Projections))
+	}
+	if _, err := NewTableProjections(d); err != nil {
+		t.Fatalf("NewTableProjections: %v", err)
+	}
+}
+
+// TestLoadDefinitionsBadFiles checks that each bad definition is refused with
+// a message naming the file, the projection and the field (SPEC §4).
+func TestLoadDefinitionsBadFiles(t *testing.T) {
+	tests := []struct {
+		file string
+		want []string // lines of the error, each exactly
+	}{
+		{"unknown_pk_column.yaml", []string{
+			`testdata/defs/unknown_pk_column.yaml: projection "artist_followers": primaryKey: unknown column "artist"`,
+		}},
+		{"bad_cel.yaml", []string{
+			`testdata/defs/bad_cel.yaml: projection "artist_followers": columns.bonus: derive: "points * 2" does not compile: 1:1: undeclared reference to 'points' (in container '')`,
+			`testdata/defs/bad_cel.yaml: projection "artist_followers": columns.score: derive: "payload.points / " does not compile: 1:18: Syntax error: `,
+		}},
+		{"unknown_type.yaml", []string{
+			`testdata/defs/unknown_type.yaml: projection "artist_followers": columns.followers: type: unknown type "integr" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid)`,
+		}},
+		{"duplicate_projection.yaml", []string{
+			`testdata/defs/duplicate_projection.yaml: projection "artist_followers": name: duplicate projection name (also projections[0])`,
+		}},
+		{"unknown_key.yaml", []string{
+			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: unknown key "form" (want one of derive, from, notNull, type) (line 7)`,
+			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: neither from nor derive is set; set exactly one`,
+		}},
+		{"from_and_derive.yaml", []string{
+			`testdata/defs/from_and_derive.yaml: projection "artist_followers": columns.score: both from and derive are set; set exactly one`,
+		}},
+		{"duplicate_key.yaml", []string{
+			`testdata/defs/duplicate_key.yaml: projection "artist_followers": columns: duplicate key "artist_id" (line 8; first at line 7)`,
+		}},
+		{"many_problems.yaml", []string{
+			`testdata/defs/many_problems.yaml: irVersion: missing`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": name: "Artist-Followers" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": table: "_causet_tombstones" starts with the reserved prefix "_causet"`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.artist_id: from: "paylod.artist_id" does not start with an event field (want one of payload, eventType, entityId, forkId, tenantSchema, irVersion, sequenceNumber, ts)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.seen: neither from nor derive is set; set exactly one`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.ts_seq: from: "ts.seq": event field ts has no subfields`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.user id: "user id" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": primaryKey: column "artist_id" listed twice`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": events.ARTIST_UNFOLLOWED: unknown operation "remove" (want upsert or delete)`,
+			`testdata/defs/many_problems.yaml: projections[1]: name: missing`,
+			`testdata/defs/many_problems.yaml: projections[1]: columns: none defined`,
+			`testdata/defs/many_problems.yaml: projections[1]: primaryKey: missing`,
+			`testdata/defs/many_problems.yaml: projections[1]: events: none defined`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			d, err := LoadDefinitions("testdata/defs/" + tt.file)
+			if err == nil {
+				t.Fatalf("LoadDefinitions = %+v, want an error", d)
+			}
+			checkErrorLines(t, err, tt.want)
+		})
+	}
+}
+
+// checkErrorLines checks that err has exactly the lines want (a want line
+// ending in ": " matches as a prefix).
+func checkErrorLines(t *testing.T, err error, want []string) {
+	t.Helper()
+	got := strings.Split(err.Error(), "\n")
+	if len(got) != len(want) {
+		t.Errorf("error has %d lines, want %d:\n%v", len(got), len(want), err)
+	}
+	for i := 0; i < len(got) && i < len(want); i++ {
+		if strings.HasSuffix(want[i], ": ") && strings.HasPrefix(got[i], want[i]) {
+			continue
+		}
+		if got[i] != want[i] {
+			t.Errorf("line %d:\n got %s\nwant %s", i+1, got[i], want[i])
+		}
+	}
+}
+
+func TestParseDefinitionsProblems(t *testing.T) {
+	const head = "irVersion: v1\nprojections:\n  - name: p\n    table: t\n    primaryKey: [id]\n    events: {E: upsert}\n"
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{"empty file", "", []string{
+			`d.yaml: empty file`,
+			`d.yaml: irVersion: missing`,
+			`d.yaml: projections: none defined`,
+		}},
+		{"yaml syntax", "irVersion: [", []string{
+			`d.yaml: yaml: line 1: did not find expected node content`,
+			`d.yaml: irVersion: missing`,
+			`d.yaml: projections: none defined`,
+		}},
+		{"two documents", "irVersion: v1\nprojections: []\n---\nirVersion: v2\n", []string{
+			`d.yaml: more than one YAML document`,
+			`d.yaml: projections: none defined`,
+		}},
+		{"top-level unknown key", "irVersion: v1\nirversion: v2\nprojections: []\n", []string{
+			`d.yaml: unknown key "irversion" (want one of irVersion, projections) (line 2)`,
+			`d.yaml: projections: none defined`,
+		}},
+		{"projections not a list", "irVersion: v1\nprojections: {a: 1}\n", []string{
+			`d.yaml: projections: must be a list (line 2)`,
+			`d.yaml: projections: none defined`,
+		}},
+		{"column not a mapping", head + "    columns:\n      id: text\n", []string{
+			`d.yaml: projection "p": columns.id: must be a mapping (line 8)`,
+			`d.yaml: projection "p": columns.id: type: missing`,
+			`d.yaml: projection "p": columns.id: neither from nor derive is set; set exactly one`,
+		}},
+		{"notNull not a bool", head + "    columns:\n      id: {type: text, from: entityId, notNull: yes}\n", []string{
+			`d.yaml: projection "p": columns.id: notNull: must be true or false (line 8)`,
+		}},
+		{"null value", head + "    columns:\n      id: {type: text, from: ~}\n", []string{
+			`d.yaml: projection "p": columns.id: from: must be a string (line 8)`,
+			`d.yaml: projection "p": columns.id: neither from nor derive is set; set exactly one`,
+		}},
+		{"empty path segment", head + "    columns:\n      id: {type: text, from: payload..id}\n", []string{
+			`d.yaml: projection "p": columns.id: from: "payload..id" has an empty path segment`,
+		}},
+		{"reserved column", head + "    columns:\n      id: {type: text, from: entityId}\n      _causet_seq: {type: bigint, from: sequenceNumber}\n", []string{
+			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet"`,
+		}},
+		{"identifier too long", head + "    columns:\n      id: {type: text, from: entityId}\n      " + strings.Repeat("c", 64) + ": {type: text, from: forkId}\n", []string{
+			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
+		}},
+		{"derive runtime-only problems compile", head + "    columns:\n      id: {type: text, derive: 'string(payload.a / payload.b)'}\n", nil},
+		{"duplicate table", "irVersion: v1\nprojections:\n" +
+			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
+			"  - {name: b, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
+			`d.yaml: projection "b": table: "t" is also the table of projection "a"`,
+		}},
+		{"empty event type", head[:len(head)-len("    events: {E: upsert}\n")] + "    events: {'': upsert}\n    columns: {id: {type: text, from: entityId}}\n", []string{
+			`d.yaml: projection "p": events: empty event type`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := ParseDefinitions("d.yaml", []byte(tt.src))
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("ParseDefinitions: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("ParseDefinitions = %+v, want an error", d)
+			}
+			checkErrorLines(t, err, tt.want)
+		})
+	}
+}
+
+func TestParseDefinitionsNormalisesTypes(t *testing.T) {
+	src := `irVersion: v1
+projections:
+  - name: p
+    table: t
+    primaryKey: [z_id]
+    columns:
+      z_id: {type: INT8, from: entityId}
+      a:    {type: int4, from: payload.a}
+      m:    {type: "Double  Precision", from: payload.m}
+      b:    {type: bool, from: payload.b}
+      c:    {type: timestamp with time zone, from: ts}
+      d:    {type: decimal, from: payload.d}
+    events: {E: upsert}
+`
+	d, err := ParseDefinitions("d.yaml", []byte(src))
+	if err != nil {
+		t.Fatalf("ParseDefinitions: %v", err)
+	}
+	pd := d.Projections[0]
+	got := map[string]string{}
+	for name, c := range pd.Columns {
+		got[name] = c.Type
+	}
+	want := map[string]string{"z_id": "bigint", "a": "integer", "m": "double precision", "b": "boolean", "c": "timestamptz", "d": "numeric"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("types (-want +got):\n%s", diff)
+	}
+	// File order, not sorted order.
+	if diff := cmp.Diff([]string{"z_id", "a", "m", "b", "c", "d"}, pd.ColumnNames); diff != "" {
+		t.Errorf("column order (-want +got):\n%s", diff)
+	}
+}
+
+func TestHandBuiltDefinitionsGetSortedColumnOrder(t *testing.T) {
+	d := &Definitions{IRVersion: "v1", Projections: []ProjectionDef{{
+		Name: "p", Table: "t", PrimaryKey: []string{"id"},
+		Columns: map[string]ColumnDef{
+			"id": {Type: "text", From: "entityId"},
+			"b":  {Type: "int8", From: "payload.b"},
+			"a":  {Type: "jsonb", Derive: "payload"},
+		},
+		Events: map[string]Op{"E": OpUpsert},
+	}}}
+	tps, err := NewTableProjections(d)
+	if err != nil {
+		t.Fatalf("NewTableProjections: %v", err)
+	}
+	if diff := cmp.Diff([]string{"a", "b", "id"}, d.Projections[0].ColumnNames); diff != "" {
+		t.Errorf("column order (-want +got):\n%s", diff)
+	}
+	if got := d.Projections[0].Columns["b"].Type; got != "bigint" {
+		t.Errorf("type of b = %q, want bigint", got)
+	}
+	if tps[0].Name() != "p" || !tps[0].Handles("E") || tps[0].Handles("F") {
+		t.Errorf("Name/Handles wrong: %q", tps[0].Name())
+	}
+
+	// A hostile hand-built definition never reaches SQL.
+	bad := &Definitions{IRVersion: "v1", Projections: []ProjectionDef{{
+		Name: "p", Table: `t"; DROP TABLE x; --`, PrimaryKey: []string{"id"},
+		Columns: map[string]ColumnDef{"id": {Type: "text; DROP", From: "entityId"}},
+		Events:  map[string]Op{"E": OpUpsert},
+	}}}
+	_, err = NewTableProjections(bad)
+	checkErrorLines(t, err, []string{
+		`projection definitions: projection "p": table: "t\"; DROP TABLE x; --" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
+		`projection definitions: projection "p": columns.id: type: unknown type "text; DROP" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid)`,
+	})
+}
