@@ -20,7 +20,9 @@ import (
 //   - causet.projection.failed, {attempt} [projection, tenant_schema, error_class]: failed attempts
 //   - causet.projection.retried, {attempt} [projection, tenant_schema]: retries
 //   - causet.projection.dead_lettered, {event} [projection, tenant_schema, error_class]
-//   - causet.projection.apply.duration, s [projection, tenant_schema]: one attempt
+//   - causet.projection.apply.duration, s [projection, tenant_schema]: one attempt of one pair
+//   - causet.projection.batch.duration, s: one batch transaction
+//   - causet.projection.batch.size, {statement}: statements in one batch transaction
 //   - causet.projection.consumer.lag, {record} [topic, partition]: high watermark − next offset
 //   - causet.projection.partitions.paused, {partition}: partitions waiting for the database
 type Metrics struct {
@@ -32,6 +34,8 @@ type Metrics struct {
 	deadC        metric.Int64Counter
 	applyLatency metric.Float64Histogram
 	pausedC      metric.Int64UpDownCounter
+	batchLatency metric.Float64Histogram
+	batchSize    metric.Int64Histogram
 }
 
 // NewMetrics creates the instruments on meter. It returns the first
@@ -58,6 +62,18 @@ func NewMetrics(meter metric.Meter) (*Metrics, error) {
 	m.applyLatency, err = meter.Float64Histogram("causet.projection.apply.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to apply one event to one projection (one attempt)."),
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+	if err != nil {
+		return nil, err
+	}
+	m.batchLatency, err = meter.Float64Histogram("causet.projection.batch.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to apply one batch of statements in one transaction."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+	if err != nil {
+		return nil, err
+	}
+	m.batchSize, err = meter.Int64Histogram("causet.projection.batch.size", metric.WithUnit("{statement}"),
+		metric.WithDescription("Statements applied in one batch transaction."),
+		metric.WithExplicitBucketBoundaries(1, 10, 50, 100, 250, 500, 1000, 2500))
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +124,13 @@ func (m *Metrics) deadLettered(ctx context.Context, attrs metric.MeasurementOpti
 func (m *Metrics) observeApply(ctx context.Context, attrs metric.MeasurementOption, d time.Duration) {
 	if m.applyLatency != nil {
 		m.applyLatency.Record(ctx, d.Seconds(), attrs)
+	}
+}
+
+func (m *Metrics) observeBatch(ctx context.Context, n int, d time.Duration) {
+	if m.batchLatency != nil {
+		m.batchLatency.Record(ctx, d.Seconds())
+		m.batchSize.Record(ctx, int64(n))
 	}
 }
 

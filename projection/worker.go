@@ -12,7 +12,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
@@ -36,6 +35,7 @@ const (
 	DefaultGroup            = "causet-projection-worker"
 	DefaultMaxPollRecords   = 1000
 	DefaultMaxQueuedRecords = 1000
+	DefaultMaxBatchRecords  = 500
 	DefaultShutdownGrace    = 25 * time.Second
 )
 
@@ -58,6 +58,9 @@ type Config struct {
 	// MaxPollRecords bounds the records taken from the client per poll.
 	// Default 1000.
 	MaxPollRecords int
+	// MaxBatchRecords bounds the records of one partition applied in one
+	// transaction. Default 500; 1 applies records one at a time.
+	MaxBatchRecords int
 	// MaxQueuedRecords bounds the records queued for one partition; above it
 	// the partition's fetching is paused until its queue is half drained, so
 	// memory does not grow with the backlog. Default 1000.
@@ -109,11 +112,14 @@ func (c *Config) Validate() error {
 	if c.MaxPollRecords == 0 {
 		c.MaxPollRecords = DefaultMaxPollRecords
 	}
+	if c.MaxBatchRecords == 0 {
+		c.MaxBatchRecords = DefaultMaxBatchRecords
+	}
 	if c.MaxQueuedRecords == 0 {
 		c.MaxQueuedRecords = DefaultMaxQueuedRecords
 	}
-	if c.MaxPollRecords < 0 || c.MaxQueuedRecords < 0 {
-		return errors.New("max poll records and max queued records must be > 0")
+	if c.MaxPollRecords < 0 || c.MaxQueuedRecords < 0 || c.MaxBatchRecords < 0 {
+		return errors.New("max poll, queued and batch records must be > 0")
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = 5 * time.Second
@@ -152,6 +158,7 @@ type Worker struct {
 	log      *slog.Logger
 	cl       *kgo.Client
 	db       DB
+	begin    Beginner // nil: no batches
 	dead     DeadLetterWriter
 	handlers []Handler
 
@@ -191,6 +198,9 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		dead:       dead,
 		handlers:   handlers,
 		partitions: make(map[int32]*partition),
+	}
+	if b, ok := db.(Beginner); ok {
+		w.begin = b
 	}
 	all := append([]kgo.Opt{}, opts...)
 	all = append(all,
@@ -463,12 +473,20 @@ func (pc *partition) setDBWait(waiting bool) {
 	}
 }
 
-func (pc *partition) take() []*kgo.Record {
+// take removes up to n records from the head of the queue and reports
+// whether more remain.
+func (pc *partition) take(n int) ([]*kgo.Record, bool) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	q := pc.queue
-	pc.queue = nil
-	return q
+	if len(pc.queue) <= n {
+		q := pc.queue
+		pc.queue = nil
+		return q, false
+	}
+	q := make([]*kgo.Record, n)
+	copy(q, pc.queue)
+	pc.queue = append(pc.queue[:0:0], pc.queue[n:]...)
+	return q, true
 }
 
 func (pc *partition) run() {
@@ -484,20 +502,24 @@ func (pc *partition) run() {
 			return
 		case <-pc.wake:
 		}
-		recs := pc.take()
-		for i, rec := range recs {
-			if err := pc.w.process(pc.ctx, pc, rec); err != nil {
-				return // ctx is done: leave the rest unmarked for the next owner
+		for {
+			recs, more := pc.take(pc.w.cfg.MaxBatchRecords)
+			if len(recs) == 0 {
+				break
 			}
-			pc.w.cl.MarkCommitRecords(rec)
+			if err := pc.w.processBatch(pc.ctx, pc, recs); err != nil {
+				return // ctx is done: leave the batch unmarked for the next owner
+			}
+			last := recs[len(recs)-1]
+			pc.w.cl.MarkCommitRecords(last)
 			pc.mu.Lock()
-			pc.lag = pc.highWatermark - rec.Offset - 1
+			pc.lag = pc.highWatermark - last.Offset - 1
 			pc.mu.Unlock()
-			if i%64 == 0 {
-				pc.maybeResume()
+			pc.maybeResume()
+			if !more {
+				break
 			}
 		}
-		pc.maybeResume()
 	}
 }
 
@@ -528,63 +550,17 @@ func readReplayInfo(rec *kgo.Record) replayInfo {
 
 // pairFailure is one (event, projection) pair whose first attempt failed.
 type pairFailure struct {
+	d       *decoded
 	h       Handler
 	err     error
 	stack   string
 	firstAt time.Time
 }
 
-// process applies one record to every projection that handles it, retrying
-// and dead-lettering failures. It returns a non-nil error only when ctx is
-// done before every pair was applied or dead-lettered; the record must then
-// not be marked for commit.
-func (w *Worker) process(ctx context.Context, pc *partition, rec *kgo.Record) error {
-	if w.cfg.Tracer != nil {
-		_, span := w.cfg.Tracer.WithProcessSpan(rec)
-		defer span.End()
-		ctx = trace.ContextWithSpan(ctx, span)
-	}
-	replay := readReplayInfo(rec)
-	ev, err := DecodeEvent(rec.Value)
-	if err != nil {
-		return w.deadLetter(ctx, dlq.DeadLetter{
-			Source: rec, Class: retry.Permanent, Err: err,
-			FirstFailedAt: firstFailedAt(replay, time.Now()), ReplayCount: replay.count,
-		})
-	}
-	var failures []pairFailure
-	matched := 0
-	for _, h := range w.handlers {
-		if replay.projection != "" && h.Name() != replay.projection {
-			continue
-		}
-		if !h.Handles(ev.EventType) {
-			continue
-		}
-		matched++
-		if stack, err := w.attempt(ctx, pc, h, ev); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			failures = append(failures, pairFailure{h: h, err: err, stack: stack, firstAt: time.Now()})
-		}
-	}
-	if replay.projection != "" && matched == 0 {
-		return w.deadLetter(ctx, w.newDeadLetter(rec, ev, replay, replay.projection, retry.Projection,
-			fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", replay.projection, ev.EventType),
-			"", 0, time.Now()))
-	}
-	for _, f := range failures {
-		if err := w.retryPair(ctx, pc, rec, ev, replay, f); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // retryPair retries a pair whose first attempt failed and dead-letters it
 // when the error is permanent or the retries run out.
-func (w *Worker) retryPair(ctx context.Context, pc *partition, rec *kgo.Record, ev *Event, replay replayInfo, f pairFailure) error {
+func (w *Worker) retryPair(ctx context.Context, pc *partition, f pairFailure) error {
+	rec, ev := f.d.rec, f.d.ev
 	m := w.cfg.Metrics
 	attrs := pairAttrs(f.h.Name(), ev.TenantSchema)
 	last, stack := f.err, f.stack
@@ -618,12 +594,13 @@ func (w *Worker) retryPair(ctx context.Context, pc *partition, rec *kgo.Record, 
 		last = err
 	}
 	class := retry.Classify(last)
-	return w.deadLetter(ctx, w.newDeadLetter(rec, ev, replay, f.h.Name(), class, last, stack, retries, f.firstAt))
+	return w.deadLetter(ctx, w.newDeadLetter(f.d, f.h.Name(), class, last, stack, retries, f.firstAt))
 }
 
-func (w *Worker) newDeadLetter(rec *kgo.Record, ev *Event, replay replayInfo, projection string, class retry.Class, err error, stack string, retries int, firstAt time.Time) dlq.DeadLetter {
+func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack string, retries int, firstAt time.Time) dlq.DeadLetter {
+	ev := d.ev
 	return dlq.DeadLetter{
-		Source:        rec,
+		Source:        d.rec,
 		Projection:    projection,
 		TenantSchema:  ev.TenantSchema,
 		ForkID:        ev.ForkID,
@@ -632,8 +609,8 @@ func (w *Worker) newDeadLetter(rec *kgo.Record, ev *Event, replay replayInfo, pr
 		Err:           err,
 		Stack:         stack,
 		Retries:       retries,
-		FirstFailedAt: firstFailedAt(replay, firstAt),
-		ReplayCount:   replay.count,
+		FirstFailedAt: firstFailedAt(d.replay, firstAt),
+		ReplayCount:   d.replay.count,
 	}
 }
 

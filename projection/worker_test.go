@@ -747,3 +747,115 @@ func TestWorkerHandlerPanicIsDeadLetteredWithStack(t *testing.T) {
 		t.Errorf("artist_followers rows = %d, want 1", n)
 	}
 }
+
+// TestWorkerBatchIsolatesFailingPairs produces whole batches before the
+// worker starts, so that they are applied in one transaction, and checks
+// that exactly the failing pairs are dead-lettered and every other row is
+// applied once.
+func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
+	t.Parallel()
+	// A row-level failure that only PostgreSQL sees: an ARTIST_RATED without
+	// stars derives NULL into a NOT NULL column (23502, retried).
+	const good, dbPoison, planPoison = "good", "db-poison", "plan-poison"
+	tests := []struct {
+		name   string
+		events []string
+	}{
+		{"poison first", []string{dbPoison, good, good, good, good}},
+		{"poison in the middle", []string{good, good, dbPoison, good, good}},
+		{"poison last", []string{good, good, good, good, dbPoison}},
+		{"two poison pairs", []string{good, dbPoison, good, dbPoison, good}},
+		{"plan-time and database poison", []string{planPoison, good, dbPoison, good, planPoison, good}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{})
+			wantRows, wantDead := 0, 0
+			for i, kind := range tt.events {
+				user := fmt.Sprintf("user-%d", i)
+				switch kind {
+				case good:
+					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, i))))
+					wantRows++
+				case dbPoison:
+					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a"}`, user))))
+					wantDead++
+				case planPoison:
+					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":"many"}`, user))))
+					wantDead++
+				}
+			}
+			r.start(nil)
+			r.waitCommitted(testTimeout)
+			if n := r.count("artist_ratings"); n != wantRows {
+				t.Errorf("rows = %d, want %d", n, wantRows)
+			}
+			dls := r.deadLetters()
+			if len(dls) != wantDead {
+				t.Fatalf("dead letters = %d, want %d", len(dls), wantDead)
+			}
+			for _, d := range dls {
+				var ev struct {
+					Payload struct {
+						Stars any `json:"stars"`
+					} `json:"payload"`
+				}
+				if err := json.Unmarshal(d.msg.OriginalEvent, &ev); err != nil {
+					t.Fatal(err)
+				}
+				if ev.Payload.Stars != nil && ev.Payload.Stars != "many" {
+					t.Errorf("a good event was dead-lettered: %s", d.msg.OriginalEvent)
+				}
+			}
+		})
+	}
+}
+
+func TestWorkerBatchRepeatedKeyLastSequenceWins(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	for _, seq := range []int64{3, 7, 5, 7, 1} {
+		r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", seq, fmt.Sprintf(`{"user_id":"user-1","artist_id":"a","stars":%d}`, seq))))
+	}
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	var stars, seq int64
+	q := "SELECT stars, _causet_seq FROM " + pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	if err := r.pool.QueryRow(context.Background(), q).Scan(&stars, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if stars != 7 || seq != 7 {
+		t.Errorf("row (stars, seq) = (%d, %d), want (7, 7)", stars, seq)
+	}
+}
+
+func TestWorkerBatchSpanningTwoTenantsOneWithoutTable(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	other := pgtest.NewSchemaName(t)
+	exec(t, r.pool, "CREATE SCHEMA "+pgx.Identifier{other}.Sanitize())
+	t.Cleanup(func() { _, _ = r.pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{other}.Sanitize()+" CASCADE") })
+	for i := range 6 {
+		user := fmt.Sprintf("user-%d", i)
+		v := r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":1}`, user))
+		if i%2 == 1 {
+			v = strings.Replace(v, r.tenant, other, 1)
+		}
+		r.produce(user, []byte(v))
+	}
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_ratings"); n != 3 {
+		t.Errorf("rows in the migrated tenant = %d, want 3", n)
+	}
+	dls := r.deadLetters()
+	if len(dls) != 3 {
+		t.Fatalf("dead letters = %d, want 3", len(dls))
+	}
+	for _, d := range dls {
+		if d.msg.TenantSchema != other || d.headers[dlq.HeaderSQLState] != "42P01" {
+			t.Errorf("dead letter tenant %q sqlstate %q, want %q 42P01", d.msg.TenantSchema, d.headers[dlq.HeaderSQLState], other)
+		}
+	}
+}

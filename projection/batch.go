@@ -1,0 +1,218 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/retry"
+)
+
+// Planner is implemented by handlers whose work for an event is one SQL
+// statement (such as *TableProjection). When the worker's database can begin
+// transactions, their statements are applied in batches: one transaction of
+// pipelined statements per batch of records. Plan's errors are failures of
+// the pair like Apply's.
+type Planner interface {
+	Plan(ev *Event) (Statement, error)
+}
+
+// Beginner is what batched apply needs of the database besides DB:
+// *pgxpool.Pool satisfies it. Without it, every pair is applied on its own.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// decoded is one record of a batch after decoding.
+type decoded struct {
+	rec    *kgo.Record
+	ev     *Event // nil when the value is invalid
+	err    error  // decoding error
+	replay replayInfo
+}
+
+// pair is one (record, projection) pair of a batch.
+type pair struct {
+	d    *decoded
+	h    Handler
+	stmt Statement
+}
+
+// processBatch applies recs (consecutive records of one partition) to every
+// projection that handles them: planned statements in one transaction per
+// batch, the other handlers one by one. Failing pairs are isolated, retried
+// and dead-lettered on their own; the rest are applied once. It returns a
+// non-nil error only when ctx is done before every pair was applied or
+// dead-lettered; then no record of the batch may be marked for commit.
+func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Record) error {
+	batch := make([]decoded, len(recs))
+	for i, rec := range recs {
+		d := &batch[i]
+		d.rec = rec
+		d.replay = readReplayInfo(rec)
+		d.ev, d.err = DecodeEvent(rec.Value)
+		if w.cfg.Tracer != nil {
+			_, span := w.cfg.Tracer.WithProcessSpan(rec)
+			defer span.End()
+			if i == 0 {
+				ctx = trace.ContextWithSpan(ctx, span)
+			}
+		}
+	}
+
+	var planned, single []pair
+	var failures []pairFailure
+	for i := range batch {
+		d := &batch[i]
+		if d.err != nil {
+			if err := w.deadLetter(ctx, dlq.DeadLetter{
+				Source: d.rec, Class: retry.Permanent, Err: d.err,
+				FirstFailedAt: firstFailedAt(d.replay, time.Now()), ReplayCount: d.replay.count,
+			}); err != nil {
+				return err
+			}
+			continue
+		}
+		matched := 0
+		for _, h := range w.handlers {
+			if d.replay.projection != "" && h.Name() != d.replay.projection || !h.Handles(d.ev.EventType) {
+				continue
+			}
+			matched++
+			p, ok := h.(Planner)
+			if !ok || w.begin == nil {
+				single = append(single, pair{d: d, h: h})
+				continue
+			}
+			st, err := p.Plan(d.ev)
+			if err != nil {
+				w.cfg.Metrics.failed(ctx, pairAttrs(h.Name(), d.ev.TenantSchema), retry.Classify(err))
+				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: string(debug.Stack()), firstAt: time.Now()})
+				continue
+			}
+			planned = append(planned, pair{d: d, h: h, stmt: st})
+		}
+		if d.replay.projection != "" && matched == 0 {
+			err := fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)
+			if err := w.deadLetter(ctx, w.newDeadLetter(d, d.replay.projection, retry.Projection, err, "", 0, time.Now())); err != nil {
+				return err
+			}
+		}
+	}
+
+	f, err := w.applyPlanned(ctx, pc, planned)
+	if err != nil {
+		return err
+	}
+	failures = append(failures, f...)
+	for _, p := range single {
+		if stack, err := w.attempt(ctx, pc, p.h, p.d.ev); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stack, firstAt: time.Now()})
+		}
+	}
+	for _, f := range failures {
+		if err := w.retryPair(ctx, pc, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyPlanned applies the planned pairs in transactions of pipelined
+// statements. When a statement fails, the statements before it are applied
+// again in a transaction of their own, the failing pair is returned as a
+// failure, and the statements after it continue as the next batch: every
+// good statement runs at most twice and commits once. Infrastructure errors
+// wait for the database (InfraPause) or send the batch's pairs one by one
+// to the retry path (InfraDeadLetter).
+func (w *Worker) applyPlanned(ctx context.Context, pc *partition, planned []pair) ([]pairFailure, error) {
+	var failures []pairFailure
+	todo := [][]pair{planned} // a stack of segments, next on top
+	for len(todo) > 0 {
+		seg := todo[len(todo)-1]
+		todo = todo[:len(todo)-1]
+		if len(seg) == 0 {
+			continue
+		}
+		var failedAt int
+		exec := func(ctx context.Context) error {
+			var err error
+			failedAt, err = w.execBatch(ctx, seg)
+			return err
+		}
+		var err error
+		if w.cfg.OnInfraError == InfraPause {
+			err = w.cfg.InfraRetry.UntilAvailable(ctx, exec, func(err error, n int, wait time.Duration) {
+				pc.setDBWait(true)
+				w.log.Warn("database unavailable, waiting", "partition", pc.partition, "attempt", n, "wait", wait, "error", err)
+			})
+			pc.setDBWait(false)
+		} else {
+			err = exec(ctx)
+		}
+		switch {
+		case err == nil:
+			continue
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case failedAt < 0 || retry.IsInfrastructure(err):
+			// Not one statement's fault (commit failed, or the database went
+			// away under InfraDeadLetter): each pair takes the retry path.
+			for _, p := range seg {
+				failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: string(debug.Stack()), firstAt: time.Now()})
+			}
+			continue
+		}
+		bad := seg[failedAt]
+		w.cfg.Metrics.failed(ctx, pairAttrs(bad.h.Name(), bad.d.ev.TenantSchema), retry.Classify(err))
+		failures = append(failures, pairFailure{d: bad.d, h: bad.h, err: err, stack: string(debug.Stack()), firstAt: time.Now()})
+		todo = append(todo, seg[failedAt+1:], seg[:failedAt])
+	}
+	return failures, nil
+}
+
+// execBatch applies seg in one transaction. It returns the index of the
+// statement that failed with the error, or −1 with an error that is not one
+// statement's (begin, commit, connection), or −1 and nil on success.
+func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
+	start := time.Now()
+	tx, err := w.begin.Begin(ctx)
+	if err != nil {
+		return -1, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	b := &pgx.Batch{}
+	for _, p := range seg {
+		b.Queue(p.stmt.SQL, p.stmt.Args...)
+	}
+	br := tx.SendBatch(ctx, b)
+	outcomes := make([]Outcome, len(seg))
+	for i, p := range seg {
+		tag, err := br.Exec()
+		if err != nil {
+			_ = br.Close()
+			return i, fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err)
+		}
+		outcomes[i] = p.stmt.Outcome(tag)
+	}
+	if err := br.Close(); err != nil {
+		return -1, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return -1, err
+	}
+	w.cfg.Metrics.observeBatch(ctx, len(seg), time.Since(start))
+	for i, p := range seg {
+		w.cfg.Metrics.applied(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), outcomes[i])
+	}
+	return -1, nil
+}
