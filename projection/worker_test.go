@@ -835,7 +835,9 @@ func TestWorkerBatchSpanningTwoTenantsOneWithoutTable(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	other := pgtest.NewSchemaName(t)
 	exec(t, r.pool, "CREATE SCHEMA "+pgx.Identifier{other}.Sanitize())
-	t.Cleanup(func() { _, _ = r.pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{other}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = r.pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{other}.Sanitize()+" CASCADE")
+	})
 	for i := range 6 {
 		user := fmt.Sprintf("user-%d", i)
 		v := r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":1}`, user))
