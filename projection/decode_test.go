@@ -1,0 +1,399 @@
+package projection
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/causet/projection-worker/retry"
+	"github.com/causet/projection-worker/schemas"
+)
+
+var eventSchema = sync.OnceValues(schemas.NewValidator)
+
+// checkEventSchema fails t unless value, which DecodeEvent accepted, is valid
+// against the published event schema (schemas/projection-event.v1): the
+// decoder must never be more lenient than the contract given to producers.
+func checkEventSchema(t *testing.T, value []byte) {
+	t.Helper()
+	v, err := eventSchema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.ValidateEvent(value); err != nil {
+		t.Fatalf("DecodeEvent accepted %q, which the event schema refuses: %v", value, err)
+	}
+}
+
+// specExample is the event of SPEC §3.
+const specExampleEvent = `{
+  "eventType": "ARTIST_FOLLOWED",
+  "entityId": "user-123",
+  "forkId": "production",
+  "tenantSchema": "acme_concertapp_production",
+  "irVersion": "v42",
+  "sequenceNumber": 1891,
+  "ts": 1719331200000,
+  "payload": { "user_id": "user-123", "artist_id": "artist-456" }
+}`
+
+// event returns a valid event with the top-level members replaced by
+// overrides (raw JSON text; "" removes the member).
+func testEventJSON(overrides map[string]string) string {
+	members := []struct{ k, v string }{
+		{"eventType", `"ARTIST_FOLLOWED"`},
+		{"entityId", `"user-123"`},
+		{"forkId", `"production"`},
+		{"tenantSchema", `"acme_concertapp_production"`},
+		{"irVersion", `"v42"`},
+		{"sequenceNumber", `1891`},
+		{"ts", `1719331200000`},
+		{"payload", `{"user_id":"user-123","artist_id":"artist-456"}`},
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	first := true
+	for _, m := range members {
+		v := m.v
+		if o, ok := overrides[m.k]; ok {
+			v = o
+		}
+		if v == "" {
+			continue
+		}
+		if !first {
+			b.WriteByte(',')
+		}
+		first = false
+		b.WriteString(strconv.Quote(m.k) + ":" + v)
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func TestDecodeEventSpecExample(t *testing.T) {
+	ev, err := DecodeEvent([]byte(specExampleEvent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkEventSchema(t, ev.Raw)
+	payload := map[string]any{"user_id": "user-123", "artist_id": "artist-456"}
+	want := &Event{
+		Raw:            []byte(specExampleEvent),
+		EventType:      "ARTIST_FOLLOWED",
+		EntityID:       "user-123",
+		ForkID:         "production",
+		TenantSchema:   "acme_concertapp_production",
+		IRVersion:      "v42",
+		SequenceNumber: 1891,
+		TS:             1719331200000,
+		Fields: map[string]any{
+			"eventType":      "ARTIST_FOLLOWED",
+			"entityId":       "user-123",
+			"forkId":         "production",
+			"tenantSchema":   "acme_concertapp_production",
+			"irVersion":      "v42",
+			"sequenceNumber": json.Number("1891"),
+			"ts":             json.Number("1719331200000"),
+			"payload":        payload,
+		},
+		Payload: payload,
+	}
+	if diff := cmp.Diff(want, ev); diff != "" {
+		t.Errorf("DecodeEvent(spec example) mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestDecodeEventKeepsUnknownFieldsAndExactValues(t *testing.T) {
+	in := testEventJSON(map[string]string{
+		"payload": `{"big": 9007199254740993, "dec": 12345678901234567890.123456789, "neg": -0.5e-7,
+			"nested": {"list": [1, "two", true, false, null, {"x": []}, {}]},
+			"esc": "tab\there \"q\" \\ \/ \u00e9 \ud83d\ude00 \u2028", "utf8": "zoë 😀"}`,
+	})
+	in = in[:len(in)-1] + `, "traceId": "abc", "extra": {"n": 1.0}, "flag": false}`
+	ev, err := DecodeEvent([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"unknown string field", ev.Fields["traceId"], "abc"},
+		{"unknown object field", ev.Fields["extra"], map[string]any{"n": json.Number("1.0")}},
+		{"unknown boolean field", ev.Fields["flag"], false},
+		{"integer beyond float64 precision", ev.Payload["big"], json.Number("9007199254740993")},
+		{"long decimal", ev.Payload["dec"], json.Number("12345678901234567890.123456789")},
+		{"exponent", ev.Payload["neg"], json.Number("-0.5e-7")},
+		{"nested", ev.Payload["nested"], map[string]any{"list": []any{
+			json.Number("1"), "two", true, false, nil, map[string]any{"x": []any{}}, map[string]any{},
+		}}},
+		{"escapes", ev.Payload["esc"], "tab\there \"q\" \\ / é 😀 \u2028"},
+		{"raw UTF-8", ev.Payload["utf8"], "zoë 😀"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, tt.got); diff != "" {
+				t.Errorf("mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDecodeEventAccepts(t *testing.T) {
+	tests := []struct {
+		name  string
+		in    string
+		check func(*Event) bool
+	}{
+		{"empty irVersion", testEventJSON(map[string]string{"irVersion": `""`}), func(e *Event) bool { return e.IRVersion == "" }},
+		{"sequence number 0", testEventJSON(map[string]string{"sequenceNumber": `0`}), func(e *Event) bool { return e.SequenceNumber == 0 }},
+		{"sequence number -0", testEventJSON(map[string]string{"sequenceNumber": `-0`}), func(e *Event) bool { return e.SequenceNumber == 0 }},
+		{"max int64 sequence number", testEventJSON(map[string]string{"sequenceNumber": `9223372036854775807`}),
+			func(e *Event) bool { return e.SequenceNumber == 1<<63-1 }},
+		{"ts at the first timestamptz", testEventJSON(map[string]string{"ts": `-210866803200000`}),
+			func(e *Event) bool { return e.TS == MinTimestampMillis }},
+		{"ts at the last timestamptz", testEventJSON(map[string]string{"ts": `9224318015999999`}),
+			func(e *Event) bool { return e.TS == EndTimestampMillis-1 }},
+		{"negative ts before 1970", testEventJSON(map[string]string{"ts": `-1`}), func(e *Event) bool { return e.TS == -1 }},
+		{"tenant schema of 63 bytes", testEventJSON(map[string]string{"tenantSchema": strconv.Quote("_" + strings.Repeat("a9", 31))}),
+			func(e *Event) bool { return len(e.TenantSchema) == 63 }},
+		{"whitespace around the object", " \t\r\n" + testEventJSON(nil) + "\n", func(e *Event) bool { return e.EventType == "ARTIST_FOLLOWED" }},
+		{"escaped key", strings.Replace(testEventJSON(nil), `"eventType"`, `"event\u0054ype"`, 1),
+			func(e *Event) bool { return e.EventType == "ARTIST_FOLLOWED" }},
+		{"escaped tenant schema", testEventJSON(map[string]string{"tenantSchema": `"a\u005fb"`}), func(e *Event) bool { return e.TenantSchema == "a_b" }},
+		{"deep nesting within the limit", testEventJSON(map[string]string{"payload": `{"a":` + strings.Repeat("[", maxEventDepth-2) + strings.Repeat("]", maxEventDepth-2) + `}`}),
+			func(e *Event) bool { return e.Payload["a"] != nil }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev, err := DecodeEvent([]byte(tt.in))
+			if err != nil {
+				t.Fatalf("DecodeEvent: %v", err)
+			}
+			if !tt.check(ev) {
+				t.Errorf("unexpected event %+v", ev)
+			}
+			checkEventSchema(t, ev.Raw)
+		})
+	}
+}
+
+func TestDecodeEventRejects(t *testing.T) {
+	dupIn := func(where string) string {
+		return strings.Replace(testEventJSON(nil), `"user_id":"user-123"`, where, 1)
+	}
+	tests := []struct {
+		name       string
+		in         string
+		field      string
+		wantReason string // substring of the reason
+	}{
+		{"empty value (tombstone)", ``, "", "record value is empty (tombstone)"},
+		{"null", `null`, "", "record value is JSON null, want an object"},
+		{"null with whitespace", " null\n", "", "record value is JSON null, want an object"},
+		{"array", `[]`, "", "record value is a JSON array, want an object"},
+		{"string", `"str"`, "", "record value is a JSON string, want an object"},
+		{"number", `42`, "", "record value is a JSON number, want an object"},
+		{"boolean", `true`, "", "record value is a JSON boolean, want an object"},
+		{"garbage", `garbage`, "", "not valid JSON: invalid character 'g' looking for beginning of value at byte 1"},
+		{"only whitespace", "  \n", "", "not valid JSON: unexpected end of JSON input"},
+		{"truncated", specExampleEvent[:len(specExampleEvent)/2], "", "not valid JSON: unexpected end of JSON input"},
+		{"truncated after key", `{"eventType"`, "", "not valid JSON: unexpected end of JSON input"},
+		{"trailing object", `{}{}`, "", "not valid JSON: invalid character '{' after top-level value at byte 3"},
+		{"trailing garbage", testEventJSON(nil) + `x`, "", "not valid JSON: invalid character 'x' after top-level value"},
+		{"trailing comma in object", `{"a":1,}`, "", "not valid JSON"},
+		{"trailing comma in array", `{"a":[1,]}`, "", "not valid JSON"},
+		{"missing colon", `{"a" 1}`, "", "not valid JSON"},
+		{"missing comma", `{"a":1 "b":2}`, "", "not valid JSON"},
+		{"missing comma in array", `{"a":[1 2]}`, "", "not valid JSON"},
+		{"leading zero", `{"a":01}`, "", "not valid JSON"},
+		{"non-string key", `{1:2}`, "", "not valid JSON"},
+		{"colon in array", `{"a":[1:2]}`, "", "not valid JSON"},
+		{"mismatched brackets", `{"a":[}`, "", "not valid JSON"},
+		{"bad escape", `{"a":"\x"}`, "", "not valid JSON"},
+		{"raw control character", "{\"a\":\"\t\"}", "", "not valid JSON"},
+		{"single quotes", `{'a':1}`, "", "not valid JSON"},
+		{"NaN", `{"a":NaN}`, "", "not valid JSON"},
+		{"plus sign", `{"a":+1}`, "", "not valid JSON"},
+		{"byte order mark", "\ufeff" + testEventJSON(nil), "", "not valid JSON"},
+		{"too deep", `{"a":` + strings.Repeat("[", maxEventDepth) + strings.Repeat("]", maxEventDepth) + `}`, "", "not valid JSON: invalid character '[' exceeded max depth at byte 10005"},
+		{"invalid UTF-8 in a string", strings.Replace(testEventJSON(nil), "user-123", "user-\xff", 1), "",
+			"record value is not valid UTF-8: invalid byte 0xff at byte 49"},
+		{"invalid UTF-8 outside strings", "\xc3" + testEventJSON(nil), "", "record value is not valid UTF-8"},
+		{"UTF-8 encoded surrogate", strings.Replace(testEventJSON(nil), "user-123", "\xed\xa0\x80", 1), "", "record value is not valid UTF-8"},
+		{"unpaired high surrogate escape", testEventJSON(map[string]string{"payload": `{"name":"a\ud800b"}`}), "payload.name",
+			`unpaired UTF-16 surrogate escape \ud800`},
+		{"unpaired low surrogate escape", testEventJSON(map[string]string{"payload": `{"l":["ok","\udc00"]}`}), "payload.l[1]",
+			`unpaired UTF-16 surrogate escape \udc00`},
+		{"high surrogate followed by a non-surrogate", testEventJSON(map[string]string{"entityId": `"\ud83d\u0041"`}), "entityId",
+			`unpaired UTF-16 surrogate escape \ud83d`},
+		{"unpaired surrogate in a key", testEventJSON(map[string]string{"payload": `{"\udfff":1}`}), "payload",
+			`unpaired UTF-16 surrogate escape \udfff`},
+
+		{"duplicate key at top level", strings.Replace(testEventJSON(nil), `{`, `{"eventType":"OTHER",`, 1), "eventType", `duplicate key "eventType"`},
+		{"duplicate unknown key at top level", `{"a":1,"a":1}`, "a", `duplicate key "a"`},
+		{"duplicate key in payload", dupIn(`"user_id":"user-123","user_id":"user-124"`), "payload.user_id",
+			`duplicate key "user_id" in payload`},
+		{"duplicate key in an object in an array", dupIn(`"items":[{"a":1},{"a":1,"b":2,"a":3}]`), "payload.items[1].a",
+			`duplicate key "a" in payload.items[1]`},
+		{"duplicate key spelled with an escape", dupIn(`"k":1,"\u006b":2`), "payload.k", `duplicate key "k" in payload`},
+		{"duplicate key that is not a plain name", dupIn(`"a.b":1,"a.b":2`), `payload["a.b"]`, `duplicate key "a.b" in payload`},
+
+		{"missing eventType", testEventJSON(map[string]string{"eventType": ""}), "eventType", "is required"},
+		{"empty eventType", testEventJSON(map[string]string{"eventType": `""`}), "eventType", "must not be empty"},
+		{"null eventType", testEventJSON(map[string]string{"eventType": `null`}), "eventType", "must be a string, got null"},
+		{"numeric eventType", testEventJSON(map[string]string{"eventType": `7`}), "eventType", "must be a string, got number 7"},
+		{"missing entityId", testEventJSON(map[string]string{"entityId": ""}), "entityId", "is required"},
+		{"empty entityId", testEventJSON(map[string]string{"entityId": `""`}), "entityId", "must not be empty"},
+		{"object entityId", testEventJSON(map[string]string{"entityId": `{}`}), "entityId", "must be a string, got object"},
+		{"missing forkId", testEventJSON(map[string]string{"forkId": ""}), "forkId", "is required"},
+		{"empty forkId", testEventJSON(map[string]string{"forkId": `""`}), "forkId", "must not be empty"},
+		{"missing irVersion", testEventJSON(map[string]string{"irVersion": ""}), "irVersion", "is required"},
+		{"numeric irVersion", testEventJSON(map[string]string{"irVersion": `42`}), "irVersion", "must be a string, got number 42"},
+
+		{"missing tenantSchema", testEventJSON(map[string]string{"tenantSchema": ""}), "tenantSchema", "is required"},
+		{"SQL injection in tenantSchema", testEventJSON(map[string]string{"tenantSchema": `"tenant_a\"; DROP TABLE x; --"`}), "tenantSchema",
+			`must match ^[a-z_][a-z0-9_]{0,62}$ (a lowercase PostgreSQL identifier), got "tenant_a\"; DROP TABLE x; --"`},
+		{"uppercase tenantSchema", testEventJSON(map[string]string{"tenantSchema": `"Acme"`}), "tenantSchema", `got "Acme"`},
+		{"tenantSchema starting with a digit", testEventJSON(map[string]string{"tenantSchema": `"1acme"`}), "tenantSchema", `got "1acme"`},
+		{"empty tenantSchema", testEventJSON(map[string]string{"tenantSchema": `""`}), "tenantSchema", `got ""`},
+		{"tenantSchema of 64 bytes", testEventJSON(map[string]string{"tenantSchema": strconv.Quote(strings.Repeat("a", 64))}), "tenantSchema",
+			"must be at most 63 bytes (a PostgreSQL identifier), got 64"},
+		{"non-ASCII tenantSchema", testEventJSON(map[string]string{"tenantSchema": `"zoë"`}), "tenantSchema", `got "zoë"`},
+		{"numeric tenantSchema", testEventJSON(map[string]string{"tenantSchema": `1`}), "tenantSchema", "must be a string, got number 1"},
+
+		{"missing sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": ""}), "sequenceNumber", "is required"},
+		{"quoted sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": `"7"`}), "sequenceNumber",
+			`must be a JSON integer, got string "7"`},
+		{"fractional sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": `7.5`}), "sequenceNumber",
+			"must be a JSON integer, got number 7.5"},
+		{"sequenceNumber with a zero fraction", testEventJSON(map[string]string{"sequenceNumber": `7.0`}), "sequenceNumber",
+			"must be a JSON integer, got number 7.0"},
+		{"sequenceNumber with an exponent", testEventJSON(map[string]string{"sequenceNumber": `7e2`}), "sequenceNumber",
+			"must be a JSON integer, got number 7e2"},
+		{"negative sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": `-1`}), "sequenceNumber", "must be >= 0, got -1"},
+		{"sequenceNumber beyond int64", testEventJSON(map[string]string{"sequenceNumber": `9223372036854775808`}), "sequenceNumber",
+			"must fit in int64, got 9223372036854775808"},
+		{"huge sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": strings.Repeat("9", 100)}), "sequenceNumber",
+			"must fit in int64, got " + strings.Repeat("9", 64) + "... (100 bytes)"},
+		{"null sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": `null`}), "sequenceNumber", "must be a JSON integer, got null"},
+
+		{"missing ts", testEventJSON(map[string]string{"ts": ""}), "ts", "is required"},
+		{"quoted ts", testEventJSON(map[string]string{"ts": `"123"`}), "ts", `must be a JSON integer (epoch ms), got string "123"`},
+		{"RFC 3339 ts", testEventJSON(map[string]string{"ts": `"2024-06-25T16:00:00Z"`}), "ts", `got string "2024-06-25T16:00:00Z"`},
+		{"fractional ts", testEventJSON(map[string]string{"ts": `1.5`}), "ts", "must be a JSON integer (epoch ms), got number 1.5"},
+		{"ts with an exponent", testEventJSON(map[string]string{"ts": `1.7e12`}), "ts", "got number 1.7e12"},
+		{"ts after 294276 AD", testEventJSON(map[string]string{"ts": `9224318016000000`}), "ts",
+			"must be in PostgreSQL's timestamptz range (4713 BC to 294276 AD: -210866803200000 <= ts < 9224318016000000 epoch ms), got 9224318016000000"},
+		{"ts before 4713 BC", testEventJSON(map[string]string{"ts": `-210866803200001`}), "ts", "got -210866803200001"},
+		{"ts beyond int64", testEventJSON(map[string]string{"ts": `99999999999999999999`}), "ts", "got 99999999999999999999"},
+		{"null ts", testEventJSON(map[string]string{"ts": `null`}), "ts", "must be a JSON integer (epoch ms), got null"},
+
+		{"missing payload", testEventJSON(map[string]string{"payload": ""}), "payload", "is required"},
+		{"array payload", testEventJSON(map[string]string{"payload": `[]`}), "payload", "must be a JSON object, got array"},
+		{"null payload", testEventJSON(map[string]string{"payload": `null`}), "payload", "must be a JSON object, got null"},
+		{"string payload", testEventJSON(map[string]string{"payload": `"{}"`}), "payload", `must be a JSON object, got string "{}"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev, err := DecodeEvent([]byte(tt.in))
+			if err == nil {
+				t.Fatalf("DecodeEvent accepted %q: %+v", tt.in, ev)
+			}
+			if ev != nil {
+				t.Errorf("DecodeEvent returned an event with the error %v", err)
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("error %v (%T) is not a *ValidationError", err, err)
+			}
+			if ve.Field != tt.field {
+				t.Errorf("Field = %q, want %q (error %v)", ve.Field, tt.field, err)
+			}
+			if !strings.Contains(ve.Reason, tt.wantReason) {
+				t.Errorf("Reason = %q, want it to contain %q", ve.Reason, tt.wantReason)
+			}
+			if got := retry.Classify(err); got != retry.Permanent {
+				t.Errorf("retry.Classify = %v, want permanent", got)
+			}
+			if msg := err.Error(); strings.HasSuffix(msg, ".") || !strings.HasPrefix(msg, "invalid event: "+tt.field) {
+				t.Errorf("Error() = %q, want it to start with %q and not end with a period", msg, "invalid event: "+tt.field)
+			}
+		})
+	}
+}
+
+func TestValidationErrorMessage(t *testing.T) {
+	_, err := DecodeEvent([]byte(testEventJSON(map[string]string{"sequenceNumber": `"7"`})))
+	if got, want := err.Error(), `invalid event: sequenceNumber: must be a JSON integer, got string "7"`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	_, err = DecodeEvent(nil)
+	if got, want := err.Error(), `invalid event: record value is empty (tombstone)`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+func TestValidTenantSchema(t *testing.T) {
+	tests := []struct {
+		s    string
+		want bool
+	}{
+		{"acme_concertapp_production", true},
+		{"a", true},
+		{"_", true},
+		{"_1", true},
+		{"a1_b2", true},
+		{strings.Repeat("a", 63), true},
+		{"", false},
+		{strings.Repeat("a", 64), false},
+		{"1a", false},
+		{"Acme", false},
+		{"acme-prod", false},
+		{"acme prod", false},
+		{"a$", false},
+		{`tenant_a"; DROP TABLE x; --`, false},
+		{"zoë", false},
+		{"a\x00", false},
+	}
+	for _, tt := range tests {
+		t.Run(strconv.Quote(tt.s), func(t *testing.T) {
+			if got := ValidTenantSchema(tt.s); got != tt.want {
+				t.Errorf("ValidTenantSchema(%q) = %v, want %v", tt.s, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestTimestampBoundsMatchPostgres(t *testing.T) {
+	// 4714-11-24 BC 00:00 UTC (proleptic Gregorian, year -4713 in ISO 8601)
+	// and 294277-01-01 00:00 UTC: PostgreSQL's MIN_TIMESTAMP and
+	// END_TIMESTAMP.
+	if got := rfc3339OfMillis(MinTimestampMillis); got != "-4713-11-24T00:00:00Z" {
+		t.Errorf("MinTimestampMillis is %s", got)
+	}
+	if got := rfc3339OfMillis(EndTimestampMillis); got != "294277-01-01T00:00:00Z" {
+		t.Errorf("EndTimestampMillis is %s", got)
+	}
+}
+
+func rfc3339OfMillis(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339) }
+
+func BenchmarkDecodeEvent(b *testing.B) {
+	value := []byte(specExampleEvent)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(value)))
+	for b.Loop() {
+		if _, err := DecodeEvent(value); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
