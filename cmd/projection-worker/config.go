@@ -40,6 +40,7 @@ type settings struct {
 	dlqMaxBytes    int
 	createTopics   bool
 	maxPollRecords int
+	maxBatch       int
 
 	// migrate
 	tenantSchemas []string
@@ -80,6 +81,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 1000000, "largest dead-letter record in bytes (the topic's max.message.bytes); larger ones truncate stackTrace, then error")
 	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
+	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
 }
 
 // logger returns the slog logger the flags ask for.

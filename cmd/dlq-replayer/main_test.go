@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/retry"
+)
+
+// env is a test environment for run.
+type env map[string]string
+
+func (e env) lookup(k string) (string, bool) { v, ok := e[k]; return v, ok }
+
+// result is what one run of the command printed and returned.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) lastLine() string {
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	return lines[len(lines)-1]
+}
+
+func runCmd(t *testing.T, e env, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, args, &stdout, &stderr, e.lookup)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+// TestUsageErrors: exit status 2 and a message that names the flag, without
+// touching Kafka (the brokers do not exist).
+func TestUsageErrors(t *testing.T) {
+	noKafka := env{"KAFKA_BROKERS": "127.0.0.1:1"}
+	tests := []struct {
+		name string
+		env  env
+		args []string
+		want string // in stderr
+	}{
+		{"no command", noKafka, nil, "Usage: dlq-replayer <command>"},
+		{"unknown command", noKafka, []string{"replay", "--all"}, `unknown command "replay"`},
+		{"no filter", noKafka, []string{"retry"}, "--all"},
+		{"no filter for list", noKafka, []string{"list"}, "--all"},
+		{"unknown flag", noKafka, []string{"list", "--all", "--nope"}, "-nope"},
+		{"positional argument", noKafka, []string{"list", "--all", "production"}, `unexpected argument "production"`},
+		{"bad output", noKafka, []string{"list", "--all", "--output", "xml"}, "--output"},
+		{"negative limit", noKafka, []string{"list", "--all", "--limit", "-1"}, "--limit"},
+		{"bad group", noKafka, []string{"summary", "--all", "--by", "colour"}, "--by"},
+		{"bad since", noKafka, []string{"list", "--since", "yesterday"}, "--since"},
+		{"bad until", noKafka, []string{"list", "--until", "2024-13-01"}, "--until"},
+		{"since after until", noKafka, []string{"list", "--since", "1h", "--until", "2h"}, "--since"},
+		{"bad fingerprint", noKafka, []string{"list", "--fingerprint", "xyz"}, "--fingerprint"},
+		{"max replays 0", noKafka, []string{"retry", "--all", "--max-replays", "0"}, "--max-replays"},
+		{"negative rate", noKafka, []string{"retry", "--all", "--rate", "-5"}, "--rate"},
+		{"skip without reason", noKafka, []string{"skip", "--all", "--actor", "alice"}, "--reason"},
+		{"skip without actor", noKafka, []string{"skip", "--all", "--reason", "bad data"}, "--actor"},
+		{"bad env value", env{"KAFKA_BROKERS": "127.0.0.1:1", "DLQ_LIMIT": "many"}, []string{"list", "--all"}, "DLQ_LIMIT (flag --limit)"},
+		{"bad sasl mechanism", noKafka, []string{"list", "--all", "--sasl-mechanism", "gssapi"}, "--kafka-sasl-mechanism"},
+		{"missing tls ca", noKafka, []string{"list", "--all", "--tls-ca", "/nonexistent/ca.pem"}, "/nonexistent/ca.pem"},
+		{"tls ca flag beats env", env{"KAFKA_BROKERS": "127.0.0.1:1", "KAFKA_TLS_CA": "/from/env.pem"},
+			[]string{"list", "--all", "--tls-ca", "/from/flag.pem"}, "/from/flag.pem"},
+		{"bad brokers", env{"KAFKA_BROKERS": "kafka"}, []string{"list", "--all"}, "--brokers"},
+		{"bad log level", noKafka, []string{"list", "--all", "--log-level", "loud"}, "--log-level"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCmd(t, tt.env, tt.args...)
+			if r.code != 2 {
+				t.Errorf("exit status %d, want 2\nstderr: %s", r.code, r.stderr)
+			}
+			if !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("stderr does not name %q:\n%s", tt.want, r.stderr)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"list", "-h"}} {
+		if r := runCmd(t, env{}, args...); r.code != 0 {
+			t.Errorf("%v: exit status %d", args, r.code)
+		}
+	}
+}
+
+// fixture is a broker with an events topic, a dead-letter topic and the
+// environment that points the command at them.
+type fixture struct {
+	b                        *kafkatest.Broker
+	events, dlqTopic, ledger string
+	env                      env
+	cl                       *kgo.Client
+}
+
+func newFixture(t *testing.T, b *kafkatest.Broker) *fixture {
+	f := &fixture{
+		b:        b,
+		events:   kafkatest.TopicName(t, "events"),
+		dlqTopic: kafkatest.TopicName(t, "dlq"),
+		ledger:   kafkatest.TopicName(t, "ledger"),
+	}
+	b.CreateTopic(t, f.events, 3, nil)
+	b.CreateTopic(t, f.dlqTopic, 1, nil)
+	f.cl = b.Client(t, kgo.ProducerLinger(0))
+	f.env = env{
+		"KAFKA_BROKERS": strings.Join(b.Addrs, ","),
+		"EVENTS_TOPIC":  f.events,
+		"DLQ_TOPIC":     f.dlqTopic,
+		"LEDGER_TOPIC":  f.ledger,
+	}
+	return f
+}
+
+var t0 = time.Date(2024, 6, 25, 12, 0, 0, 0, time.UTC)
+
+// add writes a dead letter as the worker does.
+func (f *fixture) add(t *testing.T, key, fork, tenant, projection string, err error, failedAt time.Time) dlq.Coordinates {
+	t.Helper()
+	value := fmt.Appendf(nil, `{"eventType":"ARTIST_FOLLOWED","entityId":%q,"forkId":%q,"tenantSchema":%q,"irVersion":"v42","sequenceNumber":1,"ts":1719331200000,"payload":{"user_id":%q,"artist_id":"a-1"}}`,
+		key, fork, tenant, key)
+	rec, nerr := dlq.NewRecord(dlq.DeadLetter{
+		Source:     &kgo.Record{Topic: f.events, Partition: 2, Offset: 10, Key: []byte(key), Value: value},
+		Projection: projection, TenantSchema: tenant, ForkID: fork, EventType: "ARTIST_FOLLOWED",
+		Class: retry.Classify(err), Err: err, Retries: 5,
+	}, dlq.RecordConfig{Topic: f.dlqTopic}, failedAt)
+	if nerr != nil {
+		t.Fatal(nerr)
+	}
+	r, perr := f.cl.ProduceSync(context.Background(), rec).First()
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	return dlq.Coordinates{Partition: r.Partition, Offset: r.Offset}
+}
+
+var columnErr = &pgconn.PgError{Severity: "ERROR", Code: "42703", Message: `column "followed_at" of relation "artist_followers" does not exist`}
+
+// seed writes three dead letters: two production artist_followers (column
+// missing) and one staging artist_stats.
+func (f *fixture) seed(t *testing.T) []dlq.Coordinates {
+	return []dlq.Coordinates{
+		f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0),
+		f.add(t, "user-2", "production", "acme_prod", "artist_followers", columnErr, t0.Add(time.Minute)),
+		f.add(t, "user-3", "staging", "acme_staging", "artist_stats", retry.MarkPermanent(errors.New("derive score: division by zero")), t0.Add(2*time.Minute)),
+	}
+}
+
+func (f *fixture) eventsCount(t *testing.T) int64 {
+	t.Helper()
+	ends, err := kadm.NewClient(f.b.Client(t)).ListEndOffsets(context.Background(), f.events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n
+}
+
+// TestSeedCommands runs the seed's proposed `causet dlq` commands as
+// dlq-replayer commands, then checks the summary line, the ledger status in
+// list, and that a second retry replays nothing.
+func TestSeedCommands(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	at := f.seed(t)
+
+	r := runCmd(t, f.env, "list", "--fork-id", "production", "--projection", "artist_followers")
+	if r.code != 0 {
+		t.Fatalf("list: exit %d\n%s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "DLQ ") {
+		t.Fatalf("list table:\n%s", r.stdout)
+	}
+	for _, col := range []string{"FAILED AT", "PROJECTION", "TENANT", "EVENT TYPE", "ENTITY", "RETRIES", "REPLAYS", "LEDGER", "ERROR"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("table header has no %s column: %s", col, lines[0])
+		}
+	}
+	if !strings.Contains(lines[1], at[0].String()) || !strings.Contains(lines[1], "user-1") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") ||
+		!strings.Contains(lines[1], `ERROR: column "followed_at"`) || !strings.Contains(lines[1], " — ") {
+		t.Errorf("list row: %s", lines[1])
+	}
+
+	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=2 skipped=0 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("retry: exit %d, stdout %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	if n := f.eventsCount(t); n != 2 {
+		t.Errorf("events topic has %d records, want 2", n)
+	}
+	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=0 skipped=0 already-replayed=2 refused=0 failed=0" {
+		t.Fatalf("second retry: exit %d, stdout %q", r.code, r.stdout)
+	}
+
+	r = runCmd(t, f.env, "list", "--all", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("list json: exit %d\n%s", r.code, r.stderr)
+	}
+	type line struct {
+		DLQPartition   int32           `json:"dlqPartition"`
+		DLQOffset      int64           `json:"dlqOffset"`
+		LedgerStatus   string          `json:"ledgerStatus"`
+		ProjectionName string          `json:"projectionName"`
+		OriginalEvent  json.RawMessage `json:"originalEvent"`
+		Ledger         *dlq.Decision   `json:"ledger"`
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var v line
+		if err := json.Unmarshal([]byte(l), &v); err != nil {
+			t.Fatalf("json line %q: %v", l, err)
+		}
+		if len(v.OriginalEvent) == 0 || (v.LedgerStatus == "replayed") != (v.Ledger != nil) {
+			t.Errorf("json line %s", l)
+		}
+		got = append(got, fmt.Sprintf("%d:%d %s %s", v.DLQPartition, v.DLQOffset, v.ProjectionName, v.LedgerStatus))
+	}
+	want := []string{at[0].String() + " artist_followers replayed", at[1].String() + " artist_followers replayed", at[2].String() + " artist_stats "}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("json lines (-want +got):\n%s", diff)
+	}
+	r = runCmd(t, f.env, "list", "--all", "--limit", "1", "--output", "json")
+	if n := strings.Count(r.stdout, "\n"); r.code != 0 || n != 1 {
+		t.Errorf("--limit 1: exit %d, %d lines", r.code, n)
+	}
+}
+
+func TestSummary(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	r := runCmd(t, f.env, "summary", "--all", "--by", "projection")
+	if r.code != 0 {
+		t.Fatalf("summary: exit %d\n%s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("summary:\n%s", r.stdout)
+	}
+	for i, want := range []string{"COUNT", "2 ", "1 "} {
+		if !strings.HasPrefix(lines[i], want) {
+			t.Errorf("line %d = %q, want prefix %q", i, lines[i], want)
+		}
+	}
+	if !strings.Contains(lines[1], "artist_followers") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") || !strings.Contains(lines[1], "2024-06-25T12:01:00Z") {
+		t.Errorf("largest group: %s", lines[1])
+	}
+	r = runCmd(t, f.env, "summary", "--all", "--output", "json")
+	var g struct {
+		By    string `json:"by"`
+		Key   string `json:"key"`
+		Count int    `json:"count"`
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(r.stdout, "\n", 2)[0]), &g); err != nil || g.By != "fingerprint" || g.Count != 2 || len(g.Key) != 16 {
+		t.Errorf("summary json: %+v, %v\n%s", g, err, r.stdout)
+	}
+}
+
+func TestSkipThenRetryAllSendsNothingForTheSkippedEntry(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	r := runCmd(t, f.env, "skip", "--fork-id", "staging", "--reason", "division by zero is upstream's bug", "--actor", "alice")
+	if r.code != 0 || r.lastLine() != "matched=1 replayed=0 skipped=1 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("skip: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCmd(t, f.env, "retry", "--all", "--include-replayed", "--force")
+	if r.code != 0 || r.lastLine() != "matched=3 replayed=2 skipped=1 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("retry --all: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCmd(t, f.env, "list", "--fork-id", "staging")
+	if !strings.Contains(r.stdout, " skipped ") {
+		t.Errorf("list does not show the skip:\n%s", r.stdout)
+	}
+}
+
+func TestDryRunSendsNothing(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	at := f.seed(t)
+	r := runCmd(t, f.env, "retry", "--all", "--dry-run")
+	if r.code != 0 {
+		t.Fatalf("dry run: exit %d\n%s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "would replay "+at[0].String()+" -> "+f.events+"[2] (original partition)") {
+		t.Errorf("dry run output:\n%s", r.stdout)
+	}
+	if got := r.lastLine(); got != "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
+		t.Errorf("summary line %q", got)
+	}
+	if n := f.eventsCount(t); n != 0 {
+		t.Errorf("dry run sent %d records", n)
+	}
+	tds, err := kadm.NewClient(f.b.Client(t)).ListTopics(context.Background(), f.ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tds.Has(f.ledger) && tds[f.ledger].Err == nil {
+		t.Error("dry run created the ledger topic")
+	}
+}
+
+// TestProduceFailureExitsOne fails the produce to the events topic (kfake):
+// exit status 1, failed=1 in the summary line, and the next run replays it.
+func TestProduceFailureExitsOne(t *testing.T) {
+	b := kafkatest.Fake(t)
+	f := newFixture(t, b)
+	f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0)
+	tds, err := kadm.NewClient(b.Client(t)).ListTopics(context.Background(), f.events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := tds[f.events].ID
+	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		preq := req.(*kmsg.ProduceRequest)
+		if len(preq.Topics) == 0 || (preq.Topics[0].Topic != f.events && preq.Topics[0].TopicID != id) {
+			return nil, nil, false
+		}
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		resp.Version = preq.Version
+		for _, pt := range preq.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
+			for _, pp := range pt.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = pp.Partition, kerr.InvalidRecord.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	r := runCmd(t, f.env, "retry", "--all")
+	if r.code != 1 || r.lastLine() != "matched=1 replayed=0 skipped=0 already-replayed=0 refused=0 failed=1" {
+		t.Fatalf("retry: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stderr, `"level":"ERROR"`) || !strings.Contains(r.stderr, "INVALID_RECORD") {
+		t.Errorf("stderr has no error log of the produce failure:\n%s", r.stderr)
+	}
+	r = runCmd(t, f.env, "retry", "--all")
+	if r.code != 0 || r.lastLine() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("second retry: exit %d, %q", r.code, r.stdout)
+	}
+}
+
+func TestMissingDeadLetterTopicExitsOne(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.env["DLQ_TOPIC"] = kafkatest.TopicName(t, "missing")
+	r := runCmd(t, f.env, "list", "--all")
+	if r.code != 1 || !strings.Contains(r.stderr, "topic does not exist") {
+		t.Errorf("exit %d\n%s", r.code, r.stderr)
+	}
+}
