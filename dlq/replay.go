@@ -742,7 +742,7 @@ func (s *Summary) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "COUNT\tFIRST FAILED\tLAST FAILED\t%s\tPROJECTIONS\tSAMPLE ERROR\n", strings.ToUpper(string(s.by)))
 	for _, g := range s.Groups() {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", g.Count, fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
-			cell(orDash(g.Key), 80), cell(strings.Join(g.Projections, ","), 60), cell(firstLine(g.SampleError), 160))
+			cell(orDash(g.Key), 80), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))
 	}
 	return tw.Flush()
 }
@@ -869,6 +869,15 @@ func orDash(s string) string {
 		return "—"
 	}
 	return s
+}
+
+// joinDash joins names with commas, "" written as —.
+func joinDash(names []string) string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = orDash(n)
+	}
+	return strings.Join(out, ",")
 }
 
 func firstLine(s string) string {
