@@ -231,7 +231,13 @@ func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, progress func(
 	var total int64
 	for p, e := range ends[topic] {
 		s, ok := starts.Lookup(topic, p)
-		if !ok || e.Offset <= s.Offset {
+		if !ok || s.Offset < 0 || e.Offset < 0 {
+			// Never read a partition as empty because its offsets are
+			// unknown (a broker restarting, metadata changing between the
+			// two listings): fail, and let the operator run again.
+			return 0, fmt.Errorf("list offsets of %s partition %d: start %d, end %d: offsets unknown", topic, p, s.Offset, e.Offset)
+		}
+		if e.Offset <= s.Offset {
 			continue
 		}
 		spans[p] = &span{start: s.Offset, end: e.Offset, next: s.Offset}
