@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -659,7 +660,7 @@ func TestRetryMaxReplays(t *testing.T) {
 			before := len(readTopic(t, b, f.events))
 			res, outs := f.retry(tt.cfg)
 			if res.String() != tt.want {
-				t.Fatalf("result %s, want %s", res, tt.want)
+				t.Fatalf("result %s, want %s (scan %+v)", res, tt.want, res.Scan)
 			}
 			for _, o := range outs {
 				if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "already replayed") {
@@ -939,4 +940,113 @@ func BenchmarkScan(b *testing.B) {
 		b.ReportMetric(float64(scanned)/b.Elapsed().Seconds(), "scanned/s")
 		b.ReportMetric(float64(replayed)/b.Elapsed().Seconds(), "replayed/s")
 	})
+}
+
+// ReplayRecord rebuilds the event of a dead letter for the events topic:
+// the causet.dlq.* headers and those of an earlier replay are dropped, the
+// replay headers added.
+func ExampleReplayRecord() {
+	e := &dlq.Entry{
+		Partition: 2, Offset: 17, Key: []byte("user-123"), ReplayCount: 1, OriginalPartition: 5,
+		Headers: []kgo.RecordHeader{
+			{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+			{Key: dlq.HeaderReplayCountOut, Value: []byte("1")},
+			{Key: dlq.HeaderProjection, Value: []byte("artist_followers")},
+		},
+		Message: dlq.Message{
+			OriginalEvent:  []byte(`{"eventType":"ARTIST_FOLLOWED","entityId":"user-123"}`),
+			ProjectionName: "artist_followers",
+			FirstFailedAt:  1719331200123,
+		},
+	}
+	partition, fromHeader := dlq.NewReplayPartitioner(8).Partition(e.OriginalPartition, e.Key)
+	rec := dlq.ReplayRecord(e, dlq.DefaultEventsTopic, partition)
+	fmt.Printf("%s[%d] (from header: %t) key=%s\n%s\n", rec.Topic, rec.Partition, fromHeader, rec.Key, rec.Value)
+	for _, h := range rec.Headers {
+		fmt.Printf("%s: %s\n", h.Key, h.Value)
+	}
+	// Output:
+	// causet.projection-events.v1[5] (from header: true) key=user-123
+	// {"eventType":"ARTIST_FOLLOWED","entityId":"user-123"}
+	// traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+	// causet.replay.projection: artist_followers
+	// causet.replay.source: 2:17
+	// causet.replay.count: 2
+	// causet.replay.first-failed-at: 1719331200123
+}
+
+func ExampleFilters_Match() {
+	e := &dlq.Entry{ForkID: "production", Projection: "artist_followers",
+		Message: dlq.Message{Error: `ERROR: column "followed_at" of relation "artist_followers" does not exist (SQLSTATE 42703)`, FailedAt: 1719331200000}}
+	since := time.UnixMilli(1719331200000)
+	fmt.Println(dlq.Filters{ForkID: "production", Projection: "artist_followers"}.Match(e))
+	fmt.Println(dlq.Filters{ErrorContains: "DOES NOT EXIST", Since: since}.Match(e))
+	fmt.Println(dlq.Filters{ForkID: "production", Until: since}.Match(e))
+	// Output:
+	// true
+	// true
+	// false
+}
+
+func ExampleParseTimeBound() {
+	now := time.Date(2024, 6, 26, 12, 0, 0, 0, time.UTC)
+	for _, s := range []string{"24h", "2024-06-25T08:00:00-04:00"} {
+		t, _ := dlq.ParseTimeBound(s, now)
+		fmt.Println(t.UTC().Format(time.RFC3339))
+	}
+	// Output:
+	// 2024-06-25T12:00:00Z
+	// 2024-06-25T12:00:00Z
+}
+
+func ExampleSummary() {
+	s := dlq.NewSummary(dlq.GroupByProjection)
+	for _, e := range []*dlq.Entry{
+		{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719331200000}},
+		{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719334800000}},
+		{Projection: "artist_ratings", Message: dlq.Message{Error: "derive stars: division by zero", FailedAt: 1719338400000}},
+	} {
+		s.Add(e)
+	}
+	_ = s.WriteTable(os.Stdout)
+	// Output:
+	// COUNT  FIRST FAILED          LAST FAILED           PROJECTION        PROJECTIONS       SAMPLE ERROR
+	// 2      2024-06-25T16:00:00Z  2024-06-25T17:00:00Z  artist_followers  artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42703)
+	// 1      2024-06-25T18:00:00Z  2024-06-25T18:00:00Z  artist_ratings    artist_ratings    derive stars: division by zero
+}
+
+// A dlq-replayer run in code: open the ledger, then retry what a filter
+// selects and print the summary line.
+func ExampleReplayer_Retry() {
+	ctx := context.Background()
+	opts := []kgo.Opt{kgo.SeedBrokers("127.0.0.1:9092")}
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ledger.Close()
+	r, err := dlq.NewReplayer(opts, ledger, dlq.ReplayConfig{
+		Filters: dlq.Filters{ForkID: "production", Projection: "artist_followers"},
+		Actor:   "alice",
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	res, err := r.Retry(ctx)
+	fmt.Println(res, err) // matched=N replayed=N skipped=N already-replayed=N refused=N failed=N
+}
+
+// Scan reads the dead-letter topic up to the end offsets it lists when it
+// starts, and passes on the dead letters the filters select.
+func ExampleScan() {
+	opts := []kgo.Opt{kgo.SeedBrokers("127.0.0.1:9092")}
+	st, err := dlq.Scan(context.Background(), opts, dlq.ScanConfig{
+		Filters: dlq.Filters{TenantSchema: "acme_concertapp_production", Since: time.Now().Add(-24 * time.Hour)},
+	}, func(e *dlq.Entry) error {
+		fmt.Println(e.Coordinates(), e.Projection, e.Message.Error)
+		return nil
+	})
+	fmt.Println(st.Scanned, st.Matched, err)
 }
