@@ -1,6 +1,7 @@
 package dlq_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -191,5 +192,39 @@ func TestParseCoordinates(t *testing.T) {
 				t.Errorf("String() = %q", got.String())
 			}
 		})
+	}
+}
+
+// TestScanErrorContainsDecodesWhatTheBytesHide: --error-contains skips
+// values whose bytes lack the text, but not values where an escape or a
+// non-ASCII character could spell it once decoded.
+func TestScanErrorContainsDecodesWhatTheBytesHide(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 1)
+	want := []dlq.Coordinates{
+		f.add(deadLetter{key: "kelvin", projection: "p", err: errors.New("bad \u212Aey")}), // KELVIN SIGN lower-cases to k
+		f.add(deadLetter{key: "control", projection: "p", err: errors.New("\x01Key")}),     // written as \u0001Key
+		f.add(deadLetter{key: "plain", projection: "p", err: errors.New("missing KEY")}),
+	}
+	f.add(deadLetter{key: "other", projection: "p", err: errors.New("boom")})
+	escaped := dlq.Message{OriginalEvent: []byte(`{"a":1}`), ProjectionName: "p", Error: "x", FailedAt: 1}
+	v, err := escaped.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = bytes.Replace(v, []byte(`"error":"x"`), []byte(`"error":"\u006bey"`), 1) // another writer's escapes
+	want = append(want, f.produce(&kgo.Record{Topic: f.dlqTopic, Value: v}))
+
+	for _, needle := range []string{"KEY", "key"} {
+		var got []dlq.Coordinates
+		if _, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Filters: dlq.Filters{ErrorContains: needle}}, func(e *dlq.Entry) error {
+			got = append(got, e.Coordinates())
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("--error-contains %s (-want +got):\n%s", needle, diff)
+		}
 	}
 }
