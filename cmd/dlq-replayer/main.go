@@ -115,7 +115,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 
 	var s settings
 	fs := flagenv.New("dlq-replayer "+cmd, stderr).WithLookup(lookupEnv)
-	aliases := s.register(fs, cmd)
+	aliases := s.register(fs, cmd, lookupEnv)
 	err := fs.Parse(args[1:])
 	if err == nil {
 		err = aliases.apply()
@@ -144,7 +144,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 }
 
 // register defines the flags of cmd on fs.
-func (s *settings) register(fs *flagenv.Set, cmd string) aliasSet {
+func (s *settings) register(fs *flagenv.Set, cmd string, lookupEnv func(string) (string, bool)) aliasSet {
 	s.kafka.Register(fs)
 	aliases := aliasSet{fs: fs}
 	aliases.add("tls", "kafka-tls")
@@ -182,7 +182,7 @@ func (s *settings) register(fs *flagenv.Set, cmd string) aliasSet {
 		fs.Int(&s.maxReplays, "max-replays", "DLQ_MAX_REPLAYS", dlq.DefaultMaxReplays, "refuse events already replayed this many times")
 		fs.Bool(&s.force, "force", "DLQ_FORCE", false, "replay events over --max-replays")
 		fs.Float64(&s.rate, "rate", "DLQ_RATE", 0, "at most this many replays per second (0: unlimited)")
-		fs.String(&s.actor, "actor", "DLQ_ACTOR", defaultActor(), "who runs the replay, recorded in the ledger")
+		fs.String(&s.actor, "actor", "DLQ_ACTOR", defaultActor(lookupEnv), "who runs the replay ($USER unless set), recorded in the ledger")
 		fs.String(&s.reason, "reason", "DLQ_REASON", "", "why, recorded in the ledger (optional)")
 	case "skip":
 		fs.Bool(&s.dryRun, "dry-run", "DLQ_DRY_RUN", false, "print what would be skipped; record nothing")
@@ -192,8 +192,10 @@ func (s *settings) register(fs *flagenv.Set, cmd string) aliasSet {
 	return aliases
 }
 
-func defaultActor() string {
-	if u := os.Getenv("USER"); u != "" {
+// defaultActor is $USER, else "dlq-replayer" (a Kubernetes Job has no
+// USER: set --actor there).
+func defaultActor(lookupEnv func(string) (string, bool)) string {
+	if u, _ := lookupEnv("USER"); u != "" {
 		return u
 	}
 	return "dlq-replayer"

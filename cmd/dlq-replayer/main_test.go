@@ -127,6 +127,7 @@ func newFixture(t *testing.T, b *kafkatest.Broker) *fixture {
 		"EVENTS_TOPIC":  f.events,
 		"DLQ_TOPIC":     f.dlqTopic,
 		"LEDGER_TOPIC":  f.ledger,
+		"USER":          "tester",
 	}
 	return f
 }
@@ -211,6 +212,13 @@ func TestSeedCommands(t *testing.T) {
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
 	if r.code != 0 || r.lastLine() != "matched=2 replayed=0 skipped=0 already-replayed=2 refused=0 failed=0" {
 		t.Fatalf("second retry: exit %d, stdout %q", r.code, r.stdout)
+	}
+	l, err := dlq.OpenLedger(context.Background(), f.b.Opts(), dlq.LedgerConfig{Topic: f.ledger, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := l.Lookup(at[0]); d.Action != dlq.ActionReplayed || d.Actor != "tester" || len(d.RunID) != 16 || d.ReplayCount != 1 {
+		t.Errorf("ledger decision %+v, want replayed by tester ($USER)", d)
 	}
 
 	r = runCmd(t, f.env, "list", "--all", "--output", "json")
