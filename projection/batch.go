@@ -2,8 +2,10 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +33,7 @@ type Beginner interface {
 
 // decoded is one record of a batch after decoding.
 type decoded struct {
+	idx    int // index in the batch
 	rec    *kgo.Record
 	ev     *Event // nil when the value is invalid
 	err    error  // decoding error
@@ -54,6 +57,7 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 	batch := make([]decoded, len(recs))
 	for i, rec := range recs {
 		d := &batch[i]
+		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
 		d.ev, d.err = DecodeEvent(rec.Value)
@@ -119,7 +123,14 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stack, firstAt: time.Now()})
 		}
 	}
+	// Retry in record order, marking each record once every pair of it and
+	// of the records before it is done, so that a shutdown during a long
+	// retry commits what is finished.
+	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
 	for _, f := range failures {
+		if f.d.idx > 0 {
+			w.cl.MarkCommitRecords(recs[f.d.idx-1])
+		}
 		if err := w.retryPair(ctx, pc, f); err != nil {
 			return err
 		}
@@ -168,16 +179,41 @@ func (w *Worker) applyPlanned(ctx context.Context, pc *partition, planned []pair
 			// Not one statement's fault (commit failed, or the database went
 			// away under InfraDeadLetter): each pair takes the retry path.
 			for _, p := range seg {
-				failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: string(debug.Stack()), firstAt: time.Now()})
+				failures = append(failures, w.batchFailure(ctx, p, err))
 			}
 			continue
 		}
-		bad := seg[failedAt]
-		w.cfg.Metrics.failed(ctx, pairAttrs(bad.h.Name(), bad.d.ev.TenantSchema), retry.Classify(err))
-		failures = append(failures, pairFailure{d: bad.d, h: bad.h, err: err, stack: string(debug.Stack()), firstAt: time.Now()})
+		var pre pgx.ErrPreprocessingBatch
+		if errors.As(err, &pre) {
+			// A statement failed to prepare (e.g. 42703 undefined column): it
+			// is not the statement at failedAt but every pair with that SQL.
+			var rest []pair
+			for _, p := range seg {
+				if p.stmt.SQL == pre.SQL() {
+					failures = append(failures, w.batchFailure(ctx, p, pre.Unwrap()))
+				} else {
+					rest = append(rest, p)
+				}
+			}
+			if len(rest) < len(seg) {
+				todo = append(todo, rest)
+				continue
+			}
+		}
+		failures = append(failures, w.batchFailure(ctx, seg[failedAt], err))
 		todo = append(todo, seg[failedAt+1:], seg[:failedAt])
 	}
 	return failures, nil
+}
+
+// batchFailure records the failure of pair p in a batch.
+func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailure {
+	class := retry.Classify(err)
+	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
+	return pairFailure{
+		d: p.d, h: p.h, firstAt: time.Now(), stack: string(debug.Stack()),
+		err: fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err),
+	}
 }
 
 // execBatch applies seg in one transaction. It returns the index of the
@@ -200,7 +236,7 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
 		tag, err := br.Exec()
 		if err != nil {
 			_ = br.Close()
-			return i, fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err)
+			return i, err
 		}
 		outcomes[i] = p.stmt.Outcome(tag)
 	}

@@ -861,3 +861,93 @@ func TestWorkerBatchSpanningTwoTenantsOneWithoutTable(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerShutdownCancelsBackoffWithoutDeadLetter stops the worker while a
+// failing pair waits between retries: Run returns at once, nothing is
+// dead-lettered, and the record's offset stays uncommitted for the next
+// owner.
+func TestWorkerShutdownCancelsBackoffWithoutDeadLetter(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	rn := r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+	})
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	r.produce("user-2", []byte(r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"a","stars":3}`)))
+	deadline := time.Now().Add(testTimeout)
+	for r.count("artist_followers") == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // the rating's pair is now in its first one-minute wait
+	start := time.Now()
+	if err := rn.stop(t); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Errorf("shutdown took %s while a retry waited; want the wait cancelled at once", took)
+	}
+	if got := r.committed(); got != 1 {
+		t.Errorf("committed offset = %d, want 1 (the follow done, the rating not)", got)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0: a cancelled retry is not a failure", len(dls))
+	}
+}
+
+// TestWorkerRebalanceLosesNothing runs two workers of one group over four
+// partitions while events arrive, stops one of them half way, and checks that
+// every event is applied and none is dead-lettered.
+func TestWorkerRebalanceLosesNothing(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 4})
+	a := r.start(nil)
+	const n = 200
+	for i := range n {
+		if i == n/4 {
+			r.start(nil) // second member joins: cooperative rebalance
+		}
+		if i == n/2 {
+			if err := a.stop(t); err != nil { // first member leaves: its partitions move
+				t.Errorf("first worker Run = %v", err)
+			}
+		}
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.follow(user, "artist-1", 1)))
+	}
+	r.waitCommitted(testTimeout)
+	if got := r.count("artist_followers"); got != n {
+		t.Errorf("rows = %d, want %d", got, n)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0", len(dls))
+	}
+}
+
+// TestWorkerBatchPrepareFailureBlamesItsOwnPairs: a statement that fails to
+// prepare (42703, a column the tenant lacks) fails before any statement of
+// the batch runs; only the pairs of that statement may be dead-lettered.
+func TestWorkerBatchPrepareFailureBlamesItsOwnPairs(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	for i := range 4 {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.follow(user, "artist-1", 1)))
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 2, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":3}`, user))))
+	}
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	if a, u := r.count("artist_followers"), r.count("user_follows"); a != 4 || u != 4 {
+		t.Errorf("rows artist_followers=%d user_follows=%d, want 4 and 4", a, u)
+	}
+	dls := r.deadLetters()
+	if len(dls) != 4 {
+		t.Fatalf("dead letters = %d, want 4 (the ratings)", len(dls))
+	}
+	for _, d := range dls {
+		if d.msg.ProjectionName != "artist_ratings" || d.headers[dlq.HeaderSQLState] != "42703" {
+			t.Errorf("dead letter projection %q sqlstate %q, want artist_ratings 42703", d.msg.ProjectionName, d.headers[dlq.HeaderSQLState])
+		}
+	}
+}
