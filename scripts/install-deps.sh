@@ -4,6 +4,8 @@
 #
 #   postgresql               server for the database tests (scripts/pg-up.sh)
 #   kcat                     to inspect topics, as operators do (SPEC.md §1)
+#   jq                       to filter kcat -J output (README "Inspecting the DLQ"; the
+#                            kcat interoperability test runs those jq lines)
 #   openjdk-17-jre-headless  to run the local Kafka broker (scripts/kafka-up.sh)
 #   maven                    to fetch the broker's jars once
 #
@@ -47,6 +49,11 @@ if command -v kcat >/dev/null; then
 	log "kcat: present"
 else
 	missing+=(kcat)
+fi
+if command -v jq >/dev/null; then
+	log "jq: present"
+else
+	missing+=(jq)
 fi
 if java_present; then
 	log "java 17+: present"
