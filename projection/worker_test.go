@@ -108,7 +108,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 type running struct {
 	w      *projection.Worker
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run has returned err
+	err    error
 }
 
 // stop cancels the worker and returns Run's result.
@@ -116,8 +117,8 @@ func (rn *running) stop(t *testing.T) error {
 	t.Helper()
 	rn.cancel()
 	select {
-	case err := <-rn.done:
-		return err
+	case <-rn.done:
+		return rn.err
 	case <-time.After(40 * time.Second):
 		t.Fatal("worker did not stop within 40s")
 		return nil
@@ -156,8 +157,11 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	rn := &running{w: w, cancel: cancel, done: make(chan error, 1)}
-	go func() { rn.done <- w.Run(ctx) }()
+	rn := &running{w: w, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(rn.done)
+		rn.err = w.Run(ctx)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
