@@ -10,6 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/causet/projection-worker/internal/topicready"
 )
 
 // DefaultPartitions is the default TopicConfig.Partitions.
@@ -191,6 +193,9 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (Topic
 		rep.Created = append(rep.Created, cfg.LedgerTopic)
 	}
 
+	if err := topicready.Wait(ctx, adm, rep.Created...); err != nil {
+		return rep, fmt.Errorf("ensure topics: %w", err)
+	}
 	if err := describeDLQ(ctx, adm, cfg.DLQTopic, dlqCreated, &rep); err != nil {
 		if !dlqCreated {
 			return rep, fmt.Errorf("ensure topics: %w", err)

@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/internal/topicready"
 )
 
 // Broker is a Kafka cluster for one test.
@@ -98,5 +100,8 @@ func (b *Broker) CreateTopic(t testing.TB, topic string, partitions int32, confi
 	}
 	if err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
+	}
+	if err := topicready.Wait(ctx, adm, topic); err != nil {
+		t.Fatal(err)
 	}
 }
