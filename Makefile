@@ -35,9 +35,12 @@ test: vet
 	$(GO) test -race -count=1 -timeout 12m ./...
 
 # The same integration scenarios against a real Apache Kafka broker. Tests
-# that need kfake fault injection are skipped by name with the reason.
+# that need kfake fault injection are skipped by name with the reason; their
+# real-broker counterparts run instead. The broker-restart test runs last,
+# alone, since it stops and starts the shared broker (make kafka-up's).
 test-kafka:
 	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) $(GO) test -count=1 -timeout 12m ./...
+	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_RESTART_TEST=1 $(GO) test -count=1 -timeout 10m -run 'TestWorkerRealBrokerRestartMidStream' -v ./projection
 
 fuzz:
 	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s

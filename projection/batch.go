@@ -75,12 +75,9 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 	for i := range batch {
 		d := &batch[i]
 		if d.err != nil {
-			if err := w.deadLetter(ctx, dlq.DeadLetter{
-				Source: d.rec, Class: retry.Permanent, Err: d.err,
-				FirstFailedAt: firstFailedAt(d.replay, time.Now()), ReplayCount: d.replay.count,
-			}); err != nil {
-				return err
-			}
+			// No projection saw it: dead-lettered in record order below,
+			// after the rest of the batch is applied.
+			failures = append(failures, pairFailure{d: d, err: d.err, firstAt: time.Now()})
 			continue
 		}
 		matched := 0
@@ -103,10 +100,8 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 			planned = append(planned, pair{d: d, h: h, stmt: st})
 		}
 		if d.replay.projection != "" && matched == 0 {
-			err := fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)
-			if err := w.deadLetter(ctx, w.newDeadLetter(d, d.replay.projection, retry.Projection, err, "", 0, time.Now())); err != nil {
-				return err
-			}
+			failures = append(failures, pairFailure{d: d, firstAt: time.Now(),
+				err: fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)})
 		}
 	}
 
@@ -131,11 +126,31 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 		if f.d.idx > 0 {
 			w.cl.MarkCommitRecords(recs[f.d.idx-1])
 		}
-		if err := w.retryPair(ctx, pc, f); err != nil {
+		var err error
+		if f.h == nil {
+			err = w.deadLetterRecord(ctx, f)
+		} else {
+			err = w.retryPair(ctx, pc, f)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// deadLetterRecord dead-letters a record that no projection could be given:
+// an invalid event (permanent, projection "") or a replay to a projection
+// this worker does not have (projection error, not retried: no retry can
+// add a projection).
+func (w *Worker) deadLetterRecord(ctx context.Context, f pairFailure) error {
+	if f.d.ev == nil {
+		return w.deadLetter(ctx, dlq.DeadLetter{
+			Source: f.d.rec, Class: retry.Permanent, Err: f.err,
+			FirstFailedAt: firstFailedAt(f.d.replay, f.firstAt), ReplayCount: f.d.replay.count,
+		})
+	}
+	return w.deadLetter(ctx, w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt))
 }
 
 // applyPlanned applies the planned pairs in transactions of pipelined

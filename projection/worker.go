@@ -551,7 +551,7 @@ func readReplayInfo(rec *kgo.Record) replayInfo {
 // pairFailure is one (event, projection) pair whose first attempt failed.
 type pairFailure struct {
 	d       *decoded
-	h       Handler
+	h       Handler // nil: the record reached no projection (deadLetterRecord)
 	err     error
 	stack   string
 	firstAt time.Time
