@@ -145,11 +145,45 @@ const maxColumns = 1599
 // a mapping belongs) come first, with their line; then the problems of the
 // values. Derive expressions are compiled here, once.
 func LoadDefinitions(path string) (*Definitions, error) {
-	data, err := os.ReadFile(path)
+	data, err := readDefinitionsFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load projection definitions: %w", err)
 	}
 	return ParseDefinitions(path, data)
+}
+
+// MaxDefinitionsSize is the largest definitions file LoadDefinitions reads:
+// 8 MiB, far above any real IR version, so that a wrong path (a device, a
+// log) fails at once instead of filling memory.
+const MaxDefinitionsSize = 8 << 20
+
+// readDefinitionsFile reads a regular file of at most MaxDefinitionsSize
+// bytes; a FIFO, device or directory is refused without reading it.
+func readDefinitionsFile(path string) ([]byte, error) {
+	// Stat before Open: opening a FIFO blocks until someone writes to it.
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+	}
+	if st.Size() > MaxDefinitionsSize {
+		return nil, fmt.Errorf("%s: %d bytes, larger than the %d-byte limit", path, st.Size(), MaxDefinitionsSize)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxDefinitionsSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxDefinitionsSize {
+		return nil, fmt.Errorf("%s: larger than the %d-byte limit", path, MaxDefinitionsSize)
+	}
+	return data, nil
 }
 
 // ParseDefinitions is LoadDefinitions for a file already read; name is used

@@ -1,8 +1,12 @@
 package projection
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -288,4 +292,32 @@ func TestHandBuiltDefinitionsGetSortedColumnOrder(t *testing.T) {
 		`projection definitions: projection "p": table: "t\"; DROP TABLE x; --" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
 		`projection definitions: projection "p": columns.id: type: unknown type "text; DROP" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid)`,
 	})
+}
+
+// TestLoadDefinitionsRefusesNonRegularFiles: a device or a FIFO given as the
+// definitions file must fail at once, not fill memory or block (a
+// /dev/zero path once grew the process to 24 GB).
+func TestLoadDefinitionsRefusesNonRegularFiles(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "defs.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, make([]byte, MaxDefinitionsSize+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/dev/zero", fifo, t.TempDir(), big} {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { _, err := LoadDefinitions(path); done <- err }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), path) && !strings.Contains(err.Error(), "is a directory") {
+					t.Errorf("LoadDefinitions(%s) = %v, want an error naming the file", path, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("LoadDefinitions(%s) blocked", path)
+			}
+		})
+	}
 }

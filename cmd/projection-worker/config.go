@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -137,16 +138,54 @@ func parseFlags(fs *flagenv.Set, args []string) error {
 	return nil
 }
 
+// topicConfig returns the topic settings, or a usage error naming the flag.
 func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 	if s.partitions < 1 || s.partitions > 10000 {
 		return dlq.TopicConfig{}, flagenv.Usagef("--partitions must be in 1..10000, got %d", s.partitions)
 	}
-	return dlq.TopicConfig{
+	for _, t := range []struct{ flag, name string }{{"--topic", s.topic}, {"--dlq-topic", s.dlqTopic}, {"--ledger-topic", s.ledgerTopic}} {
+		if t.name == "" {
+			return dlq.TopicConfig{}, flagenv.Usagef("%s is empty", t.flag)
+		}
+		if err := (dlq.TopicConfig{EventsTopic: t.name, DLQTopic: t.name + ".a", LedgerTopic: t.name + ".b"}).Validate(); err != nil {
+			return dlq.TopicConfig{}, flagenv.Usagef("%s %q: %v", t.flag, t.name, errors.Unwrap(err))
+		}
+	}
+	cfg := dlq.TopicConfig{
 		EventsTopic: s.topic,
 		DLQTopic:    s.dlqTopic,
 		LedgerTopic: s.ledgerTopic,
 		Partitions:  int32(s.partitions),
-	}, nil
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, flagenv.Usagef("--topic, --dlq-topic, --ledger-topic: %v", err)
+	}
+	return cfg, nil
+}
+
+// checkRun returns a usage error naming the first run flag out of range;
+// it runs before anything is dialled.
+func (s *settings) checkRun() error {
+	switch projection.InfraMode(s.onInfraError) {
+	case projection.InfraPause, projection.InfraDeadLetter:
+	default:
+		return flagenv.Usagef("--on-infra-error must be %q or %q, got %q", projection.InfraPause, projection.InfraDeadLetter, s.onInfraError)
+	}
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--max-poll-records", s.maxPollRecords}, {"--max-batch-records", s.maxBatch}} {
+		if f.v < 1 {
+			return flagenv.Usagef("%s must be >= 1, got %d", f.flag, f.v)
+		}
+	}
+	if s.shutdownGrace <= 0 {
+		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)
+	}
+	if s.dlqMaxBytes < 1024 {
+		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)
+	}
+	return nil
 }
 
 func describe(s *settings) string {

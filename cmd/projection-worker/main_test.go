@@ -243,9 +243,6 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 	tests := []struct {
 		flag string   // the flag that is wrong
 		args []string // added to a run command that is otherwise valid
-		// knownFlaw, when set, explains why the case fails today; the case
-		// is skipped with it. Remove it with the fix.
-		knownFlaw string
 	}{
 		{flag: "--max-retries", args: []string{"--max-retries", "-1"}},
 		{flag: "--retry-initial", args: []string{"--retry-initial", "0s"}},
@@ -255,22 +252,14 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--log-format", args: []string{"--log-format", "xml"}},
 		{flag: "--brokers", args: []string{"--brokers", "nohostport"}},
 		{flag: "--kafka-sasl-mechanism", args: []string{"--kafka-sasl-mechanism", "gssapi"}},
-		{flag: "--on-infra-error", args: []string{"--on-infra-error", "maybe"},
-			knownFlaw: "serve checks --on-infra-error only in projection.NewWorker, after checkTopics has dialled Kafka and created the topics; it exits 1 with a dial error here"},
-		{flag: "--max-poll-records", args: []string{"--max-poll-records", "-1"},
-			knownFlaw: "checked only by projection.NewWorker, after the topics are created (exit 1 here); and its message does not name the flag"},
-		{flag: "--max-batch-records", args: []string{"--max-batch-records", "-1"},
-			knownFlaw: "checked only by projection.NewWorker, after the topics are created (exit 1 here); and its message does not name the flag"},
-		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "-1s"},
-			knownFlaw: "checked only by projection.NewWorker, after the topics are created (exit 1 here); and its message does not name the flag"},
-		{flag: "--topic", args: []string{"--topic", "bad name"},
-			knownFlaw: "dlq.EnsureTopics refuses the name before dialling, but as a runtime error (exit 1) that says \"events topic\", not --topic"},
+		{flag: "--on-infra-error", args: []string{"--on-infra-error", "maybe"}},
+		{flag: "--max-poll-records", args: []string{"--max-poll-records", "-1"}},
+		{flag: "--max-batch-records", args: []string{"--max-batch-records", "-1"}},
+		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "-1s"}},
+		{flag: "--topic", args: []string{"--topic", "bad name"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimPrefix(tt.flag, "--"), func(t *testing.T) {
-			if tt.knownFlaw != "" {
-				t.Skipf("known flaw: %s", tt.knownFlaw)
-			}
 			args := append([]string{"run", "--brokers", noKafka, "--database-url", noDB,
 				"--projections", exampleProjections, "--http-addr", ""}, tt.args...)
 			r := runCmd(t, 30*time.Second, args...)

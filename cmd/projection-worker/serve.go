@@ -100,8 +100,15 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	if err != nil {
 		return err
 	}
-	if s.dlqMaxBytes < 1024 {
-		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)
+	if err := s.checkRun(); err != nil {
+		return err
+	}
+	var ln net.Listener
+	if s.httpAddr != "" {
+		if ln, err = net.Listen("tcp", s.httpAddr); err != nil {
+			return fmt.Errorf("--http-addr %s: %w", s.httpAddr, err)
+		}
+		defer ln.Close()
 	}
 	tel, err := newTelemetry(ctx, s.group)
 	if err != nil {
@@ -180,12 +187,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}
 
 	var srv *http.Server
-	if s.httpAddr != "" {
-		ln, err := net.Listen("tcp", s.httpAddr)
-		if err != nil {
-			w.Client().Close()
-			return fmt.Errorf("--http-addr %s: %w", s.httpAddr, err)
-		}
+	if ln != nil {
 		srv = &http.Server{Handler: httpHandler(w, pool, tel), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
