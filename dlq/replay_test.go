@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
@@ -732,35 +731,7 @@ func TestRetryProduceFailureLeavesNoLedgerEntry(t *testing.T) {
 // topic with INVALID_RECORD (not retriable).
 func failProduce(t testing.TB, b *kafkatest.Broker, topic string) {
 	t.Helper()
-	tds, err := kadm.NewClient(b.Client(t)).ListTopics(testCtx(t), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := tds[topic].ID
-	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		preq := req.(*kmsg.ProduceRequest)
-		var ours bool
-		for _, pt := range preq.Topics {
-			ours = ours || pt.Topic == topic || pt.TopicID == id
-		}
-		if !ours {
-			return nil, nil, false
-		}
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		resp.Version = preq.Version
-		for _, pt := range preq.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
-			for _, pp := range pt.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = pp.Partition
-				rp.ErrorCode = kerr.InvalidRecord.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
+	b.RefuseProduce(t, topic, kerr.InvalidRecord.Code, func(n int64) bool { return n == 1 })
 }
 
 func TestRetryRateLimit(t *testing.T) {

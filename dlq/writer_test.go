@@ -15,9 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/retry"
@@ -99,33 +97,16 @@ func newWriter(t *testing.T, cl *kgo.Client, topic string, logs *syncBuffer) *Wr
 // with code instead of writing them, calling before (if not nil) with the
 // number of the failing request first. It returns the count of requests
 // it failed.
-func failProduces(c *kfake.Cluster, n int64, code int16, before func(int64)) *atomic.Int64 {
-	var failed atomic.Int64
-	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if n >= 0 && failed.Load() >= n {
-			return nil, nil, false
+func failProduces(t testing.TB, b *kafkatest.Broker, n int64, code int16, before func(int64)) *atomic.Int64 {
+	return b.RefuseProduce(t, "", code, func(i int64) bool {
+		if n >= 0 && i > n {
+			return false
 		}
-		i := failed.Add(1)
 		if before != nil {
 			before(i)
 		}
-		req := kreq.(*kmsg.ProduceRequest)
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return true
 	})
-	return &failed
 }
 
 // recordsOn returns how many records topic holds (the sum of its end
@@ -223,7 +204,7 @@ func TestWriterRetriesUntilTheProduceIsAcknowledged(t *testing.T) {
 			cl := newClient(t, b)
 			var logs syncBuffer
 			w := newWriter(t, cl, topic, &logs)
-			failed := failProduces(b.Fake, failures, tt.code, nil)
+			failed := failProduces(t, b, failures, tt.code, nil)
 
 			dl := testDeadLetter([]byte(testEvent))
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -281,7 +262,7 @@ func TestWriterStopsWhenTheContextEnds(t *testing.T) {
 	defer cancel()
 	// Every produce fails; the second one cancels the context while it is
 	// in flight, as a partition revoke or SIGTERM would.
-	failProduces(b.Fake, -1, kerr.TopicAuthorizationFailed.Code, func(i int64) {
+	failProduces(t, b, -1, kerr.TopicAuthorizationFailed.Code, func(i int64) {
 		if i == 2 {
 			cancel()
 		}

@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
@@ -669,35 +668,9 @@ func TestWorkerDatabaseOutageDeadLettersWithOnInfraErrorDLQ(t *testing.T) {
 func TestWorkerDeadLetterProduceFailureKeepsOffset(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{fake: true})
-	topics, err := kadm.NewClient(r.broker.Client(t)).ListTopics(context.Background(), r.dlqTopic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dlqID := topics[r.dlqTopic].ID
 	var failing atomic.Bool
 	failing.Store(true)
-	var refused atomic.Int64
-	r.broker.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		r.broker.Fake.KeepControl()
-		pr := req.(*kmsg.ProduceRequest)
-		if !failing.Load() || len(pr.Topics) == 0 || (pr.Topics[0].Topic != r.dlqTopic && pr.Topics[0].TopicID != dlqID) {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		for _, tp := range pr.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
-			for _, p := range tp.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
+	refused := r.broker.RefuseProduce(t, r.dlqTopic, kerr.TopicAuthorizationFailed.Code, func(int64) bool { return failing.Load() })
 	r.start(nil)
 	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
 	r.produce("poison", []byte("not json"))

@@ -11,12 +11,14 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/internal/topicready"
 )
@@ -104,4 +106,55 @@ func (b *Broker) CreateTopic(t testing.TB, topic string, partitions int32, confi
 	if err := topicready.Wait(ctx, adm, topic); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// RefuseProduce makes the kfake cluster answer produce requests that write
+// to topic ("" for any topic) with the error code instead of storing them,
+// for as long as refuse returns true; refuse gets the number the request
+// would have among the refused ones (1 for the first). It returns the count
+// of refused requests. It fails t against a real broker (use Fake).
+func (b *Broker) RefuseProduce(t testing.TB, topic string, code int16, refuse func(n int64) bool) *atomic.Int64 {
+	t.Helper()
+	if b.Fake == nil {
+		t.Fatal("RefuseProduce needs kfake (kafkatest.Fake)")
+	}
+	var id [16]byte
+	if topic != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		tds, err := kadm.NewClient(b.Client(t)).ListTopics(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id = tds[topic].ID
+	}
+	var refused atomic.Int64
+	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.KeepControl()
+		pr := req.(*kmsg.ProduceRequest)
+		ours := topic == ""
+		for _, pt := range pr.Topics {
+			// Produce v13+ names topics by ID only.
+			ours = ours || pt.Topic == topic || pt.TopicID == id
+		}
+		if !ours || !refuse(refused.Load()+1) {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		resp.Version = pr.Version
+		for _, pt := range pr.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
+			for _, pp := range pt.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = pp.Partition
+				rp.ErrorCode = code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	return &refused
 }
