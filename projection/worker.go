@@ -170,7 +170,9 @@ type Worker struct {
 
 // NewWorker returns a worker that consumes cfg.Topic in cfg.Group with a
 // franz-go client built from opts (seed brokers, TLS, SASL, hooks, ...) plus
-// the worker's own group options: cooperative-sticky balancing,
+// fetch limits that opts may override (FetchMaxBytes 16 MiB,
+// FetchMaxPartitionBytes 1 MiB) and the worker's own group options:
+// cooperative-sticky balancing,
 // BlockRebalanceOnPoll, AutoCommitMarks and its assignment callbacks. Do not
 // pass consumer-group or consume-topic options in opts.
 //
@@ -202,7 +204,10 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	if b, ok := db.(Beginner); ok {
 		w.begin = b
 	}
-	all := append([]kgo.Opt{}, opts...)
+	// Bounded fetch buffers (SPEC: memory must not grow with the backlog);
+	// opts may override them.
+	all := []kgo.Opt{kgo.FetchMaxBytes(16 << 20), kgo.FetchMaxPartitionBytes(1 << 20)}
+	all = append(all, opts...)
 	all = append(all,
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
