@@ -63,9 +63,9 @@ func loadProjections(path string) (*projection.Definitions, []projection.Handler
 	return defs, handlers, nil
 }
 
-// newPool parses the connection string (a usage error when it is malformed)
-// and returns a pool; it does not wait for the database to answer.
-func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+// poolConfig parses the connection string; a malformed one is a usage
+// error naming DATABASE_URL (pgx shows the password as xxxxx).
+func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, flagenv.Usagef("--database-url (DATABASE_URL): %v", err)
@@ -74,6 +74,16 @@ func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 		cfg.MaxConns = maxConns
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	return cfg, nil
+}
+
+// newPool returns a pool for url; it does not wait for the database to
+// answer.
+func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(url, maxConns)
+	if err != nil {
+		return nil, err
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database pool: %w", err)
@@ -103,6 +113,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	if err := s.checkRun(); err != nil {
 		return err
 	}
+	pcfg, err := poolConfig(s.databaseURL, 0)
+	if err != nil {
+		return err
+	}
 	var ln net.Listener
 	if s.httpAddr != "" {
 		if ln, err = net.Listen("tcp", s.httpAddr); err != nil {
@@ -123,9 +137,9 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}()
 	kopts = append(kopts, kgo.WithLogger(kslog.New(log.With("component", "kgo"))), tel.hooks())
 
-	pool, err := newPool(ctx, s.databaseURL, 0)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
 
