@@ -1,0 +1,691 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// TestMain closes the PostgreSQL server pgtest may start for the benchmarks.
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+const (
+	defaultEvents   = 200000
+	projectionsFile = "testdata/projections.yaml"
+	tables          = 3
+)
+
+var tableNames = [tables]string{"artist_followers", "user_follows", "artist_ratings"}
+
+// benchEvents returns N: BENCH_EVENTS, default 200000.
+func benchEvents(b *testing.B) int {
+	s := os.Getenv("BENCH_EVENTS")
+	if s == "" {
+		return defaultEvents
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < numPartitions {
+		b.Fatalf("BENCH_EVENTS=%q: want an integer >= %d", s, numPartitions)
+	}
+	return n
+}
+
+// env is what the runs of one benchmark share: a kfake broker, the database
+// and the worker binary.
+type env struct {
+	b       *testing.B
+	ctx     context.Context
+	kafka   *kfake.Cluster
+	brokers string
+	kcl     *kgo.Client
+	adm     *kadm.Client
+	dbURL   string
+	pool    *pgxpool.Pool // admin: schemas, counts
+	bin     string        // projection-worker binary; "" when not built
+	defs    string        // absolute path of the definitions file
+	dir     string
+	id      string // random suffix of this benchmark's names
+}
+
+func newEnv(b *testing.B, withBinary bool) *env {
+	b.Helper()
+	e := &env{b: b, ctx: context.Background(), dir: b.TempDir(), id: randomID()}
+	e.dbURL = pgtest.URL(b) // skips, or fails with CI=true, without PostgreSQL
+	var err error
+	if e.defs, err = filepath.Abs(projectionsFile); err != nil {
+		b.Fatal(err)
+	}
+	if withBinary {
+		e.bin = filepath.Join(e.dir, "projection-worker")
+		build := exec.Command("go", "build", "-o", e.bin, "github.com/causet/projection-worker/cmd/projection-worker")
+		if out, err := build.CombinedOutput(); err != nil {
+			b.Fatalf("go build projection-worker: %v\n%s", err, out)
+		}
+	}
+	e.kafka, err = kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		b.Fatalf("kfake: %v", err)
+	}
+	b.Cleanup(e.kafka.Close)
+	e.brokers = e.kafka.ListenAddrs()[0]
+	if e.kcl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(e.kcl.Close)
+	e.adm = kadm.NewClient(e.kcl)
+	if e.pool, err = pgxpool.New(e.ctx, e.dbURL); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(e.pool.Close)
+	if err := e.pool.Ping(e.ctx); err != nil {
+		b.Fatalf("ping PostgreSQL: %v", err)
+	}
+	return e
+}
+
+func randomID() string {
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	return hex.EncodeToString(r[:])
+}
+
+// schema returns a fresh tenant schema name and drops the schema when the
+// benchmark ends (it may be dropped earlier with dropSchema).
+func (e *env) schema(role string) string {
+	s := "bench_" + role + "_" + e.id
+	e.b.Cleanup(func() { e.dropSchema(s) })
+	return s
+}
+
+func (e *env) dropSchema(s string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE"); err != nil {
+		e.b.Errorf("drop schema %s: %v", s, err)
+	}
+}
+
+// migrate runs `projection-worker migrate` for schemas.
+func (e *env) migrate(schemas ...string) {
+	e.b.Helper()
+	args := []string{"migrate", "--database-url", e.dbURL, "--projections", e.defs, "--log-level", "warn"}
+	for _, s := range schemas {
+		args = append(args, "--tenant-schema", s)
+	}
+	cmd := exec.Command(e.bin, args...)
+	cmd.Env = workerEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		e.b.Fatalf("projection-worker migrate: %v\n%s", err, out)
+	}
+}
+
+// createTopic creates topic with 8 partitions.
+func (e *env) createTopic(topic string) {
+	e.b.Helper()
+	resp, err := e.adm.CreateTopic(e.ctx, numPartitions, 1, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		e.b.Fatalf("create topic %s: %v", topic, err)
+	}
+}
+
+// rowCounts returns the rows of each projection table in schema.
+func (e *env) rowCounts(schema string) [tables]int64 {
+	e.b.Helper()
+	var n [tables]int64
+	for i, t := range tableNames {
+		if err := e.pool.QueryRow(e.ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, t}.Sanitize()).Scan(&n[i]); err != nil {
+			e.b.Fatalf("count %s.%s: %v", schema, t, err)
+		}
+	}
+	return n
+}
+
+// committed returns the sum of the group's committed offsets on topic.
+func (e *env) committed(group, topic string) (int64, error) {
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	offs, err := e.adm.FetchOffsets(ctx, group)
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == topic && o.Err == nil && o.At > 0 {
+			sum += o.At
+		}
+	})
+	return sum, nil
+}
+
+// records returns the number of records in topic (end offsets summed; the
+// topic is not transactional and never truncated here).
+func (e *env) records(topic string) int64 {
+	e.b.Helper()
+	ends, err := e.adm.ListEndOffsets(e.ctx, topic)
+	if err != nil {
+		e.b.Fatalf("end offsets of %s: %v", topic, err)
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			e.b.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
+		}
+		n += o.Offset
+	})
+	return n
+}
+
+// workerEnv is the environment of the subprocess: ours without OTLP
+// exporters (the worker would export to them).
+func workerEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OTEL_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// scenario is one worker run: its own topics, group and tenant schema.
+type scenario struct {
+	name   string // "clean" or "poison"
+	data   *dataset
+	tenant string
+	topic  string
+	dlq    string
+	ledger string
+	group  string
+}
+
+func (e *env) newScenario(name string, data *dataset) *scenario {
+	s := &scenario{
+		name:   name,
+		data:   data,
+		tenant: e.schema(name),
+		topic:  "bench.events." + name + "." + e.id,
+		dlq:    "bench.dlq." + name + "." + e.id,
+		ledger: "bench.ledger." + name + "." + e.id,
+		group:  "bench.group." + name + "." + e.id,
+	}
+	e.createTopic(s.topic)
+	return s
+}
+
+// produce writes the scenario's events to its topic.
+func (e *env) produce(s *scenario) {
+	e.b.Helper()
+	start := time.Now()
+	if err := produce(e.ctx, []kgo.Opt{kgo.SeedBrokers(e.brokers)}, s.topic, s.tenant, s.data); err != nil {
+		e.b.Fatalf("produce: %v", err)
+	}
+	if got := e.records(s.topic); got != int64(len(s.data.events)) {
+		e.b.Fatalf("produced %d events, topic holds %d", len(s.data.events), got)
+	}
+	el := time.Since(start)
+	e.logf("%s: produced %d events (%d poisoned, %d pairs) in %s (%.0f events/s)",
+		s.name, len(s.data.events), s.data.poisoned, s.data.pairs, el.Round(time.Millisecond), float64(len(s.data.events))/el.Seconds())
+}
+
+// logf prints a progress line to stdout at once (b.Logf would hold it until
+// the benchmark ends and print it after the figures, which must come last).
+func (e *env) logf(format string, args ...any) {
+	fmt.Printf("bench: "+format+"\n", args...)
+}
+
+// raw measures the raw ceiling for s's rows with the given goroutine counts,
+// each in a fresh schema dropped afterwards, and returns the results in
+// order. Each run's row counts are stored in *want when it is zero, else
+// checked against it.
+func (e *env) raw(s *scenario, want *[tables]int64, goroutines ...int) []rawResult {
+	e.b.Helper()
+	var out []rawResult
+	for _, g := range goroutines {
+		schema := e.schema(fmt.Sprintf("raw%d_%s", g, s.name))
+		e.migrate(schema)
+		r, err := runRaw(e.ctx, e.dbURL, s.data, g, g, plainUpserts(s.data, schema))
+		if err != nil {
+			e.b.Fatal(err)
+		}
+		if r.statements != s.data.statements() {
+			e.b.Fatalf("raw applied %d upserts, want %d", r.statements, s.data.statements())
+		}
+		counts := e.rowCounts(schema)
+		e.dropSchema(schema)
+		if *want == ([tables]int64{}) {
+			*want = counts
+		} else if counts != *want {
+			e.b.Fatalf("raw with %d goroutines left rows %v, another raw run %v", g, counts, *want)
+		}
+		n := len(s.data.events)
+		e.logf("%s: raw, %d goroutine(s): %d upserts for %d events in %s: %.0f upserts/s = %.0f events/s (rows %v)",
+			s.name, g, r.statements, n, r.elapsed.Round(time.Millisecond),
+			float64(r.statements)/r.elapsed.Seconds(), float64(n)/r.elapsed.Seconds(), counts)
+		out = append(out, r)
+	}
+	return out
+}
+
+// workerResult is one run of the worker subprocess.
+type workerResult struct {
+	committedAt    time.Duration // start → every offset committed (after SIGTERM once every pair is applied)
+	firstAppliedAt time.Duration // start → first pair counted in /metrics (0: not seen)
+	allAppliedAt   time.Duration // start → every pair counted in /metrics (0: not seen)
+	peakRSS        int64         // bytes: VmHWM, else the largest VmRSS sampled
+	stopTook       time.Duration // SIGTERM → exit
+	fetched        int64         // records read from fetch responses (refetches included), 0: unknown
+	cpu            time.Duration // user + system CPU of the worker until every pair was applied
+}
+
+// runWorker runs `projection-worker run` for s until its /metrics count
+// every (event, projection) pair as applied, stale or dead-lettered, then
+// stops it with SIGTERM, waits until the group has committed every event
+// (the worker commits at shutdown) and checks that it exits with status 0.
+// Without /metrics it waits for the periodic commit (5 s) instead.
+func (e *env) runWorker(s *scenario) workerResult {
+	b := e.b
+	b.Helper()
+	httpAddr := freeAddr(b)
+	logPath := filepath.Join(e.dir, "worker-"+s.name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(e.bin, "run",
+		"--brokers", e.brokers,
+		"--database-url", e.dbURL,
+		"--projections", e.defs,
+		"--topic", s.topic,
+		"--dlq-topic", s.dlq,
+		"--ledger-topic", s.ledger,
+		"--partitions", strconv.Itoa(numPartitions),
+		"--group", s.group,
+		"--http-addr", httpAddr,
+		"--worker-id", "bench",
+		"--log-level", "warn",
+	)
+	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_WORKER_FLAGS"))...)
+	cmd.Env = workerEnv()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	tail := func() string { return logTail(logPath, 30) }
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start projection-worker: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	running := true
+	defer func() { // on failure: never leave the worker behind
+		if running {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}()
+
+	n := int64(len(s.data.events))
+	pairs := int64(s.data.pairs)
+	timeout := 5*time.Minute + time.Duration(n)*time.Millisecond
+	var res workerResult
+	var last int64
+	lastProgress := time.Now()
+	hc := &http.Client{Timeout: 2 * time.Second}
+	sample := func() {
+		if hwm := peakRSS(cmd.Process.Pid); hwm > res.peakRSS {
+			res.peakRSS = hwm
+		}
+	}
+
+	// Until every pair is applied (the worker's own counters) or, without
+	// them, until the periodic commit (every 5 s) covers every event.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for res.allAppliedAt == 0 && res.committedAt == 0 {
+		select {
+		case err := <-exited:
+			running = false
+			b.Fatalf("projection-worker exited before committing every event (%d of %d): %v\n%s", last, n, err, tail())
+		case <-tick.C:
+		}
+		sample()
+		if done, ok := pairsDone(hc, httpAddr); ok {
+			if done > 0 && res.firstAppliedAt == 0 {
+				res.firstAppliedAt = time.Since(start)
+			}
+			if done >= pairs {
+				res.allAppliedAt = time.Since(start)
+			}
+		}
+		got, err := e.committed(s.group, s.topic)
+		if err != nil {
+			continue // the group may not exist yet
+		}
+		if got == n {
+			res.committedAt = time.Since(start)
+		}
+		if got != last {
+			last, lastProgress = got, time.Now()
+		}
+		if time.Since(start) > timeout || time.Since(lastProgress) > 3*time.Minute {
+			b.Fatalf("projection-worker committed %d of %d events in %s (last progress %s ago)\n%s",
+				got, n, time.Since(start).Round(time.Second), time.Since(lastProgress).Round(time.Second), tail())
+		}
+	}
+	sample()
+	res.fetched = fetchedRecords(hc, httpAddr)
+	res.cpu = cpuTime(cmd.Process.Pid)
+
+	// SIGTERM: the worker commits what it has applied and leaves the group;
+	// the clock stops when the group's committed offsets cover every event,
+	// not at the next periodic commit.
+	stopAt := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		b.Fatalf("SIGTERM projection-worker: %v", err)
+	}
+	deadline := time.After(60 * time.Second)
+	for running || res.committedAt == 0 {
+		if res.committedAt == 0 {
+			if got, err := e.committed(s.group, s.topic); err == nil {
+				if got == n {
+					res.committedAt = time.Since(start)
+				}
+				last = got
+			}
+		}
+		if !running {
+			if res.committedAt == 0 {
+				b.Fatalf("projection-worker exited 0 after SIGTERM with %d of %d events committed\n%s", last, n, tail())
+			}
+			break
+		}
+		select {
+		case err := <-exited:
+			running = false
+			res.stopTook = time.Since(stopAt)
+			if err != nil {
+				b.Fatalf("projection-worker after SIGTERM: %v (want exit status 0)\n%s", err, tail())
+			}
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			b.Fatalf("projection-worker did not exit within 60s of SIGTERM\n%s", tail())
+		}
+	}
+	steady := "n/a"
+	if res.allAppliedAt > res.firstAppliedAt {
+		steady = fmt.Sprintf("%.0f events/s", float64(n)/(res.allAppliedAt-res.firstAppliedAt).Seconds())
+	}
+	e.logf("%s: worker committed %d events in %s (first pair applied at %s, all pairs applied at %s; steady %s); peak RSS %.1f MiB; "+
+		"CPU %s (%.1f µs/event); fetched %d records (%.2f× the events); exited 0 %s after SIGTERM",
+		s.name, n, res.committedAt.Round(time.Millisecond), res.firstAppliedAt.Round(time.Millisecond), res.allAppliedAt.Round(time.Millisecond),
+		steady, mib(res.peakRSS),
+		res.cpu.Round(10*time.Millisecond), float64(res.cpu.Microseconds())/float64(n),
+		res.fetched, float64(res.fetched)/float64(n), res.stopTook.Round(time.Millisecond))
+	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 0 && s.data.poisoned == 0 {
+		e.logf("%s: worker log (warn and above):\n%s", s.name, tail())
+	}
+	return res
+}
+
+// freeAddr returns a 127.0.0.1 address with a port that was free just now.
+func freeAddr(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// peakRSS returns the peak resident set size of pid in bytes (VmHWM of
+// /proc/<pid>/status, or VmRSS without it), 0 when unreadable.
+func peakRSS(pid int) int64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	var hwm, rss int64
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) != 2 || f[1] != "kB" {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[0], 10, 64)
+		switch k {
+		case "VmHWM":
+			hwm = kb * 1024
+		case "VmRSS":
+			rss = kb * 1024
+		}
+	}
+	return max(hwm, rss)
+}
+
+// cpuTime returns the user + system CPU time pid has used (fields 14 and
+// 15 of /proc/<pid>/stat, in clock ticks of 1/100 s), 0 when unreadable.
+func cpuTime(pid int) time.Duration {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	_, rest, ok := strings.Cut(string(data), ") ") // the command name may hold spaces
+	if !ok {
+		return 0
+	}
+	f := strings.Fields(rest) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// scrape reads the worker's /metrics and returns the sum over all series of
+// each metric name (labels dropped).
+func scrape(hc *http.Client, addr string) (map[string]float64, bool) {
+	resp, err := hc.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, false
+	}
+	sums := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(line, "{")
+		name, _, _ = strings.Cut(name, " ")
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sums[name] += v
+		}
+	}
+	return sums, sc.Err() == nil
+}
+
+// pairsDone scrapes the worker's /metrics and returns the pairs applied,
+// stale or dead-lettered so far.
+func pairsDone(hc *http.Client, addr string) (int64, bool) {
+	m, ok := scrape(hc, addr)
+	if !ok {
+		return 0, false
+	}
+	sum := m["causet_projection_applied_total"] + m["causet_projection_stale_total"] + m["causet_projection_dead_lettered_total"]
+	return int64(math.Round(sum)), true
+}
+
+// fetchedRecords returns the records the worker's client read from fetch
+// responses (kotel's messaging.kafka.fetch_records.count), 0 when unknown.
+func fetchedRecords(hc *http.Client, addr string) int64 {
+	m, _ := scrape(hc, addr)
+	for name, v := range m {
+		if strings.HasPrefix(name, "messaging_kafka_fetch_records") {
+			return int64(v)
+		}
+	}
+	return 0
+}
+
+func logTail(path string, lines int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	data, _ := io.ReadAll(io.LimitReader(f, 64<<20))
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(all) > lines {
+		all = append([]string{fmt.Sprintf("... (%d lines before)", len(all)-lines)}, all[len(all)-lines:]...)
+	}
+	return strings.Join(all, "\n")
+}
+
+// loadAvg returns the 1, 5 and 15 minute load averages of /proc/loadavg.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+func mib(bytes int64) float64 { return float64(bytes) / (1 << 20) }
+
+// figures are the printed results of one scenario.
+type figures struct {
+	workerEPS float64 // events per second, start of the process to every offset committed
+	rawEPS    float64 // events per second of the raw ceiling (its upserts for those events)
+	rss       float64 // MiB
+}
+
+func (f figures) ratio() float64 { return f.workerEPS / f.rawEPS }
+
+// runScenario produces s's events, measures the raw ceiling (with the given
+// goroutine counts; the best counts) and the worker, and checks the rows
+// and the dead letters.
+func (e *env) runScenario(s *scenario, goroutines ...int) (figures, int) {
+	b := e.b
+	b.Helper()
+	e.logf("%s: load average %s (2 cores, shared)", s.name, loadAvg())
+	e.produce(s)
+	var rawRows [tables]int64
+	raws := e.raw(s, &rawRows, goroutines...)
+	best := raws[0]
+	for _, r := range raws[1:] {
+		if r.elapsed < best.elapsed {
+			best = r
+		}
+	}
+	e.migrate(s.tenant)
+	w := e.runWorker(s)
+
+	if got := e.rowCounts(s.tenant); got != rawRows {
+		b.Fatalf("%s: the worker left rows %v, the raw upserts %v", s.name, got, rawRows)
+	}
+	if got := e.records(s.dlq); got != int64(s.data.poisoned) {
+		b.Fatalf("%s: dead-letter topic holds %d records, want %d (the poisoned events)", s.name, got, s.data.poisoned)
+	}
+	e.logf("%s: rows match the raw ceiling %v; dead letters %d = poisoned events", s.name, rawRows, s.data.poisoned)
+	e.dropSchema(s.tenant)
+	e.logf("%s: load average %s", s.name, loadAvg())
+	n := float64(len(s.data.events))
+	return figures{
+		workerEPS: n / w.committedAt.Seconds(),
+		rawEPS:    n / best.elapsed.Seconds(),
+		rss:       mib(w.peakRSS),
+	}, best.goroutines
+}
+
+// BenchmarkWorkerThroughput is `make bench`: BENCH_EVENTS events (default
+// 200000; 8 partitions, keys over 100000 entities, 60% ARTIST_FOLLOWED with
+// two projections, 40% ARTIST_RATED with one) on an in-process kfake broker,
+// applied by the projection-worker binary run as a subprocess, against the
+// raw ceiling of the same upserts done with plain pgx. Then the same with 1%
+// of the events poisoned (the score derive divides by zero).
+//
+// Both rates are events per second. The worker's is N over the time from
+// starting the process (connect, create the DLQ topic, join the group) until
+// the group has committed all N offsets: once the worker's /metrics count
+// every (event, projection) pair as done, the benchmark sends SIGTERM, on
+// which the worker commits what it applied, so the figure does not wait for
+// the next periodic commit (every 5 s). The raw ceiling's is N over the time
+// to apply the same successful upserts, one per (event, projection) pair,
+// 500 per transaction, from 8 or from 1 goroutines (the better is used),
+// without Kafka, decoding or CEL.
+//
+// BENCH_WORKER_FLAGS (space-separated) adds flags to `projection-worker run`
+// for experiments, e.g. BENCH_WORKER_FLAGS='--max-poll-records 100000'.
+func BenchmarkWorkerThroughput(b *testing.B) {
+	n := benchEvents(b)
+	e := newEnv(b, true)
+	b.ResetTimer()
+
+	clean, cleanG := e.runScenario(e.newScenario("clean", newDataset(n, false)), numPartitions, 1)
+	poison, _ := e.runScenario(e.newScenario("poison", newDataset(n, true)), cleanG)
+
+	b.StopTimer()
+	b.ReportMetric(clean.workerEPS, "worker_events/s")
+	b.ReportMetric(clean.rawEPS, "raw_events/s")
+	b.ReportMetric(clean.ratio(), "ratio")
+	b.ReportMetric(clean.rss, "worker_peak_RSS_MiB")
+	b.ReportMetric(poison.workerEPS, "poison_worker_events/s")
+	b.ReportMetric(poison.workerEPS/clean.workerEPS, "poison/clean")
+	if f := os.Getenv("BENCH_WORKER_FLAGS"); f != "" {
+		e.logf("worker run with extra flags BENCH_WORKER_FLAGS=%q", f)
+	}
+	e.logf("N=%d events; every rate is events/s: the worker's from process start to all offsets committed, "+
+		"raw's from the first to the last of those events' upserts (best of 8 and 1 goroutines: %d)", n, cleanG)
+	e.logf("poison/clean of the ratios (each run against the raw ceiling measured just before it): %.3f", poison.ratio()/clean.ratio())
+
+	fmt.Printf("worker events/s: %.0f\n", clean.workerEPS)
+	fmt.Printf("raw upserts/s: %.0f\n", clean.rawEPS)
+	fmt.Printf("ratio: %.3f\n", clean.ratio())
+	fmt.Printf("worker peak RSS MiB: %.1f\n", clean.rss)
+	fmt.Printf("poison 1%% worker events/s: %.0f\n", poison.workerEPS)
+	fmt.Printf("poison 1%% raw upserts/s: %.0f\n", poison.rawEPS)
+	fmt.Printf("poison 1%% ratio: %.3f\n", poison.ratio())
+	fmt.Printf("poison 1%% worker peak RSS MiB: %.1f\n", poison.rss)
+	fmt.Printf("poison/clean throughput: %.3f\n", poison.workerEPS/clean.workerEPS)
+}

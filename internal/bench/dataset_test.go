@@ -1,0 +1,222 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Shape of the generated stream.
+const (
+	numPartitions = 8      // partitions of the events topic
+	numUsers      = 100000 // entities (entityId = user, the record key)
+	numArtists    = 20000
+	poisonEvery   = 100 // a poisoned run poisons event i when i%poisonEvery == poisonAt: 1%
+	poisonAt      = 42
+	followShare   = 0.6 // share of ARTIST_FOLLOWED; the rest are ARTIST_RATED
+)
+
+// Event types and their (event, projection) pairs in testdata/projections.yaml.
+const (
+	followed uint8 = iota // artist_followers + user_follows
+	rated                 // artist_ratings
+)
+
+var (
+	eventTypeNames = [...]string{followed: "ARTIST_FOLLOWED", rated: "ARTIST_RATED"}
+	tiers          = [...]string{"free", "plus", "premium"}
+	sources        = [...]string{"ios-app", "android-app", "web", "smart-tv"}
+	devices        = [...]string{
+		`{"os":"ios","model":"iPhone15,3","app_version":"5.12.3","locale":"en-US"}`,
+		`{"os":"android","model":"Pixel 8","app_version":"5.12.1","locale":"de-DE"}`,
+		`{"os":"web","browser":"firefox","app_version":"2026.3.1","locale":"fr-FR"}`,
+		`{"os":"tizen","model":"QN90D","app_version":"3.4.0","locale":"ko-KR"}`,
+	}
+	reviews = [...]string{
+		"Great live show, the encore was worth the wait.",
+		"Sound was muddy from the balcony but the setlist was perfect.",
+		"Best concert of the year!",
+		"Too short, and the opener played longer than the headliner.",
+	}
+	baseTime = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC).UnixMilli()
+)
+
+// names are the entity and artist ids as strings, built once.
+var names = sync.OnceValue(func() (n struct{ users, artists []string }) {
+	n.users = make([]string, numUsers)
+	for i := range n.users {
+		n.users[i] = fmt.Sprintf("user-%07d", i)
+	}
+	n.artists = make([]string, numArtists)
+	for i := range n.artists {
+		n.artists[i] = fmt.Sprintf("artist-%06d", i)
+	}
+	return n
+})
+
+// event is one generated projection event in compact form: the record value
+// produced to Kafka and the rows of the raw upserts are both rendered from
+// it.
+type event struct {
+	seq    int64
+	ts     int64
+	user   int32
+	artist int32
+	points int32
+	games  int32 // 0 only in a poisoned event: the score derive divides by zero
+	typ    uint8
+	tier   int8 // index into tiers; −1: absent, the derive gives "free"
+	source uint8
+	device uint8
+	stars  uint8
+	review uint8
+}
+
+func (e *event) partition() int32 { return e.user % numPartitions }
+
+func (e *event) poisoned() bool { return e.typ == followed && e.games == 0 }
+
+// dataset is the generated stream of one run.
+type dataset struct {
+	events   []event
+	poisoned int // events whose artist_followers pair fails permanently
+	pairs    int // (event, projection) pairs the worker handles, poisoned ones included
+}
+
+// statements returns the number of upserts that succeed: one per pair that
+// is not poisoned.
+func (d *dataset) statements() int { return d.pairs - d.poisoned }
+
+// newDataset generates n events deterministically (the same n gives the same
+// events); with poison, every poisonEvery-th event is an ARTIST_FOLLOWED with
+// games 0.
+func newDataset(n int, poison bool) *dataset {
+	rng := rand.New(rand.NewPCG(20260301, 5))
+	d := &dataset{events: make([]event, n)}
+	seqs := make([]int64, numUsers)
+	for i := range d.events {
+		e := &d.events[i]
+		e.user = int32(rng.IntN(numUsers))
+		e.artist = int32(rng.IntN(numArtists))
+		seqs[e.user]++
+		e.seq = seqs[e.user]
+		e.ts = baseTime + int64(i)*7
+		e.typ = rated
+		if rng.Float64() < followShare {
+			e.typ = followed
+		}
+		e.points = int32(rng.IntN(100000))
+		e.games = int32(1 + rng.IntN(500))
+		e.tier = int8(rng.IntN(len(tiers)+1)) - 1
+		e.source = uint8(rng.IntN(len(sources)))
+		e.device = uint8(rng.IntN(len(devices)))
+		e.stars = uint8(1 + rng.IntN(5))
+		e.review = uint8(rng.IntN(len(reviews)))
+		if poison && i%poisonEvery == poisonAt {
+			e.typ, e.games = followed, 0
+			d.poisoned++
+		}
+		if e.typ == followed {
+			d.pairs += 2
+		} else {
+			d.pairs++
+		}
+	}
+	return d
+}
+
+// appendValue appends the JSON record value of e in tenant schema tenant: a
+// projection event of SPEC §3 of about 435 bytes (payload about 250).
+func appendValue(b []byte, e *event, tenant string) []byte {
+	n := names()
+	user, artist := n.users[e.user], n.artists[e.artist]
+	b = append(b, `{"eventType":"`...)
+	b = append(b, eventTypeNames[e.typ]...)
+	b = append(b, `","entityId":"`...)
+	b = append(b, user...)
+	b = append(b, `","forkId":"production","tenantSchema":"`...)
+	b = append(b, tenant...)
+	b = append(b, `","irVersion":"v42","sequenceNumber":`...)
+	b = strconv.AppendInt(b, e.seq, 10)
+	b = append(b, `,"ts":`...)
+	b = strconv.AppendInt(b, e.ts, 10)
+	b = append(b, `,"payload":{"user_id":"`...)
+	b = append(b, user...)
+	b = append(b, `","artist_id":"`...)
+	b = append(b, artist...)
+	b = append(b, '"')
+	switch e.typ {
+	case followed:
+		b = append(b, `,"points":`...)
+		b = strconv.AppendInt(b, int64(e.points), 10)
+		b = append(b, `,"games":`...)
+		b = strconv.AppendInt(b, int64(e.games), 10)
+		if e.tier >= 0 {
+			b = append(b, `,"tier":"`...)
+			b = append(b, tiers[e.tier]...)
+			b = append(b, '"')
+		}
+		b = append(b, `,"campaign":"summer-tour-2026","followed_via":"search"`...)
+	case rated:
+		b = append(b, `,"stars":`...)
+		b = strconv.AppendInt(b, int64(e.stars), 10)
+		b = append(b, `,"review":"`...)
+		b = append(b, reviews[e.review]...)
+		b = append(b, `","venue_id":"venue-0042"`...)
+	}
+	b = append(b, `,"source":"`...)
+	b = append(b, sources[e.source]...)
+	b = append(b, `","device":`...)
+	b = append(b, devices[e.device]...)
+	b = append(b, "}}"...)
+	return b
+}
+
+// produce writes d's events to topic (partition = user mod 8, key = entityId)
+// with an asynchronous, batching producer and waits until all are acked.
+func produce(ctx context.Context, opts []kgo.Opt, topic, tenant string, d *dataset) error {
+	cl, err := kgo.NewClient(append(opts,
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(50*time.Millisecond),
+		kgo.MaxBufferedRecords(1<<16),
+		kgo.RequiredAcks(kgo.LeaderAck()),
+		kgo.DisableIdempotentWrite(),
+	)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var mu sync.Mutex
+	var errs []error
+	done := func(_ *kgo.Record, err error) {
+		if err != nil {
+			mu.Lock()
+			if len(errs) < 5 {
+				errs = append(errs, err)
+			}
+			mu.Unlock()
+		}
+	}
+	n := names()
+	for i := range d.events {
+		e := &d.events[i]
+		cl.Produce(ctx, &kgo.Record{
+			Topic:     topic,
+			Partition: e.partition(),
+			Key:       []byte(n.users[e.user]),
+			Value:     appendValue(make([]byte, 0, 400), e, tenant),
+		}, done)
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,234 @@
+package bench
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"github.com/twmb/franz-go/plugin/kslog"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/projection"
+	"github.com/causet/projection-worker/retry"
+)
+
+// BenchmarkWorkerInProcess runs the clean scenario of
+// BenchmarkWorkerThroughput with the worker in this process, wired as
+// `projection-worker run` wires it (pgxpool defaults, OpenTelemetry metrics
+// with a Prometheus reader, kotel hooks and a no-op tracer, a dead-letter
+// producer with acks=all and no linger), so that it can be profiled. The
+// broker (kfake) runs in this process too and shows in profiles. The time
+// reported runs from NewWorker until every pair is applied and Run, once
+// cancelled, has committed and returned.
+//
+//	go test ./internal/bench -run '^$' -bench BenchmarkWorkerInProcess -benchtime 1x -cpuprofile cpu.out
+//
+// profiles the whole benchmark, producing included. Environment:
+//   - BENCH_CPUPROFILE=file profiles only the worker's run (until every pair
+//     is applied);
+//   - BENCH_MEMPROFILE=file writes a heap profile at that point (kfake's log
+//     is in it: use pprof -ignore kfake);
+//   - BENCH_POISON=1 runs the poisoned scenario instead;
+//   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_RECORDS set those worker
+//     Config fields (unset: the worker's defaults);
+//   - BENCH_NO_TRACER=1 leaves out the kotel tracer (fetch hooks and process
+//     spans) and keeps its meter.
+func BenchmarkWorkerInProcess(b *testing.B) {
+	n := benchEvents(b)
+	poison := os.Getenv("BENCH_POISON") != ""
+	e := newEnv(b, false)
+	s := e.newScenario("inproc", newDataset(n, poison))
+	e.produce(s)
+	defs, err := projection.LoadDefinitions(e.defs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := projection.Migrate(e.ctx, e.pool, defs, s.tenant); err != nil {
+		b.Fatal(err)
+	}
+	tps, err := projection.NewTableProjections(defs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	handlers := make([]projection.Handler, len(tps))
+	for i, t := range tps {
+		handlers[i] = t
+	}
+	e.createTopic(s.dlq)
+
+	// Telemetry as cmd/projection-worker's telemetry.go builds it without OTLP.
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		b.Fatal(err)
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	b.Cleanup(func() { _ = meters.Shutdown(context.Background()) })
+	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	tracer := kotel.NewTracer(kotel.TracerProvider(noop.NewTracerProvider()), kotel.TracerPropagator(prop), kotel.ConsumerGroup(s.group))
+	k := kotel.NewKotel(kotel.WithTracer(tracer), kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters))))
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	kopts := []kgo.Opt{kgo.SeedBrokers(e.brokers), kgo.DialTimeout(10 * time.Second),
+		kgo.WithLogger(kslog.New(log.With("component", "kgo"))), kgo.WithHooks(k.Hooks()...)}
+	var fetched fetchCounter
+
+	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	prod, err := kgo.NewClient(append(kopts, kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytes(1<<20+64*1024))...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(prod.Close)
+	writer, err := dlq.NewWriter(prod, dlq.WriterConfig{
+		RecordConfig: dlq.RecordConfig{Topic: s.dlq, Worker: "bench", Generation: "bench/" + defs.IRVersion},
+		Backoff:      retry.DefaultPolicy(),
+		Logger:       log,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	metrics, err := projection.NewMetrics(meters.Meter("github.com/causet/projection-worker"))
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	b.ResetTimer()
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	start := time.Now()
+	wcfg := projection.Config{Topic: s.topic, Group: s.group, Logger: log, Metrics: metrics, Tracer: tracer,
+		MaxPollRecords: envInt(b, "BENCH_MAX_POLL_RECORDS"), MaxQueuedRecords: envInt(b, "BENCH_MAX_QUEUED_RECORDS")}
+	if os.Getenv("BENCH_NO_TRACER") != "" {
+		wcfg.Tracer = nil
+		kopts[len(kopts)-1] = kgo.WithHooks(kotel.NewKotel(kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters)))).Hooks()...)
+	}
+	w, err := projection.NewWorker(wcfg, handlers, pool, writer, append(kopts, kgo.WithHooks(&fetched))...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	stopped := false
+	defer func() { // on failure
+		if !stopped {
+			cancel()
+			<-done
+		}
+	}()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for range tick.C {
+		if pairsDoneIn(reg) >= int64(s.data.pairs) {
+			break
+		}
+		if time.Since(start) > 5*time.Minute+time.Duration(n)*time.Millisecond {
+			b.Fatalf("applied %d of %d pairs in %s", pairsDoneIn(reg), s.data.pairs, time.Since(start).Round(time.Second))
+		}
+	}
+	pprof.StopCPUProfile()
+	if path := os.Getenv("BENCH_MEMPROFILE"); path != "" {
+		writeHeapProfile(b, path)
+	}
+	cancel() // Run commits what was applied at shutdown
+	stopped = true
+	if err := <-done; err != nil {
+		b.Errorf("worker Run: %v", err)
+	}
+	el := time.Since(start)
+	b.StopTimer()
+	if got, err := e.committed(s.group, s.topic); err != nil || got != int64(n) {
+		b.Fatalf("committed %d of %d events after shutdown (%v)", got, n, err)
+	}
+	if got := e.records(s.dlq); got != int64(s.data.poisoned) {
+		b.Fatalf("dead-letter topic holds %d records, want %d", got, s.data.poisoned)
+	}
+	e.logf("in-process worker: %d events applied and committed in %s: %.0f events/s", n, el.Round(time.Millisecond), float64(n)/el.Seconds())
+	e.logf("in-process worker fetched %d records in %d batches (%.2f× the events; %.1f MiB decompressed)",
+		fetched.records.Load(), fetched.batches.Load(), float64(fetched.records.Load())/float64(n), mib(fetched.uncompressed.Load()))
+	b.ReportMetric(float64(n)/el.Seconds(), "worker_events/s")
+}
+
+// fetchCounter is a kgo hook that counts the records and bytes the worker's
+// client reads from fetch responses, refetches included.
+type fetchCounter struct{ records, batches, uncompressed atomic.Int64 }
+
+func (c *fetchCounter) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
+	c.records.Add(int64(m.NumRecords))
+	c.batches.Add(1)
+	c.uncompressed.Add(int64(m.UncompressedBytes))
+}
+
+// pairsDoneIn returns the pairs the worker counted as applied, stale or
+// dead-lettered in reg.
+func pairsDoneIn(reg *prometheus.Registry) int64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "causet_projection_applied_total", "causet_projection_stale_total", "causet_projection_dead_lettered_total":
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int64(sum)
+}
+
+// envInt returns the integer in environment variable name, 0 when unset.
+func envInt(b *testing.B, name string) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		b.Fatalf("%s=%q: not an integer", name, v)
+	}
+	return n
+}
+
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}
