@@ -45,6 +45,7 @@ const deriveCostLimit = 1_000_000
 var deriveEnv = sync.OnceValues(func() (*cel.Env, error) {
 	dynMap := cel.MapType(cel.StringType, cel.DynType)
 	return cel.NewEnv(
+		cel.CustomTypeAdapter(treeAdapter{}),
 		cel.Variable("event", dynMap),
 		cel.Variable("payload", dynMap),
 		cel.OptionalTypes(),
@@ -76,16 +77,18 @@ func compileDerive(expr string) (cel.Program, error) {
 	return prg, nil
 }
 
-// deriveVars returns the CEL activation for ev: event and payload converted
-// to CEL-friendly values.
+// deriveVars returns the CEL activation for ev. Only the top level of the
+// event is copied (the typed fields are authoritative, for hand-built
+// Events); treeAdapter converts nested values when the expression reads them.
 func deriveVars(ev *Event) map[string]any {
+	payload := eventPayload(ev)
+	if payload == nil {
+		payload = map[string]any{}
+	}
 	event := make(map[string]any, len(ev.Fields)+8)
 	for k, v := range ev.Fields {
-		if k != "payload" {
-			event[k] = celValue(v)
-		}
+		event[k] = v
 	}
-	// A hand-built Event may lack Fields; the typed fields are authoritative.
 	event["eventType"] = ev.EventType
 	event["entityId"] = ev.EntityID
 	event["forkId"] = ev.ForkID
@@ -93,39 +96,30 @@ func deriveVars(ev *Event) map[string]any {
 	event["irVersion"] = ev.IRVersion
 	event["sequenceNumber"] = ev.SequenceNumber
 	event["ts"] = ev.TS
-	payload, _ := celValue(eventPayload(ev)).(map[string]any)
-	if payload == nil {
-		payload = map[string]any{}
-	}
 	event["payload"] = payload
 	return map[string]any{"event": event, "payload": payload}
 }
 
-// celValue converts an event tree value for CEL: json.Number becomes int64
-// when it is an integer that fits, else float64.
-func celValue(v any) any {
+// treeAdapter adapts event-tree values for CEL as they are read: a
+// json.Number becomes int when it is an integer that fits int64, else
+// double; maps and lists are wrapped, not copied. Everything else goes to
+// CEL's default adapter.
+type treeAdapter struct{}
+
+func (a treeAdapter) NativeToValue(v any) ref.Val {
 	switch x := v.(type) {
-	case map[string]any:
-		m := make(map[string]any, len(x))
-		for k, e := range x {
-			m[k] = celValue(e)
-		}
-		return m
-	case []any:
-		l := make([]any, len(x))
-		for i, e := range x {
-			l[i] = celValue(e)
-		}
-		return l
 	case json.Number:
 		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
-			return i
+			return types.Int(i)
 		}
 		f, _ := strconv.ParseFloat(string(x), 64) // ±Inf beyond float64's range
-		return f
-	default:
-		return v
+		return types.Double(f)
+	case map[string]any:
+		return types.NewStringInterfaceMap(a, x)
+	case []any:
+		return types.NewDynamicList(a, x)
 	}
+	return types.DefaultTypeAdapter.NativeToValue(v)
 }
 
 // evalDerive evaluates prg and returns its result as an event tree value

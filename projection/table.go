@@ -339,18 +339,46 @@ func toParam(typ string, v any) (any, error) {
 func formatTime(t time.Time, dateOnly bool) string {
 	t = t.UTC()
 	y, mo, d := t.Date()
-	bc := ""
-	if y <= 0 {
-		y, bc = 1-y, " BC" // Go's year 0 is 1 BC
+	bc := y <= 0
+	if bc {
+		y = 1 - y // Go's year 0 is 1 BC
 	}
-	if dateOnly {
-		return fmt.Sprintf("%04d-%02d-%02d%s", y, int(mo), d, bc)
+	b := make([]byte, 0, 40)
+	b = appendPadded(b, y, 4)
+	b = append(b, '-')
+	b = appendPadded(b, int(mo), 2)
+	b = append(b, '-')
+	b = appendPadded(b, d, 2)
+	if !dateOnly {
+		b = append(b, 'T')
+		b = appendPadded(b, t.Hour(), 2)
+		b = append(b, ':')
+		b = appendPadded(b, t.Minute(), 2)
+		b = append(b, ':')
+		b = appendPadded(b, t.Second(), 2)
+		b = append(b, '.')
+		frac := appendPadded(nil, t.Nanosecond(), 9)
+		n := len(frac)
+		for n > 3 && frac[n-1] == '0' {
+			n--
+		}
+		b = append(b, frac[:n]...)
+		b = append(b, 'Z')
 	}
-	frac := strings.TrimRight(fmt.Sprintf("%09d", t.Nanosecond()), "0")
-	for len(frac) < 3 {
-		frac += "0"
+	if bc {
+		b = append(b, " BC"...)
 	}
-	return fmt.Sprintf("%04d-%02d-%02dT%02d:%02d:%02d.%sZ%s", y, int(mo), d, t.Hour(), t.Minute(), t.Second(), frac, bc)
+	return string(b)
+}
+
+// appendPadded appends the decimal form of n (≥ 0), zero-padded to width.
+func appendPadded(b []byte, n, width int) []byte {
+	var buf [20]byte
+	digits := strconv.AppendInt(buf[:0], int64(n), 10)
+	for i := len(digits); i < width; i++ {
+		b = append(b, '0')
+	}
+	return append(b, digits...)
 }
 
 // sqlTemplate is SQL text split where the quoted tenant schema goes: the
