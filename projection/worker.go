@@ -32,11 +32,11 @@ const (
 
 // Defaults for Config.
 const (
-	DefaultGroup            = "causet-projection-worker"
-	DefaultMaxPollRecords   = 1000
-	DefaultMaxQueuedRecords = 1000
-	DefaultMaxBatchRecords  = 500
-	DefaultShutdownGrace    = 25 * time.Second
+	DefaultGroup           = "causet-projection-worker"
+	DefaultMaxPollRecords  = 10000
+	DefaultMaxQueuedBytes  = 8 << 20
+	DefaultMaxBatchRecords = 500
+	DefaultShutdownGrace   = 25 * time.Second
 )
 
 // Config configures a Worker. Zero values take the documented defaults; call
@@ -56,15 +56,19 @@ type Config struct {
 	// 30 s cap, jitter 0.5.
 	InfraRetry retry.Policy
 	// MaxPollRecords bounds the records taken from the client per poll.
-	// Default 1000.
+	// Default 10000.
 	MaxPollRecords int
 	// MaxBatchRecords bounds the records of one partition applied in one
 	// transaction. Default 500; 1 applies records one at a time.
 	MaxBatchRecords int
-	// MaxQueuedRecords bounds the records queued for one partition; above it
-	// the partition's fetching is paused until its queue is half drained, so
-	// memory does not grow with the backlog. Default 1000.
-	MaxQueuedRecords int
+	// MaxQueuedBytes bounds the record bytes (key, value, headers) queued
+	// for one partition; above it the partition's fetching is paused until
+	// its queue is half drained, so memory does not grow with the backlog.
+	// Pausing drops what the client had fetched for the partition (franz-go
+	// fetches it again on resume), so a bound much below a few fetches of
+	// FetchMaxPartitionBytes (1 MiB) makes records be fetched many times.
+	// Default 8 MiB.
+	MaxQueuedBytes int
 	// CommitInterval is how often marked offsets are committed while
 	// running (they are also committed on revoke and at shutdown). Default
 	// 5 s (franz-go's default).
@@ -115,10 +119,10 @@ func (c *Config) Validate() error {
 	if c.MaxBatchRecords == 0 {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
-	if c.MaxQueuedRecords == 0 {
-		c.MaxQueuedRecords = DefaultMaxQueuedRecords
+	if c.MaxQueuedBytes == 0 {
+		c.MaxQueuedBytes = DefaultMaxQueuedBytes
 	}
-	if c.MaxPollRecords < 0 || c.MaxQueuedRecords < 0 || c.MaxBatchRecords < 0 {
+	if c.MaxPollRecords < 0 || c.MaxQueuedBytes < 0 || c.MaxBatchRecords < 0 {
 		return errors.New("max poll, queued and batch records must be > 0")
 	}
 	if c.CommitInterval == 0 {
@@ -408,6 +412,7 @@ type partition struct {
 
 	mu            sync.Mutex
 	queue         []*kgo.Record
+	queuedBytes   int
 	fetchPaused   bool  // fetching paused for backpressure or a database wait
 	dbWait        bool  // waiting for the database (InfraPause)
 	lag           int64 // high watermark − next offset; −1 unknown
@@ -417,8 +422,11 @@ type partition struct {
 func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	pc.mu.Lock()
 	pc.queue = append(pc.queue, recs...)
+	for _, r := range recs {
+		pc.queuedBytes += recordBytes(r)
+	}
 	pc.highWatermark = hwm
-	full := len(pc.queue) >= pc.w.cfg.MaxQueuedRecords
+	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes
 	pc.mu.Unlock()
 	if full {
 		pc.pauseFetch()
@@ -443,7 +451,7 @@ func (pc *partition) pauseFetch() {
 // database is not being waited for.
 func (pc *partition) maybeResume() {
 	pc.mu.Lock()
-	resume := pc.fetchPaused && !pc.dbWait && len(pc.queue) <= pc.w.cfg.MaxQueuedRecords/2
+	resume := pc.fetchPaused && !pc.dbWait && pc.queuedBytes <= pc.w.cfg.MaxQueuedBytes/2
 	if resume {
 		pc.fetchPaused = false
 	}
@@ -478,6 +486,15 @@ func (pc *partition) setDBWait(waiting bool) {
 	}
 }
 
+// recordBytes is what a queued record holds in memory, roughly.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
 // take removes up to n records from the head of the queue and reports
 // whether more remain.
 func (pc *partition) take(n int) ([]*kgo.Record, bool) {
@@ -485,12 +502,15 @@ func (pc *partition) take(n int) ([]*kgo.Record, bool) {
 	defer pc.mu.Unlock()
 	if len(pc.queue) <= n {
 		q := pc.queue
-		pc.queue = nil
+		pc.queue, pc.queuedBytes = nil, 0
 		return q, false
 	}
 	q := make([]*kgo.Record, n)
 	copy(q, pc.queue)
 	pc.queue = append(pc.queue[:0:0], pc.queue[n:]...)
+	for _, r := range q {
+		pc.queuedBytes -= recordBytes(r)
+	}
 	return q, true
 }
 

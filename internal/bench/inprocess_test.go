@@ -42,7 +42,7 @@ import (
 //   - BENCH_MEMPROFILE=file writes a heap profile at that point (kfake's log
 //     is in it: use pprof -ignore kfake);
 //   - BENCH_POISON=1 runs the poisoned scenario instead;
-//   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_RECORDS set those worker
+//   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
 //   - BENCH_NO_TRACER=1 leaves out the kotel tracer (fetch hooks and process
 //     spans) and keeps its meter.
@@ -128,7 +128,7 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	}
 	start := time.Now()
 	wcfg := projection.Config{Topic: s.topic, Group: s.group, Logger: log, Metrics: metrics, Tracer: tracer,
-		MaxPollRecords: envInt(b, "BENCH_MAX_POLL_RECORDS"), MaxQueuedRecords: envInt(b, "BENCH_MAX_QUEUED_RECORDS")}
+		MaxPollRecords: envInt(b, "BENCH_MAX_POLL_RECORDS"), MaxQueuedBytes: envInt(b, "BENCH_MAX_QUEUED_BYTES")}
 	if os.Getenv("BENCH_NO_TRACER") != "" {
 		wcfg.Tracer = nil
 		kopts[len(kopts)-1] = kgo.WithHooks(kotel.NewKotel(kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters)))).Hooks()...)
