@@ -120,13 +120,21 @@ type TopicReport struct {
 // creates: MinRetention (2592000000 ms, 30 days).
 var retentionMs = strconv.FormatInt(MinRetention.Milliseconds(), 10)
 
+// TopicMaxMessageBytes is the max.message.bytes EnsureTopics gives a
+// dead-letter topic it creates: 4 MiB. A dead letter holds its event
+// verbatim, or base64-encoded (4/3 larger) when it is not a JSON object,
+// plus the error and stack, so an event of the broker's default 1 MiB
+// limit must fit.
+const TopicMaxMessageBytes = 4 << 20
+
 // EnsureTopics creates the missing topics of cfg and reports on the
 // dead-letter topic (SPEC §2):
 //
 //   - the events topic, with cfg.Partitions partitions and the broker's
 //     default configs;
-//   - the dead-letter topic, with the events topic's partition count and
-//     retention.ms=2592000000 (MinRetention, 30 days);
+//   - the dead-letter topic, with the events topic's partition count,
+//     retention.ms=2592000000 (MinRetention, 30 days) and
+//     max.message.bytes=4194304 (TopicMaxMessageBytes);
 //   - the ledger topic, with LedgerPartitions (1) partition and
 //     cleanup.policy=compact;
 //
@@ -177,7 +185,8 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (Topic
 	}
 	var dlqCreated bool
 	if rep.DLQPartitions, dlqCreated, err = ensure(cfg.DLQTopic, int32(rep.EventsPartitions), map[string]*string{
-		"retention.ms": kadm.StringPtr(retentionMs),
+		"retention.ms":      kadm.StringPtr(retentionMs),
+		"max.message.bytes": kadm.StringPtr(strconv.Itoa(TopicMaxMessageBytes)),
 	}); err != nil {
 		return rep, err
 	}

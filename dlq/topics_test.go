@@ -90,6 +90,11 @@ func TestEnsureTopicsCreatesAllThree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A dead letter of a 1 MiB value that is not JSON (base64, 4/3 larger)
+	// must fit.
+	if maxBytes != TopicMaxMessageBytes {
+		t.Errorf("dead-letter max.message.bytes %d, want %d", maxBytes, TopicMaxMessageBytes)
+	}
 	want := TopicReport{
 		Created:            []string{cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic},
 		EventsPartitions:   4,

@@ -128,7 +128,7 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 		}
 		var err error
 		if f.h == nil {
-			err = w.deadLetterRecord(ctx, f)
+			err = w.deadLetterRecord(ctx, pc, f)
 		} else {
 			err = w.retryPair(ctx, pc, f)
 		}
@@ -143,14 +143,14 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 // an invalid event (permanent, projection "") or a replay to a projection
 // this worker does not have (projection error, not retried: no retry can
 // add a projection).
-func (w *Worker) deadLetterRecord(ctx context.Context, f pairFailure) error {
+func (w *Worker) deadLetterRecord(ctx context.Context, pc *partition, f pairFailure) error {
 	if f.d.ev == nil {
-		return w.deadLetter(ctx, dlq.DeadLetter{
+		return w.deadLetter(ctx, pc, dlq.DeadLetter{
 			Source: f.d.rec, Class: retry.Permanent, Err: f.err,
 			FirstFailedAt: firstFailedAt(f.d.replay, f.firstAt), ReplayCount: f.d.replay.count,
 		})
 	}
-	return w.deadLetter(ctx, w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt))
+	return w.deadLetter(ctx, pc, w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt))
 }
 
 // applyPlanned applies the planned pairs in transactions of pipelined

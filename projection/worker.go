@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -34,7 +35,7 @@ const (
 const (
 	DefaultGroup           = "causet-projection-worker"
 	DefaultMaxPollRecords  = 10000
-	DefaultMaxQueuedBytes  = 8 << 20
+	DefaultMaxQueuedBytes  = 32 << 20
 	DefaultMaxBatchRecords = 500
 	DefaultShutdownGrace   = 25 * time.Second
 )
@@ -61,13 +62,14 @@ type Config struct {
 	// MaxBatchRecords bounds the records of one partition applied in one
 	// transaction. Default 500; 1 applies records one at a time.
 	MaxBatchRecords int
-	// MaxQueuedBytes bounds the record bytes (key, value, headers) queued
-	// for one partition; above it the partition's fetching is paused until
-	// its queue is half drained, so memory does not grow with the backlog.
-	// Pausing drops what the client had fetched for the partition (franz-go
-	// fetches it again on resume), so a bound much below a few fetches of
-	// FetchMaxPartitionBytes (1 MiB) makes records be fetched many times.
-	// Default 8 MiB.
+	// MaxQueuedBytes bounds the record bytes (key, value, headers) polled
+	// but not yet processed, all partitions together, so that memory does
+	// not grow with the backlog: above it the worker stops polling (the
+	// client then holds at most one fetch) until the queues drain. A single
+	// partition holding more than half of it, such as one waiting for the
+	// database, has its fetching paused instead, so that it does not stall
+	// the others; pausing drops what the client had fetched for it, which is
+	// fetched again on resume. Default 32 MiB.
 	MaxQueuedBytes int
 	// CommitInterval is how often marked offsets are committed while
 	// running (they are also committed on revoke and at shutdown). Default
@@ -166,6 +168,9 @@ type Worker struct {
 	dead     DeadLetterWriter
 	handlers []Handler
 
+	queued  atomic.Int64  // record bytes queued in all partitions
+	drained chan struct{} // cap 1: a partition took records from its queue
+
 	mu         sync.Mutex
 	partitions map[int32]*partition
 	joined     bool
@@ -204,6 +209,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		dead:       dead,
 		handlers:   handlers,
 		partitions: make(map[int32]*partition),
+		drained:    make(chan struct{}, 1),
 	}
 	if b, ok := db.(Beginner); ok {
 		w.begin = b
@@ -239,8 +245,9 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 // Client returns the worker's franz-go client (for admin calls and tests).
 func (w *Worker) Client() *kgo.Client { return w.cl }
 
-// Ready returns nil when the worker has joined its consumer group and no
-// partition is paused waiting for the database, else an error saying why.
+// Ready returns nil when the worker has joined its consumer group, no
+// partition is paused waiting for the database and no partition is stuck on
+// a dead letter it cannot write, else an error saying why.
 func (w *Worker) Ready() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -248,15 +255,19 @@ func (w *Worker) Ready() error {
 		return errors.New("consumer group not joined")
 	}
 	var paused []int32
+	var stuck []error
 	for p, pc := range w.partitions {
 		if pc.waitingForDB() {
 			paused = append(paused, p)
 		}
+		if err := pc.stuckOn(); err != nil {
+			stuck = append(stuck, fmt.Errorf("partition %d stuck: dead letter cannot be written: %w", p, err))
+		}
 	}
 	if len(paused) > 0 {
-		return fmt.Errorf("partitions %v paused: database unavailable", paused)
+		stuck = append(stuck, fmt.Errorf("partitions %v paused: database unavailable", paused))
 	}
-	return nil
+	return errors.Join(stuck...)
 }
 
 // Run polls and processes records until ctx is done, then shuts down within
@@ -267,6 +278,9 @@ func (w *Worker) Ready() error {
 // once; it closes the client.
 func (w *Worker) Run(ctx context.Context) error {
 	for {
+		if !w.waitForRoom(ctx) {
+			break
+		}
 		fetches := w.cl.PollRecords(ctx, w.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			break
@@ -286,6 +300,28 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.cl.AllowRebalance()
 	}
 	return w.shutdown()
+}
+
+// waitForRoom blocks while the queued record bytes are at MaxQueuedBytes
+// or above. It returns false when ctx is done first.
+func (w *Worker) waitForRoom(ctx context.Context) bool {
+	for w.queued.Load() >= int64(w.cfg.MaxQueuedBytes) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-w.drained:
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// dequeued accounts for n record bytes leaving a partition's queue.
+func (w *Worker) dequeued(n int) {
+	w.queued.Add(-int64(n))
+	select {
+	case w.drained <- struct{}{}:
+	default:
+	}
 }
 
 func (w *Worker) shutdown() error {
@@ -415,6 +451,7 @@ type partition struct {
 	queuedBytes   int
 	fetchPaused   bool  // fetching paused for backpressure or a database wait
 	dbWait        bool  // waiting for the database (InfraPause)
+	stuck         error // a dead letter that cannot be written, nil when none
 	lag           int64 // high watermark − next offset; −1 unknown
 	highWatermark int64
 }
@@ -422,11 +459,14 @@ type partition struct {
 func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	pc.mu.Lock()
 	pc.queue = append(pc.queue, recs...)
+	n := 0
 	for _, r := range recs {
-		pc.queuedBytes += recordBytes(r)
+		n += recordBytes(r)
 	}
+	pc.queuedBytes += n
+	pc.w.queued.Add(int64(n))
 	pc.highWatermark = hwm
-	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes
+	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes/2
 	pc.mu.Unlock()
 	if full {
 		pc.pauseFetch()
@@ -447,11 +487,11 @@ func (pc *partition) pauseFetch() {
 	}
 }
 
-// maybeResume resumes fetching once the queue is half drained and the
-// database is not being waited for.
+// maybeResume resumes fetching once the queue holds at most a quarter of
+// MaxQueuedBytes and the database is not being waited for.
 func (pc *partition) maybeResume() {
 	pc.mu.Lock()
-	resume := pc.fetchPaused && !pc.dbWait && pc.queuedBytes <= pc.w.cfg.MaxQueuedBytes/2
+	resume := pc.fetchPaused && !pc.dbWait && pc.queuedBytes <= pc.w.cfg.MaxQueuedBytes/4
 	if resume {
 		pc.fetchPaused = false
 	}
@@ -459,6 +499,20 @@ func (pc *partition) maybeResume() {
 	if resume {
 		pc.w.cl.ResumeFetchPartitions(map[string][]int32{pc.w.cfg.Topic: {pc.partition}})
 	}
+}
+
+// setStuck records (err != nil) or clears a dead letter that cannot be
+// written; Ready reports it.
+func (pc *partition) setStuck(err error) {
+	pc.mu.Lock()
+	pc.stuck = err
+	pc.mu.Unlock()
+}
+
+func (pc *partition) stuckOn() error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.stuck
 }
 
 func (pc *partition) waitingForDB() bool {
@@ -502,20 +556,30 @@ func (pc *partition) take(n int) ([]*kgo.Record, bool) {
 	defer pc.mu.Unlock()
 	if len(pc.queue) <= n {
 		q := pc.queue
+		pc.w.dequeued(pc.queuedBytes)
 		pc.queue, pc.queuedBytes = nil, 0
 		return q, false
 	}
 	q := make([]*kgo.Record, n)
 	copy(q, pc.queue)
 	pc.queue = append(pc.queue[:0:0], pc.queue[n:]...)
+	taken := 0
 	for _, r := range q {
-		pc.queuedBytes -= recordBytes(r)
+		taken += recordBytes(r)
 	}
+	pc.queuedBytes -= taken
+	pc.w.dequeued(taken)
 	return q, true
 }
 
 func (pc *partition) run() {
 	defer close(pc.done)
+	defer func() { // records left unprocessed leave the accounting
+		pc.mu.Lock()
+		pc.w.dequeued(pc.queuedBytes)
+		pc.queue, pc.queuedBytes = nil, 0
+		pc.mu.Unlock()
+	}()
 	defer func() {
 		if pc.waitingForDB() {
 			pc.w.cfg.Metrics.addPaused(context.Background(), -1)
@@ -533,7 +597,11 @@ func (pc *partition) run() {
 				break
 			}
 			if err := pc.w.processBatch(pc.ctx, pc, recs); err != nil {
-				return // ctx is done: leave the batch unmarked for the next owner
+				if pc.ctx.Err() == nil {
+					pc.w.log.Error("partition stopped on an unexpected error; it resumes at the next assignment",
+						"topic", pc.w.cfg.Topic, "partition", pc.partition, "error", err)
+				}
+				return // leave the batch unmarked for the next owner
 			}
 			last := recs[len(recs)-1]
 			pc.w.cl.MarkCommitRecords(last)
@@ -619,7 +687,7 @@ func (w *Worker) retryPair(ctx context.Context, pc *partition, f pairFailure) er
 		last = err
 	}
 	class := retry.Classify(last)
-	return w.deadLetter(ctx, w.newDeadLetter(f.d, f.h.Name(), class, last, stack, retries, f.firstAt))
+	return w.deadLetter(ctx, pc, w.newDeadLetter(f.d, f.h.Name(), class, last, stack, retries, f.firstAt))
 }
 
 func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack string, retries int, firstAt time.Time) dlq.DeadLetter {
@@ -696,10 +764,34 @@ func (w *Worker) applyOnce(ctx context.Context, h Handler, ev *Event) (stack str
 	return "", nil
 }
 
-func (w *Worker) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
-	if err := w.dead.Write(ctx, dl); err != nil {
-		return err
+func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLetter) error {
+	// The writer retries produce failures itself; an error that is not ctx's
+	// is one it cannot retry (a dead letter too large for the topic). The
+	// record is never skipped: the partition reports not-ready and the write
+	// is tried again until an operator fixes the topic or ctx ends.
+	b := w.cfg.InfraRetry.NewBackOff()
+	for {
+		err := w.dead.Write(ctx, dl)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		wait := b.NextBackOff()
+		pc.setStuck(err)
+		w.log.Error("dead letter cannot be written; the partition waits (fix the dead-letter topic, e.g. its max.message.bytes)",
+			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
+			"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "error", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
+	pc.setStuck(nil)
 	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, dl.TenantSchema), dl.Class)
 	w.log.Warn("dead-lettered",
 		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,

@@ -928,3 +928,70 @@ func TestWorkerBatchPrepareFailureBlamesItsOwnPairs(t *testing.T) {
 		}
 	}
 }
+
+// refusingWriter fails its first n writes with an error the dlq.Writer
+// does not retry (as for a dead letter too large for the topic), then
+// writes through.
+type refusingWriter struct {
+	projection.DeadLetterWriter
+	n atomic.Int64
+}
+
+func (w *refusingWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
+	if w.n.Add(-1) >= 0 {
+		return dlq.ErrTooLarge
+	}
+	return w.DeadLetterWriter.Write(ctx, dl)
+}
+
+// TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly: a dead
+// letter the writer cannot write (not a produce failure it retries) once
+// ended the partition's goroutine silently, stalling it with /readyz still
+// ready. Now the record is never skipped, the worker reports not-ready
+// naming the partition, and the write is tried again.
+func TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	prod := r.broker.Client(t, kgo.ProducerLinger(0))
+	real, err := dlq.NewWriter(prod, dlq.WriterConfig{RecordConfig: dlq.RecordConfig{Topic: r.dlqTopic, Worker: "test-worker", Generation: "test/v42"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing := &refusingWriter{DeadLetterWriter: real}
+	refusing.n.Store(1 << 40)
+	w, err := projection.NewWorker(projection.Config{
+		Topic: r.topic, Group: r.group, Retry: fastRetry, CommitInterval: 100 * time.Millisecond,
+		InfraRetry: retry.Policy{Initial: 50 * time.Millisecond, Multiplier: 1, MaxInterval: 50 * time.Millisecond},
+	}, r.handlers, r.pool, refusing, r.broker.Opts()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	r.produce("poison", []byte("not json"))
+	r.produce("good", []byte(r.follow("good", "artist-1", 1)))
+	deadline := time.Now().Add(testTimeout)
+	for time.Now().Before(deadline) {
+		if err := w.Ready(); err != nil && strings.Contains(err.Error(), "stuck") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := w.Ready(); err == nil || !strings.Contains(err.Error(), "partition 0 stuck") {
+		t.Fatalf("Ready() = %v, want partition 0 stuck", err)
+	}
+	if got := r.committed(); got > 0 {
+		t.Errorf("committed offset %d past the record whose dead letter was not written", got)
+	}
+	refusing.n.Store(0) // the operator fixed the topic
+	r.waitCommitted(testTimeout)
+	if dls := r.deadLetters(); len(dls) != 1 {
+		t.Errorf("dead letters = %d, want 1", len(dls))
+	}
+	if err := w.Ready(); err != nil {
+		t.Errorf("Ready() after the fix = %v", err)
+	}
+}

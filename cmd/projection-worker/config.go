@@ -79,7 +79,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Duration(&s.shutdownGrace, "shutdown-grace", "SHUTDOWN_GRACE", projection.DefaultShutdownGrace, "time allowed after SIGTERM to commit and leave the group")
 	fs.String(&s.httpAddr, "http-addr", "HTTP_ADDR", ":8080", "address of /healthz, /readyz and /metrics (empty: no HTTP server)")
 	fs.String(&s.workerID, "worker-id", "POD_NAME", host, "this worker's name in dead-letter headers")
-	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 1000000, "largest dead-letter record in bytes (the topic's max.message.bytes); larger ones truncate stackTrace, then error")
+	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 0, "largest dead-letter record in bytes; larger ones truncate stackTrace, then error (default: the dead-letter topic's max.message.bytes, read at start, else 1000000)")
 	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
 	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
@@ -182,7 +182,7 @@ func (s *settings) checkRun() error {
 	if s.shutdownGrace <= 0 {
 		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)
 	}
-	if s.dlqMaxBytes < 1024 {
+	if s.dlqMaxBytes != 0 && s.dlqMaxBytes < 1024 {
 		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)
 	}
 	return nil

@@ -149,14 +149,22 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}
 	defer admCl.Close()
 	adm := kadm.NewClient(admCl)
-	if err := checkTopics(ctx, s, adm, topics, tel.meter(), log); err != nil {
+	rep, err := checkTopics(ctx, s, adm, topics, tel.meter(), log)
+	if err != nil {
 		return err
+	}
+	dlqMaxBytes := s.dlqMaxBytes
+	if dlqMaxBytes == 0 {
+		dlqMaxBytes = dlq.DefaultMaxBytes
+		if rep.DLQMaxMessageBytes > 0 {
+			dlqMaxBytes = rep.DLQMaxMessageBytes
+		}
 	}
 
 	prodCl, err := kgo.NewClient(append(kopts,
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
-		kgo.ProducerBatchMaxBytes(int32(max(s.dlqMaxBytes+64*1024, 1<<20))),
+		kgo.ProducerBatchMaxBytes(int32(max(dlqMaxBytes+64*1024, 1<<20))),
 	)...)
 	if err != nil {
 		return fmt.Errorf("kafka dead-letter producer: %w", err)
@@ -167,7 +175,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			Topic:      s.dlqTopic,
 			Worker:     s.workerID,
 			Generation: buildVersion() + "/" + defs.IRVersion,
-			MaxBytes:   s.dlqMaxBytes,
+			MaxBytes:   dlqMaxBytes,
 		},
 		Backoff: policy,
 		Logger:  log,
@@ -230,16 +238,17 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 
 // checkTopics creates missing topics (unless --create-topics=false), warns
 // about a dead-letter topic that keeps less than 30 days and exports its
-// retention and depth as metrics.
-func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) error {
+// retention and depth as metrics. It returns what it found of the
+// dead-letter topic (zero with --create-topics=false).
+func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) (dlq.TopicReport, error) {
 	if !s.createTopics {
-		return nil
+		return dlq.TopicReport{}, nil
 	}
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	rep, err := dlq.EnsureTopics(tctx, adm, cfg)
 	if err != nil {
-		return fmt.Errorf("topics: %w", err)
+		return rep, fmt.Errorf("topics: %w", err)
 	}
 	for _, t := range rep.Created {
 		log.Info("topic created", "topic", t)
@@ -256,7 +265,7 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 			return nil
 		}))
 	if err != nil {
-		return err
+		return rep, err
 	}
 	_, err = meter.Int64ObservableGauge("causet.dlq.depth",
 		metric.WithUnit("{record}"),
@@ -281,7 +290,7 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 			o.Observe(depth)
 			return nil
 		}))
-	return err
+	return rep, err
 }
 
 // httpHandler serves /healthz (the process is up), /readyz (group joined,
