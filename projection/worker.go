@@ -35,7 +35,7 @@ const (
 const (
 	DefaultGroup           = "causet-projection-worker"
 	DefaultMaxPollRecords  = 10000
-	DefaultMaxQueuedBytes  = 32 << 20
+	DefaultMaxQueuedBytes  = 16 << 20
 	DefaultMaxBatchRecords = 500
 	DefaultShutdownGrace   = 25 * time.Second
 )
@@ -69,7 +69,7 @@ type Config struct {
 	// partition holding more than half of it, such as one waiting for the
 	// database, has its fetching paused instead, so that it does not stall
 	// the others; pausing drops what the client had fetched for it, which is
-	// fetched again on resume. Default 32 MiB.
+	// fetched again on resume. Default 16 MiB.
 	MaxQueuedBytes int
 	// CommitInterval is how often marked offsets are committed while
 	// running (they are also committed on revoke and at shutdown). Default

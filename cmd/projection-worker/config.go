@@ -42,6 +42,7 @@ type settings struct {
 	createTopics   bool
 	maxPollRecords int
 	maxBatch       int
+	maxQueuedBytes int
 
 	// migrate
 	tenantSchemas []string
@@ -82,6 +83,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 0, "largest dead-letter record in bytes; larger ones truncate stackTrace, then error (default: the dead-letter topic's max.message.bytes, read at start, else 1000000)")
 	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
+	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
 	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
 }
 
@@ -174,7 +176,7 @@ func (s *settings) checkRun() error {
 	for _, f := range []struct {
 		flag string
 		v    int
-	}{{"--max-poll-records", s.maxPollRecords}, {"--max-batch-records", s.maxBatch}} {
+	}{{"--max-poll-records", s.maxPollRecords}, {"--max-batch-records", s.maxBatch}, {"--max-queued-bytes", s.maxQueuedBytes}} {
 		if f.v < 1 {
 			return flagenv.Usagef("%s must be >= 1, got %d", f.flag, f.v)
 		}

@@ -195,6 +195,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		OnInfraError:    projection.InfraMode(s.onInfraError),
 		MaxPollRecords:  s.maxPollRecords,
 		MaxBatchRecords: s.maxBatch,
+		MaxQueuedBytes:  s.maxQueuedBytes,
 		ShutdownGrace:   s.shutdownGrace,
 		Logger:          log,
 		Metrics:         metrics,
