@@ -22,8 +22,11 @@ help:
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
+# make run ARGS='--kafka-port 29092 --http-addr 127.0.0.1:18080' changes the
+# embedded broker's port and the HTTP address (defaults 9092 and :8080).
 run:
-	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/projection-worker dev
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/projection-worker ./cmd/projection-worker
+	./bin/projection-worker dev $(ARGS)
 
 vet:
 	$(GO) vet ./...

@@ -89,8 +89,8 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, t := range rep.Created {
 		fmt.Fprintf(stdout, "created %s\n", t)
 	}
-	fmt.Fprintf(stdout, "%s: %d partitions; %s: %d partitions, retention %s\n",
-		cfg.EventsTopic, rep.EventsPartitions, cfg.DLQTopic, rep.DLQPartitions, retentionText(rep.DLQRetention))
+	fmt.Fprintf(stdout, "%s: %d partitions; %s: %d partitions, retention %s, max.message.bytes %d; %s: compacted ledger\n",
+		cfg.EventsTopic, rep.EventsPartitions, cfg.DLQTopic, rep.DLQPartitions, retentionText(rep.DLQRetention), rep.DLQMaxMessageBytes, cfg.LedgerTopic)
 	if rep.DLQRetentionTooShort {
 		fmt.Fprintf(stdout, "WARNING: %s keeps less than 30 days; set retention.ms >= %d\n", cfg.DLQTopic, dlq.MinRetention.Milliseconds())
 	}

@@ -168,6 +168,9 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 // checkRun returns a usage error naming the first run flag out of range;
 // it runs before anything is dialled.
 func (s *settings) checkRun() error {
+	if strings.TrimSpace(s.group) == "" {
+		return flagenv.Usagef("--group (CONSUMER_GROUP) is empty: set a consumer group name")
+	}
 	switch projection.InfraMode(s.onInfraError) {
 	case projection.InfraPause, projection.InfraDeadLetter:
 	default:

@@ -257,6 +257,8 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--max-batch-records", args: []string{"--max-batch-records", "-1"}},
 		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "-1s"}},
 		{flag: "--topic", args: []string{"--topic", "bad name"}},
+		{flag: "--group", args: []string{"--group", ""}},
+		{flag: "--max-queued-bytes", args: []string{"--max-queued-bytes", "0"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimPrefix(tt.flag, "--"), func(t *testing.T) {
