@@ -35,7 +35,7 @@ const (
 const (
 	DefaultGroup           = "causet-projection-worker"
 	DefaultMaxPollRecords  = 10000
-	DefaultMaxQueuedBytes  = 16 << 20
+	DefaultMaxQueuedBytes  = 8 << 20
 	DefaultMaxBatchRecords = 500
 	DefaultShutdownGrace   = 25 * time.Second
 )
@@ -66,10 +66,10 @@ type Config struct {
 	// but not yet processed, all partitions together, so that memory does
 	// not grow with the backlog: above it the worker stops polling (the
 	// client then holds at most one fetch) until the queues drain. A single
-	// partition holding more than half of it, such as one waiting for the
+	// partition holding three quarters of it, such as one waiting for the
 	// database, has its fetching paused instead, so that it does not stall
 	// the others; pausing drops what the client had fetched for it, which is
-	// fetched again on resume. Default 16 MiB.
+	// fetched again on resume. Default 8 MiB.
 	MaxQueuedBytes int
 	// CommitInterval is how often marked offsets are committed while
 	// running (they are also committed on revoke and at shutdown). Default
@@ -466,7 +466,7 @@ func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	pc.queuedBytes += n
 	pc.w.queued.Add(int64(n))
 	pc.highWatermark = hwm
-	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes/2
+	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes*3/4
 	pc.mu.Unlock()
 	if full {
 		pc.pauseFetch()
