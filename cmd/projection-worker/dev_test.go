@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// TestDevShowsRowsAndEveryDocumentedFailure runs what `make run` runs, on a
+// free port and a PostgreSQL of its own, and checks what the README
+// promises: the example rows are projected and each documented failure
+// cause becomes a dead letter; Ctrl-C (ctx) stops it with status 0.
+func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
+	clearSettingsEnv(t)
+	// A fresh server of the test's own, as make run's throwaway one: the
+	// example tenants have fixed names.
+	db := pgtest.StartOwn(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--database-url", db.URL(),
+			"--projections", exampleProjections, "--retry-initial", "5ms", "--retry-max-interval", "20ms"}, &stdout, &stderr)
+	}()
+	// The SPEC example and friends, and six dead letters: 42703, 23502,
+	// 42P01 twice (two projections), division by zero, not JSON.
+	const want = "artist_followers=2 user_follows=3 artist_ratings=0); dead letters: 6"
+	deadline := time.Now().Add(90 * time.Second)
+	for !strings.Contains(stdout.String(), want) && time.Now().Before(deadline) {
+		select {
+		case code := <-done:
+			t.Fatalf("dev exited early with %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if !strings.Contains(stdout.String(), want) {
+		t.Fatalf("dev never printed %q\nstdout:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
+	}
+	for _, cause := range []string{`column \"followed_at\" of relation \"artist_followers\" does not exist`, "SQLSTATE 23502", "SQLSTATE 42P01", "division by zero"} {
+		if !strings.Contains(stderr.String(), cause) {
+			t.Errorf("the log shows no dead letter for %s", cause)
+		}
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("dev exited with %d after Ctrl-C, want 0\nstderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("dev did not stop within 40s of Ctrl-C")
+	}
+}
