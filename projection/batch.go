@@ -145,10 +145,15 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 // add a projection).
 func (w *Worker) deadLetterRecord(ctx context.Context, pc *partition, f pairFailure) error {
 	if f.d.ev == nil {
-		return w.deadLetter(ctx, pc, dlq.DeadLetter{
+		dl := dlq.DeadLetter{
 			Source: f.d.rec, Class: retry.Permanent, Err: f.err,
 			FirstFailedAt: firstFailedAt(f.d.replay, f.firstAt), ReplayCount: f.d.replay.count,
-		})
+		}
+		var ve *ValidationError
+		if errors.As(f.err, &ve) {
+			dl.TenantSchema, dl.ForkID, dl.EventType = ve.TenantSchema, ve.ForkID, ve.EventType
+		}
+		return w.deadLetter(ctx, pc, dl)
 	}
 	return w.deadLetter(ctx, pc, w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt))
 }

@@ -24,6 +24,11 @@ type ValidationError struct {
 	// Reason says what is wrong, lowercase and without trailing punctuation,
 	// for example `must be a JSON integer, got string "7"`.
 	Reason string
+	// EventType, ForkID and TenantSchema are what could still be read of an
+	// event that is a JSON object but fails validation ("" when absent, not
+	// a string, or, for TenantSchema, not a valid identifier), so that its
+	// dead letter can still be found by tenant, fork and event type.
+	EventType, ForkID, TenantSchema string
 }
 
 // Error returns "invalid event: <field>: <reason>", or "invalid event:
@@ -108,7 +113,15 @@ func DecodeEvent(value []byte) (*Event, error) {
 	if !ok {
 		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(root) + ", want an object"}
 	}
-	return validateEvent(value, m)
+	ev, err := validateEvent(value, m)
+	if ve, ok := err.(*ValidationError); ok {
+		ve.EventType, _ = m["eventType"].(string)
+		ve.ForkID, _ = m["forkId"].(string)
+		if ts, _ := m["tenantSchema"].(string); ValidTenantSchema(ts) {
+			ve.TenantSchema = ts
+		}
+	}
+	return ev, err
 }
 
 // ValidTenantSchema reports whether s matches ^[a-z_][a-z0-9_]{0,62}$: a

@@ -511,6 +511,18 @@ func TestWorkerPermanentInputsBetweenGoodEvents(t *testing.T) {
 			if p.field != "" && !strings.Contains(d.msg.Error, p.field) {
 				t.Errorf("error %q does not name the field %q", d.msg.Error, p.field)
 			}
+			// What is readable of an object that fails validation stays
+			// findable by tenant and fork (SPEC §6: tenantSchema "" only
+			// when unreadable).
+			if p.field == "sequenceNumber" {
+				if d.msg.TenantSchema != r.tenant || d.headers[dlq.HeaderForkID] != "production" || d.headers[dlq.HeaderEventType] != "ARTIST_FOLLOWED" {
+					t.Errorf("tenant %q fork-id %q event-type %q, want %q production ARTIST_FOLLOWED",
+						d.msg.TenantSchema, d.headers[dlq.HeaderForkID], d.headers[dlq.HeaderEventType], r.tenant)
+				}
+			}
+			if p.field == "tenantSchema" && d.msg.TenantSchema != "" {
+				t.Errorf("an invalid tenantSchema reached the dead letter: %q", d.msg.TenantSchema)
+			}
 			if string(d.msg.OriginalEvent) != "null" {
 				if string(d.msg.OriginalEvent) != p.value {
 					t.Errorf("originalEvent not verbatim:\n got %s\nwant %s", d.msg.OriginalEvent, p.value)
