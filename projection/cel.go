@@ -32,6 +32,7 @@ import (
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/common/types/traits"
 	"github.com/google/cel-go/ext"
+	"github.com/google/cel-go/interpreter"
 )
 
 // deriveCostLimit bounds the work of one derive evaluation (cel-go cost
@@ -77,28 +78,52 @@ func compileDerive(expr string) (cel.Program, error) {
 	return prg, nil
 }
 
-// deriveVars returns the CEL activation for ev. Only the top level of the
-// event is copied (the typed fields are authoritative, for hand-built
-// Events); treeAdapter converts nested values when the expression reads them.
-func deriveVars(ev *Event) map[string]any {
+// deriveVars returns the CEL activation for ev: payload at once, event
+// (the top level of the event, with the typed fields authoritative for
+// hand-built Events) built on first use, since most derives read only
+// payload. Nested values are converted by treeAdapter when read. An
+// activation serves one Plan call; it is not safe for concurrent use.
+func deriveVars(ev *Event) *deriveActivation {
 	payload := eventPayload(ev)
 	if payload == nil {
 		payload = map[string]any{}
 	}
-	event := make(map[string]any, len(ev.Fields)+8)
-	for k, v := range ev.Fields {
-		event[k] = v
-	}
-	event["eventType"] = ev.EventType
-	event["entityId"] = ev.EntityID
-	event["forkId"] = ev.ForkID
-	event["tenantSchema"] = ev.TenantSchema
-	event["irVersion"] = ev.IRVersion
-	event["sequenceNumber"] = ev.SequenceNumber
-	event["ts"] = ev.TS
-	event["payload"] = payload
-	return map[string]any{"event": event, "payload": payload}
+	return &deriveActivation{ev: ev, payload: payload}
 }
+
+// deriveActivation implements cel-go's interpreter.Activation.
+type deriveActivation struct {
+	ev      *Event
+	payload map[string]any
+	event   map[string]any // nil until an expression reads event
+}
+
+func (a *deriveActivation) ResolveName(name string) (any, bool) {
+	switch name {
+	case "payload":
+		return a.payload, true
+	case "event":
+		if a.event == nil {
+			ev := a.ev
+			a.event = make(map[string]any, len(ev.Fields)+8)
+			for k, v := range ev.Fields {
+				a.event[k] = v
+			}
+			a.event["eventType"] = ev.EventType
+			a.event["entityId"] = ev.EntityID
+			a.event["forkId"] = ev.ForkID
+			a.event["tenantSchema"] = ev.TenantSchema
+			a.event["irVersion"] = ev.IRVersion
+			a.event["sequenceNumber"] = ev.SequenceNumber
+			a.event["ts"] = ev.TS
+			a.event["payload"] = a.payload
+		}
+		return a.event, true
+	}
+	return nil, false
+}
+
+func (a *deriveActivation) Parent() interpreter.Activation { return nil }
 
 // treeAdapter adapts event-tree values for CEL as they are read: a
 // json.Number becomes int when it is an integer that fits int64, else
@@ -124,7 +149,7 @@ func (a treeAdapter) NativeToValue(v any) ref.Val {
 
 // evalDerive evaluates prg and returns its result as an event tree value
 // (nil, string, bool, json.Number, time.Time, map[string]any, []any).
-func evalDerive(prg cel.Program, vars map[string]any) (any, error) {
+func evalDerive(prg cel.Program, vars *deriveActivation) (any, error) {
 	out, _, err := prg.Eval(vars)
 	if err != nil {
 		return nil, err

@@ -174,7 +174,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	if ev.SequenceNumber < 0 {
 		return Statement{}, p.permanent(fmt.Errorf("sequence number %d is negative", ev.SequenceNumber))
 	}
-	var vars map[string]any // CEL activation, built on first use
+	var vars *deriveActivation // built on first use
 	value := func(c *column) (any, error) {
 		var v any
 		if c.prog != nil {
