@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
@@ -332,30 +331,7 @@ func TestProduceFailureExitsOne(t *testing.T) {
 	b := kafkatest.Fake(t)
 	f := newFixture(t, b)
 	f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0)
-	tds, err := kadm.NewClient(b.Client(t)).ListTopics(context.Background(), f.events)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := tds[f.events].ID
-	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		preq := req.(*kmsg.ProduceRequest)
-		if len(preq.Topics) == 0 || (preq.Topics[0].Topic != f.events && preq.Topics[0].TopicID != id) {
-			return nil, nil, false
-		}
-		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
-		resp.Version = preq.Version
-		for _, pt := range preq.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
-			for _, pp := range pt.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = pp.Partition, kerr.InvalidRecord.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
+	b.RefuseProduce(t, f.events, kerr.InvalidRecord.Code, func(n int64) bool { return n == 1 })
 	r := runCmd(t, f.env, "retry", "--all")
 	if r.code != 1 || r.lastLine() != "matched=1 replayed=0 skipped=0 already-replayed=0 refused=0 failed=1" {
 		t.Fatalf("retry: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
