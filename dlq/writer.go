@@ -25,6 +25,12 @@ type WriterConfig struct {
 	// Logger receives one WARN line per failed produce attempt. nil
 	// discards them.
 	Logger *slog.Logger
+	// MaxAttempts is how many produce attempts one Write makes before it
+	// gives up and returns the last produce error, so that the caller can
+	// report a dead-letter topic that keeps refusing writes (the worker then
+	// fails /readyz, logs an error and calls Write again). Default 5; -1
+	// retries until ctx ends.
+	MaxAttempts int
 }
 
 // Writer publishes dead letters to the dead-letter topic and returns only
@@ -32,10 +38,11 @@ type WriterConfig struct {
 // only after the dead letter is acknowledged). It is safe for concurrent
 // use; each Write retries on its own.
 type Writer struct {
-	client  *kgo.Client
-	cfg     RecordConfig
-	backoff retry.Policy
-	log     *slog.Logger
+	client      *kgo.Client
+	cfg         RecordConfig
+	backoff     retry.Policy
+	log         *slog.Logger
+	maxAttempts int
 }
 
 // NewWriter returns a Writer producing through client, which the caller
@@ -76,7 +83,14 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Writer{client: client, cfg: rc, backoff: bo, log: log}, nil
+	attempts := cfg.MaxAttempts
+	switch {
+	case attempts == 0:
+		attempts = 5
+	case attempts < -1:
+		return nil, fmt.Errorf("dead-letter writer: max attempts must be -1 (no limit) or >= 1, got %d", attempts)
+	}
+	return &Writer{client: client, cfg: rc, backoff: bo, log: log, maxAttempts: attempts}, nil
 }
 
 // checkClient refuses a client whose producer settings could lose or
@@ -126,8 +140,11 @@ func (w *Writer) Topic() string { return w.cfg.Topic }
 // (client.ProduceSync(ctx, rec).FirstErr()). A failed produce is logged at
 // WARN (keys topic, partition, offset, projection, tenant_schema of the
 // source record, plus dlq_topic, attempt, wait and error) and retried after
-// a backoff wait, with no retry limit: the same record (same FailedAt and
-// timestamp) until Kafka acknowledges it or ctx is done.
+// a backoff wait: the same record (same FailedAt and timestamp) until Kafka
+// acknowledges it, ctx is done, or MaxAttempts (default 5) attempts have
+// failed; then it returns the last produce error, and the caller, which must
+// not commit the source offset, calls Write again (a new record, the same
+// content).
 //
 // It returns nil only once the broker has acknowledged the write. When ctx
 // ends first, it returns an error that wraps ctx's error joined with the
@@ -155,6 +172,9 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), perr))
+		}
+		if w.maxAttempts > 0 && attempt >= w.maxAttempts {
+			return fmt.Errorf("dead letter for %s not written to %s after %d attempts: %w", sourceName(src), w.cfg.Topic, attempt, perr)
 		}
 		wait := b.NextBackOff()
 		w.log.LogAttrs(ctx, slog.LevelWarn, "dead-letter write failed, retrying",

@@ -364,3 +364,25 @@ func TestNewWriterRefusesUnsafeClients(t *testing.T) {
 		t.Error("NewWriter(nil) returned no error")
 	}
 }
+
+// TestWriterGivesUpAfterMaxAttempts: a dead-letter topic that keeps refusing
+// writes must not hold Write forever, or the worker could not report it.
+func TestWriterGivesUpAfterMaxAttempts(t *testing.T) {
+	b, topic := newBroker(t, true)
+	cl := newClient(t, b)
+	w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic}, Backoff: testBackoff, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := failProduces(t, b, -1, kerr.TopicAuthorizationFailed.Code, nil)
+	err = w.Write(context.Background(), testDeadLetter([]byte(testEvent)))
+	if !errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, context.Canceled) {
+		t.Errorf("Write = %v, want the produce error", err)
+	}
+	if got := refused.Load(); got < 3 {
+		t.Errorf("produce attempts = %d, want at least 3", got)
+	}
+	if n := recordsOn(t, cl, topic); n != 0 {
+		t.Errorf("dead-letter topic holds %d records, want none", n)
+	}
+}

@@ -23,8 +23,11 @@ import (
 //   - causet.projection.apply.duration, s [projection, tenant_schema]: one attempt of one pair
 //   - causet.projection.batch.duration, s: one batch transaction
 //   - causet.projection.batch.size, {statement}: statements in one batch transaction
-//   - causet.projection.consumer.lag, {record} [topic, partition]: high watermark − next offset
+//   - causet.projection.consumer.lag, {record} [topic, partition]: high watermark − offset of
+//     the next record to finish (so it grows while a partition is held)
 //   - causet.projection.partitions.paused, {partition}: partitions waiting for the database
+//   - causet.projection.partitions.stuck, {partition}: partitions held by a dead letter that
+//     cannot be written
 type Metrics struct {
 	meter        metric.Meter
 	appliedC     metric.Int64Counter
@@ -34,6 +37,7 @@ type Metrics struct {
 	deadC        metric.Int64Counter
 	applyLatency metric.Float64Histogram
 	pausedC      metric.Int64UpDownCounter
+	stuckC       metric.Int64UpDownCounter
 	batchLatency metric.Float64Histogram
 	batchSize    metric.Int64Histogram
 }
@@ -82,6 +86,14 @@ func NewMetrics(meter metric.Meter) (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.stuckC, err = meter.Int64UpDownCounter("causet.projection.partitions.stuck", metric.WithUnit("{partition}"),
+		metric.WithDescription("Partitions held by a dead letter that cannot be written (the dead-letter topic refuses it)."))
+	if err != nil {
+		return nil, err
+	}
+	// Export both at 0 from the start, so alerts can tell 0 from absent.
+	m.pausedC.Add(context.Background(), 0)
+	m.stuckC.Add(context.Background(), 0)
 	return m, nil
 }
 
@@ -134,6 +146,12 @@ func (m *Metrics) observeBatch(ctx context.Context, n int, d time.Duration) {
 	}
 }
 
+func (m *Metrics) addStuck(ctx context.Context, n int64) {
+	if m.stuckC != nil {
+		m.stuckC.Add(ctx, n)
+	}
+}
+
 func (m *Metrics) addPaused(ctx context.Context, n int64) {
 	if m.pausedC != nil {
 		m.pausedC.Add(ctx, n)
@@ -153,9 +171,10 @@ func (m *Metrics) observeWorker(w *Worker) error {
 			defer w.mu.Unlock()
 			for p, pc := range w.partitions {
 				pc.mu.Lock()
-				lag := pc.lag
+				lag := pc.highWatermark - pc.next
+				known := pc.next >= 0
 				pc.mu.Unlock()
-				if lag >= 0 {
+				if known {
 					o.Observe(lag, metric.WithAttributes(
 						attribute.String("topic", w.cfg.Topic), attribute.Int("partition", int(p))))
 				}

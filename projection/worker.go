@@ -149,8 +149,11 @@ func (c *Config) Validate() error {
 }
 
 // DeadLetterWriter publishes a dead letter and returns nil only once Kafka
-// has acknowledged it; it returns an error only when ctx is done (the source
-// offset then stays uncommitted). *dlq.Writer implements it.
+// has acknowledged it. It returns an error when ctx is done, or when it
+// cannot write the dead letter for now (the topic keeps refusing it, or it
+// is too large); the worker then keeps the source offset uncommitted,
+// reports the partition stuck in Ready, and calls Write again.
+// *dlq.Writer implements it.
 type DeadLetterWriter interface {
 	Write(ctx context.Context, dl dlq.DeadLetter) error
 }
@@ -369,7 +372,7 @@ func (w *Worker) partition(p int32) *partition {
 		cancel:    cancel,
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
-		lag:       -1,
+		next:      -1,
 	}
 	w.partitions[p] = pc
 	w.wg.Add(1)
@@ -452,12 +455,15 @@ type partition struct {
 	fetchPaused   bool  // fetching paused for backpressure or a database wait
 	dbWait        bool  // waiting for the database (InfraPause)
 	stuck         error // a dead letter that cannot be written, nil when none
-	lag           int64 // high watermark − next offset; −1 unknown
+	next          int64 // offset of the next record to finish; −1 unknown
 	highWatermark int64
 }
 
 func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	pc.mu.Lock()
+	if pc.next < 0 {
+		pc.next = recs[0].Offset
+	}
 	pc.queue = append(pc.queue, recs...)
 	n := 0
 	for _, r := range recs {
@@ -505,8 +511,15 @@ func (pc *partition) maybeResume() {
 // written; Ready reports it.
 func (pc *partition) setStuck(err error) {
 	pc.mu.Lock()
+	was := pc.stuck != nil
 	pc.stuck = err
 	pc.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		pc.w.cfg.Metrics.addStuck(pc.ctx, 1)
+	case err == nil && was:
+		pc.w.cfg.Metrics.addStuck(pc.ctx, -1)
+	}
 }
 
 func (pc *partition) stuckOn() error {
@@ -584,6 +597,9 @@ func (pc *partition) run() {
 		if pc.waitingForDB() {
 			pc.w.cfg.Metrics.addPaused(context.Background(), -1)
 		}
+		if pc.stuckOn() != nil {
+			pc.w.cfg.Metrics.addStuck(context.Background(), -1)
+		}
 	}()
 	for {
 		select {
@@ -606,7 +622,7 @@ func (pc *partition) run() {
 			last := recs[len(recs)-1]
 			pc.w.cl.MarkCommitRecords(last)
 			pc.mu.Lock()
-			pc.lag = pc.highWatermark - last.Offset - 1
+			pc.next = last.Offset + 1
 			pc.mu.Unlock()
 			pc.maybeResume()
 			if !more {
@@ -765,10 +781,10 @@ func (w *Worker) applyOnce(ctx context.Context, h Handler, ev *Event) (stack str
 }
 
 func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLetter) error {
-	// The writer retries produce failures itself; an error that is not ctx's
-	// is one it cannot retry (a dead letter too large for the topic). The
-	// record is never skipped: the partition reports not-ready and the write
-	// is tried again until an operator fixes the topic or ctx ends.
+	// An error that is not ctx's means the writer could not write the dead
+	// letter for now: the dead-letter topic keeps refusing it, or it is too
+	// large for the topic. The record is never skipped: the partition
+	// reports not-ready, logs an error and the write is tried again.
 	b := w.cfg.InfraRetry.NewBackOff()
 	for {
 		err := w.dead.Write(ctx, dl)
@@ -780,9 +796,13 @@ func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLette
 		}
 		wait := b.NextBackOff()
 		pc.setStuck(err)
-		w.log.Error("dead letter cannot be written; the partition waits (fix the dead-letter topic, e.g. its max.message.bytes)",
+		hint := "the dead-letter topic refuses writes: check it exists and accepts this worker's records"
+		if errors.Is(err, dlq.ErrTooLarge) {
+			hint = "raise the dead-letter topic's max.message.bytes (or --dlq-max-bytes) and restart the worker: the limit is read at start"
+		}
+		w.log.Error("dead letter not written; the partition waits and tries again",
 			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
-			"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "error", err)
+			"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "fix", hint, "error", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -683,7 +683,7 @@ func TestWorkerDeadLetterProduceFailureKeepsOffset(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
 	refused := r.broker.RefuseProduce(t, r.dlqTopic, kerr.TopicAuthorizationFailed.Code, func(int64) bool { return failing.Load() })
-	r.start(nil)
+	rn := r.start(nil)
 	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
 	r.produce("poison", []byte("not json"))
 	r.produce("good-2", []byte(r.follow("good-2", "artist-1", 1)))
@@ -697,6 +697,14 @@ func TestWorkerDeadLetterProduceFailureKeepsOffset(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // give a wrong commit time to happen
 	if got := r.committed(); got > 1 {
 		t.Fatalf("committed offset %d while the dead letter of offset 1 was not acknowledged", got)
+	}
+	// Not a silent stall: once the writer gives up a round of attempts, the
+	// worker reports the partition stuck.
+	for time.Now().Before(deadline) && !strings.Contains(fmt.Sprint(rn.w.Ready()), "stuck") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := rn.w.Ready(); err == nil || !strings.Contains(err.Error(), "partition 0 stuck") {
+		t.Errorf("Ready() while the dead-letter topic refuses writes = %v, want partition 0 stuck", err)
 	}
 	failing.Store(false)
 	r.waitCommitted(testTimeout)
