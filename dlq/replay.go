@@ -487,7 +487,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			o.Kind = OutcomeAlreadyReplayed
 			o.Reason = fmt.Sprintf("replayed at %s by %s (run %s)", d.AtTime().UTC().Format(time.RFC3339), d.Actor, d.RunID)
 		case !e.HasOriginalEvent():
-			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a JSON object): nothing to replay"
+			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a valid JSON object): nothing to replay"
 		case e.ReplayCount >= cfg.MaxReplays && !cfg.Force:
 			o.Kind = OutcomeRefused
 			o.Reason = fmt.Sprintf("event already replayed %d times (max %d; force to replay)", e.ReplayCount, cfg.MaxReplays)

@@ -204,7 +204,11 @@ func defaultActor(lookupEnv func(string) (string, bool)) string {
 var fingerprintRE = regexp.MustCompile(`^[0-9a-fA-F]{16}$`)
 
 // filters returns the filters of the flags, or a usage error naming the flag.
+// It checks the topic flags too, which every command uses.
 func (s *settings) filters(now time.Time) (dlq.Filters, error) {
+	if err := (dlq.TopicConfig{EventsTopic: s.topic, DLQTopic: s.dlqTopic, LedgerTopic: s.ledgerTopic}).Validate(); err != nil {
+		return dlq.Filters{}, flagenv.Usagef("--topic, --dlq-topic, --ledger-topic: %v", err)
+	}
 	f := dlq.Filters{
 		ForkID: s.forkID, Projection: s.projection, TenantSchema: s.tenantSchema, EventType: s.eventType,
 		ErrorContains: s.errorContains, Fingerprint: strings.ToLower(s.fingerprint),

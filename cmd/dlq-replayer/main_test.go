@@ -69,6 +69,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad until", noKafka, []string{"list", "--until", "2024-13-01"}, "--until"},
 		{"since after until", noKafka, []string{"list", "--since", "1h", "--until", "2h"}, "--since"},
 		{"bad fingerprint", noKafka, []string{"list", "--fingerprint", "xyz"}, "--fingerprint"},
+		{"bad dlq topic name", noKafka, []string{"list", "--all", "--dlq-topic", "bad topic"}, "--dlq-topic"},
+		{"same dlq and ledger topic", noKafka, []string{"list", "--all", "--dlq-topic", "x", "--ledger-topic", "x"}, "--ledger-topic"},
 		{"max replays 0", noKafka, []string{"retry", "--all", "--max-replays", "0"}, "--max-replays"},
 		{"negative rate", noKafka, []string{"retry", "--all", "--rate", "-5"}, "--rate"},
 		{"skip without reason", noKafka, []string{"skip", "--all", "--actor", "alice"}, "--reason"},

@@ -30,9 +30,12 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	s.registerRun(fs)
 	fs.String(&s.projections, "projections", "PROJECTIONS_FILE", "examples/projections.yaml", "projection definitions file")
 	fs.String(&s.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL to use instead of a throwaway cluster")
-	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1")
+	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1 (-1: any free port)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if kafkaPort < -1 || kafkaPort > 65535 {
+		return flagenv.Usagef("--kafka-port must be a port (0-65535, or -1 for any free port), got %d", kafkaPort)
 	}
 	// The dev stack keeps its defaults short so the failure examples reach
 	// the dead-letter topic within seconds.

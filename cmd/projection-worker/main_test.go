@@ -258,6 +258,8 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "-1s"}},
 		{flag: "--topic", args: []string{"--topic", "bad name"}},
 		{flag: "--group", args: []string{"--group", ""}},
+		{flag: "--http-addr", args: []string{"--http-addr", "nonsense"}},
+		{flag: "--projections", args: []string{"--projections", "/nonexistent/defs.yaml"}},
 		{flag: "--max-queued-bytes", args: []string{"--max-queued-bytes", "0"}},
 	}
 	for _, tt := range tests {

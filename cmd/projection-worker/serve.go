@@ -96,7 +96,7 @@ func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*projection.Worker)) error {
 	defs, handlers, err := loadProjections(s.projections)
 	if err != nil {
-		return flagenv.Usagef("%v", err)
+		return flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
 	}
 	policy, err := s.retryPolicy()
 	if err != nil {
@@ -118,6 +118,9 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 	var ln net.Listener
+	if _, _, err := net.SplitHostPort(s.httpAddr); s.httpAddr != "" && err != nil {
+		return flagenv.Usagef("--http-addr %q: %v", s.httpAddr, err)
+	}
 	if s.httpAddr != "" {
 		if ln, err = net.Listen("tcp", s.httpAddr); err != nil {
 			return fmt.Errorf("--http-addr %s: %w", s.httpAddr, err)
