@@ -36,6 +36,10 @@ vet:
 # service fails them instead of skipping.
 test: vet
 	$(GO) test -race -count=1 -timeout 12m ./...
+	# The worker scenarios again with COPY off, so that the statement path
+	# is tested alone too (the suite above sends every upsert group through
+	# COPY, and through statements only when a COPY fails).
+	TEST_NO_COPY=1 $(GO) test -count=1 -timeout 5m -run 'TestWorker' ./projection
 
 # The same integration scenarios against a real Apache Kafka broker. Tests
 # that need kfake fault injection are skipped by name with the reason; their

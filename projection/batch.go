@@ -105,7 +105,22 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 		}
 	}
 
-	f, err := w.applyPlanned(ctx, pc, planned)
+	rest := planned
+	if w.cfg.CopyMinRows > 0 {
+		var groups []*copyGroup
+		if groups, rest = copyGroups(planned, w.cfg.CopyMinRows); len(groups) > 0 {
+			if err := w.execCopy(ctx, groups); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				// The statements find the failing pairs (or wait for the
+				// database) and apply the rest.
+				w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
+				rest = planned
+			}
+		}
+	}
+	f, err := w.applyPlanned(ctx, pc, rest)
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,13 @@ type Config struct {
 	// MaxBatchRecords bounds the records of one partition applied in one
 	// transaction. Default 500; 1 applies records one at a time.
 	MaxBatchRecords int
+	// CopyMinRows is the smallest group of upserts of one table in one
+	// tenant schema, within a batch, that is applied with COPY into a
+	// temporary table and one INSERT ... ON CONFLICT instead of one
+	// statement per pair; below it the extra round trips cost more than they
+	// save. When a COPY fails, its batch is applied as statements, which
+	// isolate the failing pairs. Default 32; -1 never uses COPY.
+	CopyMinRows int
 	// MaxQueuedBytes bounds the record bytes (key, value, headers) polled
 	// but not yet processed, all partitions together, so that memory does
 	// not grow with the backlog: above it the worker stops polling (the
@@ -120,6 +127,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatchRecords == 0 {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
+	}
+	if c.CopyMinRows == 0 {
+		c.CopyMinRows = 32
 	}
 	if c.MaxQueuedBytes == 0 {
 		c.MaxQueuedBytes = DefaultMaxQueuedBytes

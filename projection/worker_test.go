@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -143,6 +145,7 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 		InfraRetry:     retry.Policy{Initial: 20 * time.Millisecond, Multiplier: 2, MaxInterval: 200 * time.Millisecond, Jitter: 0.2},
 		ShutdownGrace:  20 * time.Second,
 		CommitInterval: 100 * time.Millisecond,
+		CopyMinRows:    copyMinRows,
 		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -307,6 +310,16 @@ func (r *rig) count(table string) int {
 }
 
 const testTimeout = 60 * time.Second
+
+// copyMinRows makes every upsert group of the tests' small batches go
+// through COPY (and its fallback to statements on failure); set
+// TEST_NO_COPY=1 to test the statement path alone.
+var copyMinRows = func() int {
+	if os.Getenv("TEST_NO_COPY") == "1" {
+		return -1
+	}
+	return 1
+}()
 
 func TestWorkerProjectsTheSpecExample(t *testing.T) {
 	t.Parallel()
@@ -541,21 +554,31 @@ func TestWorkerRedeliveryOfOlderSequenceIsNoop(t *testing.T) {
 	withScore := func(seq, points int64) []byte {
 		return []byte(r.event("ARTIST_FOLLOWED", "user-1", seq, fmt.Sprintf(`{"user_id":"user-1","artist_id":"artist-1","points":%d,"games":1}`, points)))
 	}
+	// Each in a batch of its own, so that the sequence guard, not the
+	// deduplication within a batch, has to keep the newest state.
+	check := func(when string) {
+		t.Helper()
+		var score, seq int64
+		q := "SELECT score, _causet_seq FROM " + pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()
+		if err := r.pool.QueryRow(context.Background(), q).Scan(&score, &seq); err != nil {
+			t.Fatal(err)
+		}
+		if score != 50 || seq != 5 {
+			t.Errorf("%s: row (score, seq) = (%d, %d), want (50, 5)", when, score, seq)
+		}
+	}
 	r.produce("user-1", withScore(5, 50))
+	r.waitCommitted(testTimeout)
 	r.produce("user-1", withScore(3, 30)) // older: no-op
+	r.waitCommitted(testTimeout)
+	check("after an older event")
 	r.produce("user-1", withScore(5, 50)) // re-delivery: same state
 	r.waitCommitted(testTimeout)
-	var score, seq int64
-	q := "SELECT score, _causet_seq FROM " + pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()
-	if err := r.pool.QueryRow(context.Background(), q).Scan(&score, &seq); err != nil {
-		t.Fatal(err)
-	}
-	if score != 50 || seq != 5 {
-		t.Errorf("row (score, seq) = (%d, %d), want (50, 5)", score, seq)
-	}
+	check("after a re-delivery")
 	// A delete at 6 leaves a tombstone; a late upsert at 4 must not bring
 	// the row back.
 	r.produce("user-1", []byte(r.event("ARTIST_UNFOLLOWED", "user-1", 6, `{"user_id":"user-1","artist_id":"artist-1"}`)))
+	r.waitCommitted(testTimeout)
 	r.produce("user-1", withScore(4, 40))
 	r.waitCommitted(testTimeout)
 	if n := r.count("artist_followers"); n != 0 {
@@ -1013,5 +1036,43 @@ func TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly(t *testing.
 	}
 	if err := w.Ready(); err != nil {
 		t.Errorf("Ready() after the fix = %v", err)
+	}
+}
+
+// TestWorkerBatchWithDeletesKeepsOrder: upserts of a key that the same batch
+// deletes must not be folded into a COPY group; applied in order, the newest
+// event decides.
+func TestWorkerBatchWithDeletesKeepsOrder(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	follow := func(user string, seq int64) []byte {
+		return []byte(r.event("ARTIST_FOLLOWED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":"a"}`, user)))
+	}
+	unfollow := func(user string, seq int64) []byte {
+		return []byte(r.event("ARTIST_UNFOLLOWED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":"a"}`, user)))
+	}
+	r.produce("back", follow("back", 1))
+	r.produce("back", unfollow("back", 2))
+	r.produce("back", follow("back", 3)) // followed again: the row exists
+	r.produce("gone", follow("gone", 1))
+	r.produce("gone", unfollow("gone", 2)) // unfollowed last: no row
+	r.produce("gone", follow("gone", 1))   // a late re-delivery: stays gone
+	r.produce("kept", follow("kept", 1))
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	var users []string
+	rows, err := r.pool.Query(context.Background(), "SELECT user_id FROM "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" ORDER BY user_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var u string
+		if err := rows.Scan(&u); err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, u)
+	}
+	if diff := cmp.Diff([]string{"back", "kept"}, users); diff != "" {
+		t.Errorf("followers (-want +got):\n%s", diff)
 	}
 }

@@ -199,6 +199,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		MaxPollRecords:  s.maxPollRecords,
 		MaxBatchRecords: s.maxBatch,
 		MaxQueuedBytes:  s.maxQueuedBytes,
+		CopyMinRows:     s.copyMinRows,
 		ShutdownGrace:   s.shutdownGrace,
 		Logger:          log,
 		Metrics:         metrics,
