@@ -197,3 +197,35 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 		}
 	}
 }
+
+// WriteBatch publishes dead letters in one produce call, which keeps their
+// order within a dead-letter partition, and returns one error per dead
+// letter: nil once Kafka has acknowledged it. It does not retry: a dead
+// letter with an error was not written (unless ctx ended with its request in
+// flight) and the caller writes it again with Write. Use it for the dead
+// letters of a batch that need no retry, so that they cost one round trip
+// together rather than one each.
+func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
+	errs := make([]error, len(dls))
+	now := time.Now()
+	recs := make([]*kgo.Record, 0, len(dls))
+	idx := make([]int, 0, len(dls))
+	for i, dl := range dls {
+		rec, err := NewRecord(dl, w.cfg, now)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		recs = append(recs, rec)
+		idx = append(idx, i)
+	}
+	if len(recs) == 0 {
+		return errs
+	}
+	for j, res := range w.client.ProduceSync(ctx, recs...) {
+		if res.Err != nil {
+			errs[idx[j]] = fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(dls[idx[j]].Source), w.cfg.Topic, res.Err)
+		}
+	}
+	return errs
+}

@@ -386,3 +386,67 @@ func TestWriterGivesUpAfterMaxAttempts(t *testing.T) {
 		t.Errorf("dead-letter topic holds %d records, want none", n)
 	}
 }
+
+// TestWriteBatchKeepsOrderAndReportsEachDeadLetter: the dead letters of a
+// batch are written in one round trip, in order; one that cannot be built
+// (too large) gets its own error and does not stop the others.
+func TestWriteBatchKeepsOrderAndReportsEachDeadLetter(t *testing.T) {
+	b, topic := newBroker(t, false)
+	cl := newClient(t, b)
+	w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic, MaxBytes: 64 << 10}, Backoff: testBackoff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dls []DeadLetter
+	for i := range 5 {
+		dl := testDeadLetter([]byte(testEvent))
+		src := *dl.Source
+		src.Key, src.Offset = []byte("same-key"), int64(i) // one dead-letter partition
+		if i == 2 {
+			src.Value = make([]byte, 128<<10) // not JSON: base64 over the limit
+		}
+		dl.Source = &src
+		dls = append(dls, dl)
+	}
+	errs := w.WriteBatch(context.Background(), dls)
+	for i, err := range errs {
+		if (i == 2) != (err != nil) {
+			t.Errorf("dead letter %d: error %v", i, err)
+		}
+	}
+	if !errors.Is(errs[2], ErrTooLarge) {
+		t.Errorf("dead letter 2: %v, want ErrTooLarge", errs[2])
+	}
+	if diff := cmp.Diff([]string{"0", "1", "3", "4"}, originalOffsets(t, cl, topic)); diff != "" {
+		t.Errorf("original offsets in dead-letter order (-want +got):\n%s", diff)
+	}
+}
+
+// originalOffsets returns the causet.dlq.original-offset header of every
+// record of topic, partition by partition in offset order.
+func originalOffsets(t *testing.T, cl *kgo.Client, topic string) []string {
+	t.Helper()
+	n := recordsOn(t, cl, topic)
+	rd, err := kgo.NewClient(kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []string
+	for int64(len(out)) < n {
+		fs := rd.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records", len(out), n)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == HeaderOriginalOffset {
+					out = append(out, string(h.Value))
+				}
+			}
+		})
+	}
+	return out
+}

@@ -133,32 +133,81 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stack, firstAt: time.Now()})
 		}
 	}
-	// Retry in record order, marking each record once every pair of it and
-	// of the records before it is done, so that a shutdown during a long
-	// retry commits what is finished.
-	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
+	// Failures that need no retry (invalid records, permanent errors) are
+	// dead-lettered together: waiting for each acknowledgement in turn
+	// would cost a round trip to Kafka per poison record.
+	var retried []pairFailure
+	var now []pairFailure
 	for _, f := range failures {
+		if f.h == nil || retry.IsPermanent(f.err) {
+			now = append(now, f)
+		} else {
+			retried = append(retried, f)
+		}
+	}
+	if err := w.deadLetterAll(ctx, pc, now); err != nil {
+		return err
+	}
+	// Retry the rest in record order, marking each record once every pair
+	// of it and of the records before it is done, so that a shutdown during
+	// a long retry commits what is finished.
+	slices.SortStableFunc(retried, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
+	for _, f := range retried {
 		if f.d.idx > 0 {
 			w.cl.MarkCommitRecords(recs[f.d.idx-1])
 		}
-		var err error
-		if f.h == nil {
-			err = w.deadLetterRecord(ctx, pc, f)
-		} else {
-			err = w.retryPair(ctx, pc, f)
-		}
-		if err != nil {
+		if err := w.retryPair(ctx, pc, f); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// deadLetterRecord dead-letters a record that no projection could be given:
-// an invalid event (permanent, projection "") or a replay to a projection
-// this worker does not have (projection error, not retried: no retry can
-// add a projection).
-func (w *Worker) deadLetterRecord(ctx context.Context, pc *partition, f pairFailure) error {
+// batchWriter is implemented by dead-letter writers that can write several
+// dead letters in one round trip (*dlq.Writer).
+type batchWriter interface {
+	WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error
+}
+
+// deadLetterAll dead-letters failures that need no retry, in record order:
+// in one round trip when the writer supports it, then one by one (with the
+// stuck handling of deadLetter) for those that were not written.
+func (w *Worker) deadLetterAll(ctx context.Context, pc *partition, failures []pairFailure) error {
+	dls := make([]dlq.DeadLetter, len(failures))
+	for i, f := range failures {
+		dls[i] = w.immediateDeadLetter(f)
+	}
+	bw, ok := w.dead.(batchWriter)
+	if !ok || len(dls) < 2 {
+		for _, dl := range dls {
+			if err := w.deadLetter(ctx, pc, dl); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	errs := bw.WriteBatch(ctx, dls)
+	for i, dl := range dls {
+		if errs[i] == nil {
+			w.deadLettered(ctx, dl)
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := w.deadLetter(ctx, pc, dl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// immediateDeadLetter is the dead letter of a failure that needs no retry:
+// a record that reached no projection, or a permanent error of a pair.
+func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
+	if f.h != nil {
+		return w.newDeadLetter(f.d, f.h.Name(), retry.Permanent, f.err, f.stack, 0, f.firstAt)
+	}
 	if f.d.ev == nil {
 		dl := dlq.DeadLetter{
 			Source: f.d.rec, Class: retry.Permanent, Err: f.err,
@@ -168,9 +217,11 @@ func (w *Worker) deadLetterRecord(ctx context.Context, pc *partition, f pairFail
 		if errors.As(f.err, &ve) {
 			dl.TenantSchema, dl.ForkID, dl.EventType = ve.TenantSchema, ve.ForkID, ve.EventType
 		}
-		return w.deadLetter(ctx, pc, dl)
+		return dl
 	}
-	return w.deadLetter(ctx, pc, w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt))
+	// A replay to a projection this worker does not have: a projection
+	// error, not retried (no retry can add a projection).
+	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt)
 }
 
 // applyPlanned applies the planned pairs in transactions of pipelined

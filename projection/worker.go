@@ -670,7 +670,7 @@ func readReplayInfo(rec *kgo.Record) replayInfo {
 // pairFailure is one (event, projection) pair whose first attempt failed.
 type pairFailure struct {
 	d       *decoded
-	h       Handler // nil: the record reached no projection (deadLetterRecord)
+	h       Handler // nil: the record reached no projection (immediateDeadLetter)
 	err     error
 	stack   string
 	firstAt time.Time
@@ -822,12 +822,17 @@ func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLette
 		}
 	}
 	pc.setStuck(nil)
+	w.deadLettered(ctx, dl)
+	return nil
+}
+
+// deadLettered records an acknowledged dead letter in the metrics and log.
+func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, dl.TenantSchema), dl.Class)
 	w.log.Warn("dead-lettered",
 		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
 		"error_class", dl.Class.String(), "retries", dl.Retries, "error", dl.Err)
-	return nil
 }
 
 // PanicError is the error a handler's panic becomes. It is a projection
