@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/projection"
 )
 
 // TestMain closes the PostgreSQL server pgtest may start for the benchmarks.
@@ -688,4 +689,45 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 	fmt.Printf("poison 1%% ratio: %.3f\n", poison.ratio())
 	fmt.Printf("poison 1%% worker peak RSS MiB: %.1f\n", poison.rss)
 	fmt.Printf("poison/clean throughput: %.3f\n", poison.workerEPS/clean.workerEPS)
+}
+
+// projections loads the benchmark's definitions file and its table
+// projections, failing b on error.
+func (e *env) projections(b *testing.B) (*projection.Definitions, []*projection.TableProjection) {
+	b.Helper()
+	defs, err := projection.LoadDefinitions(e.defs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tps, err := projection.NewTableProjections(defs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return defs, tps
+}
+
+// openConns returns a pool of at most n connections to url and n of its
+// connections, acquired (so opened) before any clock starts; the caller
+// releases them and closes the pool.
+func openConns(ctx context.Context, url string, n int) (*pgxpool.Pool, []*pgxpool.Conn, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.MaxConns = int32(n)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	conns := make([]*pgxpool.Conn, n)
+	for i := range conns {
+		if conns[i], err = pool.Acquire(ctx); err != nil {
+			for _, c := range conns[:i] {
+				c.Release()
+			}
+			pool.Close()
+			return nil, nil, fmt.Errorf("connect: %w", err)
+		}
+	}
+	return pool, conns, nil
 }

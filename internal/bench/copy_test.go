@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/causet/projection-worker/projection"
 )
@@ -67,14 +66,7 @@ func BenchmarkApplyBatchVsCopy(b *testing.B) {
 	n := benchEvents(b)
 	e := newEnv(b, false)
 	d := newDataset(n, false)
-	defs, err := projection.LoadDefinitions(e.defs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tps, err := projection.NewTableProjections(defs)
-	if err != nil {
-		b.Fatal(err)
-	}
+	defs, tps := e.projections(b)
 	shapes := newCopyShapes(defs)
 
 	type key struct {
@@ -311,21 +303,12 @@ type applyResult struct {
 // transaction; goroutine g takes the events of the partitions p with
 // p mod goroutines == g, in order.
 func runApply(ctx context.Context, url string, d *dataset, planned [][]plannedPair, goroutines int, mode applyMode, shapes []*copyShape) (applyResult, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return applyResult{}, err
-	}
-	cfg.MaxConns = int32(goroutines)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, conns, err := openConns(ctx, url, goroutines)
 	if err != nil {
 		return applyResult{}, err
 	}
 	defer pool.Close()
-	conns := make([]*pgxpool.Conn, goroutines)
 	for i := range conns {
-		if conns[i], err = pool.Acquire(ctx); err != nil {
-			return applyResult{}, fmt.Errorf("connect: %w", err)
-		}
 		defer conns[i].Release()
 		if mode == modeCopy {
 			for _, s := range shapes {

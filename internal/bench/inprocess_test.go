@@ -52,15 +52,8 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	e := newEnv(b, false)
 	s := e.newScenario("inproc", newDataset(n, poison))
 	e.produce(s)
-	defs, err := projection.LoadDefinitions(e.defs)
-	if err != nil {
-		b.Fatal(err)
-	}
+	defs, tps := e.projections(b)
 	if err := projection.Migrate(e.ctx, e.pool, defs, s.tenant); err != nil {
-		b.Fatal(err)
-	}
-	tps, err := projection.NewTableProjections(defs)
-	if err != nil {
 		b.Fatal(err)
 	}
 	handlers := make([]projection.Handler, len(tps))

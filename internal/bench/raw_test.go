@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // rawBatch is the number of upserts per transaction of the raw ceiling.
@@ -85,22 +84,11 @@ func plainUpserts(d *dataset, schema string) queueFunc {
 // worker's partitions would. The time counted starts once the connections
 // are open.
 func runRaw(ctx context.Context, url string, d *dataset, goroutines, conns int, queue queueFunc) (rawResult, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	pool, open, err := openConns(ctx, url, conns)
 	if err != nil {
-		return rawResult{}, err
-	}
-	cfg.MaxConns = int32(conns)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return rawResult{}, err
+		return rawResult{}, fmt.Errorf("raw: %w", err)
 	}
 	defer pool.Close()
-	open := make([]*pgxpool.Conn, conns)
-	for i := range open {
-		if open[i], err = pool.Acquire(ctx); err != nil {
-			return rawResult{}, fmt.Errorf("raw: connect: %w", err)
-		}
-	}
 	for _, c := range open {
 		c.Release()
 	}

@@ -24,14 +24,7 @@ func BenchmarkRawWorkerSQL(b *testing.B) {
 	n := benchEvents(b)
 	e := newEnv(b, false)
 	d := newDataset(n, false)
-	defs, err := projection.LoadDefinitions(e.defs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tps, err := projection.NewTableProjections(defs)
-	if err != nil {
-		b.Fatal(err)
-	}
+	defs, tps := e.projections(b)
 
 	// plan renders, decodes and plans every event for schema; the time of
 	// decoding and planning (not rendering) is returned.
