@@ -91,10 +91,10 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 				single = append(single, pair{d: d, h: h})
 				continue
 			}
-			st, err := p.Plan(d.ev)
+			st, stack, err := plan(p, h.Name(), d.ev)
 			if err != nil {
 				w.cfg.Metrics.failed(ctx, pairAttrs(h.Name(), d.ev.TenantSchema), retry.Classify(err))
-				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: string(debug.Stack()), firstAt: time.Now()})
+				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: stack, firstAt: time.Now()})
 				continue
 			}
 			planned = append(planned, pair{d: d, h: h, stmt: st})
@@ -133,34 +133,93 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stack, firstAt: time.Now()})
 		}
 	}
-	// Failures that need no retry (invalid records, permanent errors) are
-	// dead-lettered together: waiting for each acknowledgement in turn
-	// would cost a round trip to Kafka per poison record.
-	var retried []pairFailure
-	var now []pairFailure
-	for _, f := range failures {
-		if f.h == nil || retry.IsPermanent(f.err) {
-			now = append(now, f)
-		} else {
-			retried = append(retried, f)
+	return w.finishFailures(ctx, pc, recs, failures)
+}
+
+// plan calls p.Plan, turning a panic into a *PanicError (a projection
+// error, like a panic in Apply). It returns the Go stack where Plan failed
+// or panicked with the error.
+func plan(p Planner, projection string, ev *Event) (st Statement, stack string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			st, stack, err = Statement{}, string(debug.Stack()), &PanicError{Projection: projection, Value: r}
 		}
+	}()
+	st, err = p.Plan(ev)
+	if err != nil {
+		stack = string(debug.Stack())
 	}
-	if err := w.deadLetterAll(ctx, pc, now); err != nil {
-		return err
-	}
-	// Retry the rest in record order, marking each record once every pair
-	// of it and of the records before it is done, so that a shutdown during
-	// a long retry commits what is finished.
-	slices.SortStableFunc(retried, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
-	for _, f := range retried {
-		if f.d.idx > 0 {
-			w.cl.MarkCommitRecords(recs[f.d.idx-1])
+	return st, stack, err
+}
+
+// finishFailures retries and dead-letters the failed pairs of a batch, in
+// record order, so that a revoke or shutdown at any point leaves nothing
+// dead-lettered twice and commits what is finished:
+//
+//   - the dead letters of failures that need no retry (invalid records,
+//     permanent errors) are written together, in one round trip, but only
+//     up to the next record that has a pair to retry: a record after it may
+//     be processed again by the next owner, and must not have a dead letter
+//     already;
+//   - before a record's pairs are retried, the records before it are
+//     marked for commit;
+//   - a record's dead letters, retried or not, are written only once all of
+//     its failing pairs are resolved, so a record interrupted half way has
+//     none;
+//   - before waiting on a dead letter the topic refuses, the records before
+//     it are marked for commit (deadLetterAll).
+//
+// It returns a non-nil error only when ctx is done first.
+func (w *Worker) finishFailures(ctx context.Context, pc *partition, recs []*kgo.Record, failures []pairFailure) error {
+	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
+	var pending []indexedDeadLetter
+	for len(failures) > 0 {
+		n := 1
+		for n < len(failures) && failures[n].d.idx == failures[0].d.idx {
+			n++
 		}
-		if err := w.retryPair(ctx, pc, f); err != nil {
+		group := failures[:n]
+		failures = failures[n:]
+		idx := group[0].d.idx
+		if !slices.ContainsFunc(group, needsRetry) {
+			for _, f := range group {
+				pending = append(pending, indexedDeadLetter{idx, w.immediateDeadLetter(f)})
+			}
+			continue
+		}
+		if err := w.deadLetterAll(ctx, pc, recs, pending); err != nil {
 			return err
 		}
+		pending = nil
+		if idx > 0 {
+			w.cl.MarkCommitRecords(recs[idx-1])
+		}
+		for _, f := range group {
+			if !needsRetry(f) {
+				pending = append(pending, indexedDeadLetter{idx, w.immediateDeadLetter(f)})
+				continue
+			}
+			dl, err := w.retryPair(ctx, pc, f)
+			if err != nil {
+				return err
+			}
+			if dl != nil {
+				pending = append(pending, indexedDeadLetter{idx, *dl})
+			}
+		}
 	}
-	return nil
+	return w.deadLetterAll(ctx, pc, recs, pending)
+}
+
+// needsRetry reports whether a failed pair is retried before it may be
+// dead-lettered: it reached a projection and its error is not permanent.
+func needsRetry(f pairFailure) bool { return f.h != nil && !retry.IsPermanent(f.err) }
+
+// indexedDeadLetter is a dead letter with the index, in its batch, of the
+// record it is for.
+type indexedDeadLetter struct {
+	idx int
+	dl  dlq.DeadLetter
 }
 
 // batchWriter is implemented by dead-letter writers that can write several
@@ -169,33 +228,33 @@ type batchWriter interface {
 	WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error
 }
 
-// deadLetterAll dead-letters failures that need no retry, in record order:
-// in one round trip when the writer supports it, then one by one (with the
-// stuck handling of deadLetter) for those that were not written.
-func (w *Worker) deadLetterAll(ctx context.Context, pc *partition, failures []pairFailure) error {
-	dls := make([]dlq.DeadLetter, len(failures))
-	for i, f := range failures {
-		dls[i] = w.immediateDeadLetter(f)
-	}
-	bw, ok := w.dead.(batchWriter)
-	if !ok || len(dls) < 2 {
-		for _, dl := range dls {
-			if err := w.deadLetter(ctx, pc, dl); err != nil {
-				return err
-			}
+// deadLetterAll writes dls (in record order): in one round trip when the
+// writer supports it, then one by one, with the stuck handling of
+// deadLetter, those that were not written. Before writing one by one, it
+// marks the record before that dead letter's record for commit: every
+// earlier record is finished, and the partition commits them even while the
+// dead-letter topic keeps refusing this one.
+func (w *Worker) deadLetterAll(ctx context.Context, pc *partition, recs []*kgo.Record, dls []indexedDeadLetter) error {
+	var errs []error
+	if bw, ok := w.dead.(batchWriter); ok && len(dls) > 1 {
+		plain := make([]dlq.DeadLetter, len(dls))
+		for i, x := range dls {
+			plain[i] = x.dl
 		}
-		return nil
+		errs = bw.WriteBatch(ctx, plain)
 	}
-	errs := bw.WriteBatch(ctx, dls)
-	for i, dl := range dls {
-		if errs[i] == nil {
-			w.deadLettered(ctx, dl)
+	for i, x := range dls {
+		if errs != nil && errs[i] == nil {
+			w.deadLettered(ctx, x.dl)
 			continue
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err := w.deadLetter(ctx, pc, dl); err != nil {
+		if x.idx > 0 {
+			w.cl.MarkCommitRecords(recs[x.idx-1])
+		}
+		if err := w.deadLetter(ctx, pc, x.dl); err != nil {
 			return err
 		}
 	}

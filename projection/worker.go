@@ -286,9 +286,14 @@ func (w *Worker) Ready() error {
 // Run polls and processes records until ctx is done, then shuts down within
 // the shutdown grace: it cancels in-flight retries and backoff waits, waits
 // for the partition goroutines, commits the offsets of finished records and
-// leaves the group. It returns nil after a clean shutdown, and an error when
-// the final commit fails or the grace period runs out. Run may be called
-// once; it closes the client.
+// leaves the group. The whole shutdown is bounded by the grace: the
+// partition goroutines get the grace less a reserve (a quarter of it, at
+// most 5 s) for the final commit and leaving the group; a goroutine that
+// has not returned by then (a projection that ignores its context) is
+// named in the error and not waited for. It returns nil after a clean
+// shutdown, and an error when a partition did not stop, the final commit
+// fails or the grace runs out. Run may be called once; it closes the
+// client.
 func (w *Worker) Run(ctx context.Context) error {
 	for {
 		if !w.waitForRoom(ctx) {
@@ -347,8 +352,16 @@ func (w *Worker) shutdown() error {
 		delete(w.partitions, p)
 	}
 	w.mu.Unlock()
-	stopPartitions(all)
 	var errs []error
+	// The partitions get the grace less a reserve for the final commit and
+	// leaving the group, so that the whole shutdown fits in the grace.
+	reserve := min(w.cfg.ShutdownGrace/4, 5*time.Second)
+	stopCtx, stopCancel := context.WithTimeout(grace, w.cfg.ShutdownGrace-reserve)
+	stuck := stopPartitions(stopCtx, all)
+	stopCancel()
+	for _, p := range stuck {
+		errs = append(errs, fmt.Errorf("partition %d did not stop within the shutdown grace of %s (a projection that ignores its context?); its unfinished records are processed again by the next owner", p, w.cfg.ShutdownGrace))
+	}
 	if err := w.cl.CommitMarkedOffsets(grace); err != nil {
 		errs = append(errs, fmt.Errorf("commit offsets at shutdown: %w", err))
 	}
@@ -362,7 +375,9 @@ func (w *Worker) shutdown() error {
 	case <-grace.Done():
 		errs = append(errs, fmt.Errorf("leave group: shutdown grace of %s exceeded", w.cfg.ShutdownGrace))
 	}
-	w.wg.Wait()
+	if len(stuck) == 0 {
+		w.wg.Wait()
+	}
 	return errors.Join(errs...)
 }
 
@@ -393,10 +408,17 @@ func (w *Worker) partition(p int32) *partition {
 	return pc
 }
 
-func (w *Worker) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (w *Worker) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	w.mu.Lock()
 	w.joined = true
 	w.mu.Unlock()
+	// The client keeps a partition's fetch pause across rebalances, while
+	// the partition's new state starts unpaused: a partition paused by its
+	// previous state (backpressure, a database wait), revoked and assigned
+	// back would never be fetched again.
+	if ps := assigned[w.cfg.Topic]; len(ps) > 0 {
+		cl.ResumeFetchPartitions(map[string][]int32{w.cfg.Topic: ps})
+	}
 	for _, p := range assigned[w.cfg.Topic] {
 		w.partition(p)
 	}
@@ -427,6 +449,10 @@ func (w *Worker) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	w.log.Warn("partitions lost", "topic", w.cfg.Topic, "partitions", lost[w.cfg.Topic])
 }
 
+// stop stops the goroutines of partitions ps, waiting for them at most the
+// shutdown grace: a rebalance must not hang on a projection that ignores
+// its context. A goroutine still running after that only ever marks
+// records it finished, which stays correct.
 func (w *Worker) stop(ps []int32) {
 	w.mu.Lock()
 	var stopping []*partition
@@ -437,16 +463,34 @@ func (w *Worker) stop(ps []int32) {
 		}
 	}
 	w.mu.Unlock()
-	stopPartitions(stopping)
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownGrace)
+	defer cancel()
+	if stuck := stopPartitions(ctx, stopping); len(stuck) > 0 {
+		w.log.Error("partitions did not stop within the shutdown grace; going on without them (a projection that ignores its context?)",
+			"topic", w.cfg.Topic, "partitions", stuck, "grace", w.cfg.ShutdownGrace)
+	}
 }
 
-func stopPartitions(ps []*partition) {
+// stopPartitions cancels ps and waits until their goroutines have returned
+// or ctx is done. It returns the partitions whose goroutines had not
+// returned by then.
+func stopPartitions(ctx context.Context, ps []*partition) []int32 {
 	for _, pc := range ps {
 		pc.cancel()
 	}
+	var stuck []int32
 	for _, pc := range ps {
-		<-pc.done
+		select {
+		case <-pc.done:
+		case <-ctx.Done():
+			select {
+			case <-pc.done:
+			default:
+				stuck = append(stuck, pc.partition)
+			}
+		}
 	}
+	return stuck
 }
 
 // partition is the state of one assigned partition. Its goroutine (run)
@@ -552,11 +596,17 @@ func (pc *partition) setDBWait(waiting bool) {
 	if !changed {
 		return
 	}
-	if waiting {
+	switch {
+	case waiting:
 		pc.pauseFetch()
 		pc.w.cfg.Metrics.addPaused(pc.ctx, 1)
 		pc.w.log.Warn("database unavailable: partition paused", "topic", pc.w.cfg.Topic, "partition", pc.partition)
-	} else {
+	case pc.ctx.Err() != nil:
+		// Revoked or shutting down while waiting: the database may well
+		// still be down.
+		pc.w.cfg.Metrics.addPaused(context.Background(), -1)
+		pc.w.log.Info("partition stopped while waiting for the database", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+	default:
 		pc.w.cfg.Metrics.addPaused(pc.ctx, -1)
 		pc.w.log.Info("database available again: partition resumed", "topic", pc.w.cfg.Topic, "partition", pc.partition)
 		pc.maybeResume()
@@ -676,9 +726,12 @@ type pairFailure struct {
 	firstAt time.Time
 }
 
-// retryPair retries a pair whose first attempt failed and dead-letters it
-// when the error is permanent or the retries run out.
-func (w *Worker) retryPair(ctx context.Context, pc *partition, f pairFailure) error {
+// retryPair retries a pair whose first attempt failed. It returns nil, nil
+// when a retry succeeded; the dead letter to write when the error is
+// permanent or the retries ran out (the caller writes it, so that the dead
+// letters of one record are written together); and ctx's error, with no
+// dead letter, when ctx is done first.
+func (w *Worker) retryPair(ctx context.Context, pc *partition, f pairFailure) (*dlq.DeadLetter, error) {
 	rec, ev := f.d.rec, f.d.ev
 	m := w.cfg.Metrics
 	attrs := pairAttrs(f.h.Name(), ev.TenantSchema)
@@ -705,15 +758,15 @@ func (w *Worker) retryPair(ctx context.Context, pc *partition, f pairFailure) er
 				"retry", n, "wait", wait, "error", err)
 		})
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		if err == nil {
-			return nil
+			return nil, nil
 		}
 		last = err
 	}
-	class := retry.Classify(last)
-	return w.deadLetter(ctx, pc, w.newDeadLetter(f.d, f.h.Name(), class, last, stack, retries, f.firstAt))
+	dl := w.newDeadLetter(f.d, f.h.Name(), retry.Classify(last), last, stack, retries, f.firstAt)
+	return &dl, nil
 }
 
 func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack string, retries int, firstAt time.Time) dlq.DeadLetter {

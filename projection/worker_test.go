@@ -987,22 +987,19 @@ func (w *refusingWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
 	return w.DeadLetterWriter.Write(ctx, dl)
 }
 
-// TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly: a dead
-// letter the writer cannot write (not a produce failure it retries) once
-// ended the partition's goroutine silently, stalling it with /readyz still
-// ready. Now the record is never skipped, the worker reports not-ready
-// naming the partition, and the write is tried again.
-func TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly(t *testing.T) {
-	t.Parallel()
-	r := newRig(t, rigOptions{})
+// startRefusing runs a worker whose dead-letter writer refuses every write
+// until the test sets refusing.n to 0.
+func (r *rig) startRefusing() (w *projection.Worker, refusing *refusingWriter) {
+	t := r.t
+	t.Helper()
 	prod := r.broker.Client(t, kgo.ProducerLinger(0))
 	real, err := dlq.NewWriter(prod, dlq.WriterConfig{RecordConfig: dlq.RecordConfig{Topic: r.dlqTopic, Worker: "test-worker", Generation: "test/v42"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	refusing := &refusingWriter{DeadLetterWriter: real}
+	refusing = &refusingWriter{DeadLetterWriter: real}
 	refusing.n.Store(1 << 40)
-	w, err := projection.NewWorker(projection.Config{
+	w, err = projection.NewWorker(projection.Config{
 		Topic: r.topic, Group: r.group, Retry: fastRetry, CommitInterval: 100 * time.Millisecond,
 		InfraRetry: retry.Policy{Initial: 50 * time.Millisecond, Multiplier: 1, MaxInterval: 50 * time.Millisecond},
 	}, r.handlers, r.pool, refusing, r.broker.Opts()...)
@@ -1012,8 +1009,19 @@ func TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly(t *testing.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+	return w, refusing
+}
 
+// TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly: a dead
+// letter the writer cannot write (not a produce failure it retries) once
+// ended the partition's goroutine silently, stalling it with /readyz still
+// ready. Now the record is never skipped, the worker reports not-ready
+// naming the partition, and the write is tried again.
+func TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	w, refusing := r.startRefusing()
 	r.produce("poison", []byte("not json"))
 	r.produce("good", []byte(r.follow("good", "artist-1", 1)))
 	deadline := time.Now().Add(testTimeout)

@@ -1,0 +1,296 @@
+package projection_test
+
+// Regression tests for the faults found by the fault review (issue 8): each
+// is named after the behaviour it guards.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/projection"
+	"github.com/causet/projection-worker/retry"
+)
+
+// committedAt returns the group's committed offset of partition p (−1 none).
+func (r *rig) committedAt(p int32) int64 {
+	r.t.Helper()
+	adm := kadm.NewClient(r.broker.Client(r.t))
+	offs, err := adm.FetchOffsets(context.Background(), r.group)
+	if err != nil {
+		return -1
+	}
+	if o, ok := offs.Lookup(r.topic, p); ok && o.Err == nil {
+		return o.At
+	}
+	return -1
+}
+
+// waitFor polls cond every 20 ms until it holds or testTimeout passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", testTimeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestWorkerRevokeDuringRetryDeadLettersNothingTwice: a batch holds a pair
+// that is retried and, after it, a permanent failure. When the partition is
+// revoked while the pair waits to be retried, the next owner processes both
+// again; the permanent failure must not have been dead-lettered already by
+// the first owner, or it gets two dead letters.
+func TestWorkerRevokeDuringRetryDeadLettersNothingTwice(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", 1, `{"user_id":"user-1","artist_id":"a","stars":3}`)))
+	r.produce("poison", []byte("not json"))
+	r.produce("user-2", []byte(r.follow("user-2", "artist-1", 1)))
+	first := r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+	})
+	waitFor(t, "the follow after the retried pair to be applied", func() bool { return r.count("artist_followers") == 1 })
+	time.Sleep(300 * time.Millisecond) // the rating now waits its first minute
+	if err := first.stop(t); err != nil {
+		t.Fatalf("first worker Run = %v", err)
+	}
+	if got := r.committed(); got > 0 {
+		t.Errorf("committed offset after the first owner = %d, want none or 0 (the rating unfinished)", got)
+	}
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	perOffset := map[string]int{}
+	for _, d := range r.deadLetters() {
+		perOffset[d.headers[dlq.HeaderOriginalOffset]+"/"+d.msg.ProjectionName]++
+	}
+	want := map[string]int{"0/artist_ratings": 1, "1/": 1}
+	if fmt.Sprint(perOffset) != fmt.Sprint(want) {
+		t.Errorf("dead letters per offset/projection = %v, want %v", perOffset, want)
+	}
+}
+
+// TestWorkerStuckOnDeadLetterCommitsTheRecordsBeforeIt: while a dead letter
+// cannot be written, the records before it are finished and their offsets
+// are committed; only the record itself and what follows wait.
+func TestWorkerStuckOnDeadLetterCommitsTheRecordsBeforeIt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
+	r.produce("good-2", []byte(r.follow("good-2", "artist-1", 1)))
+	r.produce("poison", []byte("not json"))
+	r.produce("good-3", []byte(r.follow("good-3", "artist-1", 1)))
+	w, refusing := r.startRefusing()
+
+	waitFor(t, "the partition to be reported stuck", func() bool { return strings.Contains(fmt.Sprint(w.Ready()), "stuck") })
+	waitFor(t, "offset 2 (the records before the dead letter) to be committed", func() bool { return r.committed() == 2 })
+	time.Sleep(300 * time.Millisecond) // a wrong commit past the record would happen now
+	if got := r.committed(); got != 2 {
+		t.Errorf("committed offset = %d, want 2 while offset 2's dead letter is not written", got)
+	}
+	refusing.n.Store(0)
+	r.waitCommitted(testTimeout)
+}
+
+// planPanicky is a planned projection whose Plan (and Apply) panic.
+type planPanicky struct{}
+
+func (planPanicky) Name() string          { return "plan_panicky" }
+func (planPanicky) Handles(t string) bool { return t == "ARTIST_FOLLOWED" }
+func (planPanicky) Apply(context.Context, projection.DB, *projection.Event) (projection.Outcome, error) {
+	panic("apply boom")
+}
+func (planPanicky) Plan(*projection.Event) (projection.Statement, error) { panic("plan boom") }
+
+// TestWorkerPlanPanicIsDeadLetteredNotFatal: a panic in a Planner's Plan is
+// a projection error like a panic in Apply; it once killed the process.
+func TestWorkerPlanPanicIsDeadLetteredNotFatal(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil, append([]projection.Handler{planPanicky{}}, r.handlers...)...)
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dls))
+	}
+	d := dls[0]
+	if d.msg.ProjectionName != "plan_panicky" || d.headers[dlq.HeaderErrorClass] != "projection" || !strings.Contains(d.msg.Error, "boom") || !strings.Contains(d.msg.StackTrace, "planPanicky") {
+		t.Errorf("dead letter = %+v %v", d.msg, d.headers)
+	}
+	if n := r.count("artist_followers"); n != 1 {
+		t.Errorf("artist_followers rows = %d, want 1", n)
+	}
+}
+
+// blocking is a Go projection that blocks every BLOCK event until its
+// context ends (block true), or applies it at once (block false).
+type blocking struct {
+	block bool
+	mu    sync.Mutex
+	seen  map[string]bool // entity ids applied or blocked on
+}
+
+func (b *blocking) Name() string          { return "blocking" }
+func (b *blocking) Handles(t string) bool { return t == "BLOCK" }
+func (b *blocking) Apply(ctx context.Context, _ projection.DB, ev *projection.Event) (projection.Outcome, error) {
+	b.mu.Lock()
+	if b.seen == nil {
+		b.seen = map[string]bool{}
+	}
+	b.seen[ev.EntityID] = true
+	b.mu.Unlock()
+	if !b.block {
+		return projection.Applied, nil
+	}
+	<-ctx.Done()
+	return projection.Applied, ctx.Err()
+}
+
+func (b *blocking) saw(entity string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.seen[entity]
+}
+
+// TestWorkerPausedPartitionResumesAfterReassignment: a partition whose
+// fetching is paused (backpressure behind a slow pair) that is revoked and
+// later assigned back must be fetched again; the client keeps a pause
+// across rebalances, and the new partition state starts unpaused.
+func TestWorkerPausedPartitionResumesAfterReassignment(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 2})
+	manual := r.broker.Client(t, kgo.DefaultProduceTopic(r.topic), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	produceTo := func(p int32, key, value string) {
+		t.Helper()
+		if err := manual.ProduceSync(context.Background(), &kgo.Record{Partition: p, Key: []byte(key), Value: []byte(value)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	small := func(c *projection.Config) { c.MaxQueuedBytes = 100 } // any record pauses its partition
+	slow := &blocking{block: true}
+	a := r.start(small, append([]projection.Handler{slow}, r.handlers...)...)
+	for p := range int32(2) {
+		produceTo(p, fmt.Sprintf("block-%d", p), r.event("BLOCK", fmt.Sprintf("block-%d", p), 1, "{}"))
+	}
+	waitFor(t, "both partitions to block", func() bool { return slow.saw("block-0") && slow.saw("block-1") })
+
+	fast := &blocking{}
+	b := r.start(small, append([]projection.Handler{fast}, r.handlers...)...)
+	waitFor(t, "the second member to take a partition", func() bool { return fast.saw("block-0") || fast.saw("block-1") })
+	moved := int32(0)
+	if fast.saw("block-1") {
+		moved = 1
+	}
+	waitFor(t, "the moved partition's block record to be committed", func() bool { return r.committedAt(moved) == 1 })
+	if err := b.stop(t); err != nil { // the moved partition goes back to the first member
+		t.Fatalf("second worker Run = %v", err)
+	}
+	for i := range 3 {
+		user := fmt.Sprintf("user-%d", i)
+		produceTo(moved, user, r.follow(user, "artist-1", 1))
+	}
+	waitFor(t, fmt.Sprintf("partition %d to be consumed again by the first member", moved), func() bool { return r.committedAt(moved) == 4 })
+	if err := a.stop(t); err != nil {
+		t.Fatalf("first worker Run = %v", err)
+	}
+}
+
+// stubborn is a Go projection that ignores its context: it blocks until the
+// test ends.
+type stubborn struct{ release chan struct{} }
+
+func (stubborn) Name() string          { return "stubborn" }
+func (stubborn) Handles(t string) bool { return t == "BLOCK" }
+func (s stubborn) Apply(context.Context, projection.DB, *projection.Event) (projection.Outcome, error) {
+	<-s.release
+	return projection.Applied, nil
+}
+
+// TestWorkerShutdownIsBoundedByTheGrace: Run returns within the shutdown
+// grace even when a handler ignores its context, with an error that says
+// what did not stop.
+func TestWorkerShutdownIsBoundedByTheGrace(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	s := stubborn{release: make(chan struct{})}
+	t.Cleanup(func() { close(s.release) })
+	rn := r.start(func(c *projection.Config) { c.ShutdownGrace = time.Second }, append([]projection.Handler{s}, r.handlers...)...)
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	r.produce("block", []byte(r.event("BLOCK", "block", 1, "{}")))
+	time.Sleep(300 * time.Millisecond) // the handler now blocks
+	start := time.Now()
+	rn.cancel()
+	select {
+	case <-rn.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return within 15 s of a 1 s shutdown grace")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("shutdown took %s with a 1 s grace", took)
+	}
+	if rn.err == nil || !strings.Contains(rn.err.Error(), "partition 0") {
+		t.Errorf("Run = %v, want an error naming partition 0, which did not stop", rn.err)
+	}
+	if got := r.committed(); got != 1 {
+		t.Errorf("committed offset = %d, want 1", got)
+	}
+}
+
+// TestWorkerStopDuringDatabaseOutageDoesNotClaimRecovery: a partition
+// stopped while it waits for the database must not log that the database
+// is available again.
+func TestWorkerStopDuringDatabaseOutageDoesNotClaimRecovery(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartOwn(t)
+	r := newRig(t, rigOptions{db: db})
+	var logs safeBuffer
+	rn := r.start(func(c *projection.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	if err := db.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Restart(context.Background()) })
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	waitFor(t, "the partition to pause", func() bool { return strings.Contains(fmt.Sprint(rn.w.Ready()), "paused") })
+	if err := rn.stop(t); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if out := logs.String(); strings.Contains(out, "available again") {
+		t.Errorf("log claims the database recovered while it is down:\n%s", out)
+	}
+}
+
+// safeBuffer is a bytes.Buffer safe for concurrent writes.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
