@@ -181,6 +181,11 @@ func (w *Worker) finishFailures(ctx context.Context, pc *partition, recs []*kgo.
 		group := failures[:n]
 		failures = failures[n:]
 		idx := group[0].d.idx
+		for i, f := range group {
+			if t, ok := pc.receivedFirstFailedAt(f.d.rec.Offset, f.projectionName()); ok {
+				group[i].firstAt = t
+			}
+		}
 		if !slices.ContainsFunc(group, needsRetry) {
 			for _, f := range group {
 				pending = append(pending, indexedDeadLetter{idx, w.immediateDeadLetter(f)})
@@ -194,6 +199,11 @@ func (w *Worker) finishFailures(ctx context.Context, pc *partition, recs []*kgo.
 		if idx > 0 {
 			w.cl.MarkCommitRecords(recs[idx-1])
 		}
+		firstAt := make(map[string]time.Time, len(group))
+		for _, f := range group {
+			firstAt[f.projectionName()] = f.firstAt
+		}
+		pc.retrying(recs[idx], firstAt)
 		for _, f := range group {
 			if !needsRetry(f) {
 				pending = append(pending, indexedDeadLetter{idx, w.immediateDeadLetter(f)})
@@ -207,8 +217,18 @@ func (w *Worker) finishFailures(ctx context.Context, pc *partition, recs []*kgo.
 				pending = append(pending, indexedDeadLetter{idx, *dl})
 			}
 		}
+		pc.retrying(nil, nil)
 	}
 	return w.deadLetterAll(ctx, pc, recs, pending)
+}
+
+// projectionName is the name of the projection the pair failed in: "" for
+// a record that reached none.
+func (f pairFailure) projectionName() string {
+	if f.h == nil {
+		return f.d.replay.projection
+	}
+	return f.h.Name()
 }
 
 // needsRetry reports whether a failed pair is retried before it may be

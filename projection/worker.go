@@ -364,6 +364,8 @@ func (w *Worker) shutdown() error {
 	}
 	if err := w.cl.CommitMarkedOffsets(grace); err != nil {
 		errs = append(errs, fmt.Errorf("commit offsets at shutdown: %w", err))
+	} else {
+		w.commitHandoffs(grace, all)
 	}
 	closed := make(chan struct{})
 	go func() {
@@ -408,7 +410,7 @@ func (w *Worker) partition(p int32) *partition {
 	return pc
 }
 
-func (w *Worker) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+func (w *Worker) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	w.mu.Lock()
 	w.joined = true
 	w.mu.Unlock()
@@ -419,8 +421,13 @@ func (w *Worker) onAssigned(_ context.Context, cl *kgo.Client, assigned map[stri
 	if ps := assigned[w.cfg.Topic]; len(ps) > 0 {
 		cl.ResumeFetchPartitions(map[string][]int32{w.cfg.Topic: ps})
 	}
+	var states []*partition
 	for _, p := range assigned[w.cfg.Topic] {
-		w.partition(p)
+		states = append(states, w.partition(p))
+	}
+	if len(states) > 0 {
+		// No record of these partitions is polled before this returns.
+		w.receiveHandoffs(ctx, cl, states)
 	}
 	if len(assigned[w.cfg.Topic]) > 0 {
 		w.log.Info("partitions assigned", "topic", w.cfg.Topic, "partitions", assigned[w.cfg.Topic])
@@ -430,9 +437,11 @@ func (w *Worker) onAssigned(_ context.Context, cl *kgo.Client, assigned map[stri
 // onRevoked stops the revoked partitions' goroutines (cancelling retries and
 // backoff waits at once) and commits what they finished.
 func (w *Worker) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	w.stop(revoked[w.cfg.Topic])
+	stopped := w.stop(revoked[w.cfg.Topic])
 	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		w.log.Error("commit offsets on revoke failed", "topic", w.cfg.Topic, "error", err)
+	} else {
+		w.commitHandoffs(ctx, stopped)
 	}
 	if len(revoked[w.cfg.Topic]) > 0 {
 		w.log.Info("partitions revoked", "topic", w.cfg.Topic, "partitions", revoked[w.cfg.Topic])
@@ -452,8 +461,9 @@ func (w *Worker) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 // stop stops the goroutines of partitions ps, waiting for them at most the
 // shutdown grace: a rebalance must not hang on a projection that ignores
 // its context. A goroutine still running after that only ever marks
-// records it finished, which stays correct.
-func (w *Worker) stop(ps []int32) {
+// records it finished, which stays correct. It returns the stopped
+// partitions' states.
+func (w *Worker) stop(ps []int32) []*partition {
 	w.mu.Lock()
 	var stopping []*partition
 	for _, p := range ps {
@@ -469,6 +479,7 @@ func (w *Worker) stop(ps []int32) {
 		w.log.Error("partitions did not stop within the shutdown grace; going on without them (a projection that ignores its context?)",
 			"topic", w.cfg.Topic, "partitions", stuck, "grace", w.cfg.ShutdownGrace)
 	}
+	return stopping
 }
 
 // stopPartitions cancels ps and waits until their goroutines have returned
@@ -511,6 +522,8 @@ type partition struct {
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // offset of the next record to finish; −1 unknown
 	highWatermark int64
+	inRetry       *handoff // the record whose failing pairs are being retried
+	received      *handoff // left by the previous owner (handoff.go)
 }
 
 func (pc *partition) push(recs []*kgo.Record, hwm int64) {

@@ -294,3 +294,31 @@ func (s *safeBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestWorkerNextOwnerKeepsFirstFailedAt: a pair whose retries are cut by a
+// revoke or shutdown is dead-lettered by the next owner with the time it
+// first failed at the previous owner, not at the next one.
+func TestWorkerNextOwnerKeepsFirstFailedAt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	before := time.Now().UnixMilli()
+	r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", 1, `{"user_id":"user-1","artist_id":"a","stars":3}`)))
+	first := r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+	})
+	time.Sleep(time.Second) // the rating fails once and waits its first minute
+	if err := first.stop(t); err != nil {
+		t.Fatalf("first worker Run = %v", err)
+	}
+	secondStart := time.Now().UnixMilli()
+	r.start(nil)
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dls))
+	}
+	if got := dls[0].msg.FirstFailedAt; got < before || got >= secondStart {
+		t.Errorf("firstFailedAt = %d, want the first owner's failure in [%d, %d)", got, before, secondStart)
+	}
+}
