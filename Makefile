@@ -8,12 +8,13 @@ TEST_KAFKA_BROKERS ?= 127.0.0.1:19092
 # Events in the throughput benchmark (make bench N=1000000).
 N ?= 200000
 
-.PHONY: help build run test test-unit test-kafka vet fuzz bench bench-replay clean
+.PHONY: help build run test test-unit test-kafka soak-kafka soak-kafka-clean vet fuzz bench bench-replay clean
 
 help:
 	@echo "make run          the worker on an embedded Kafka (127.0.0.1:9092) and a throwaway PostgreSQL, with example events"
 	@echo "make test         every test: vet, unit and integration (in-process Kafka, real PostgreSQL)"
 	@echo "make test-kafka   the integration suite against the real broker of 'make kafka-up' ($(TEST_KAFKA_BROKERS))"
+	@echo "make soak-kafka   3 worker processes killed and restarted on a real broker of its own, restarted once (SOAK_DURATION=5m SOAK_SEED=n)"
 	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
 	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events)"
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
@@ -48,6 +49,22 @@ test: vet
 test-kafka:
 	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) $(GO) test -count=1 -timeout 12m ./...
 	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_RESTART_TEST=1 $(GO) test -count=1 -timeout 10m -run 'TestWorkerRealBrokerRestartMidStream' -v ./projection
+
+# The real-broker soak (issue 8): 3 `projection-worker run` processes (built
+# with -race; SOAK_RACE=0 without) on a broker of its own (.kafka-soak,
+# 127.0.0.1:29092, never make kafka-up's), SIGKILLed and SIGTERMed and
+# restarted on a seeded schedule, the broker restarted once; then the soak's
+# invariants and its table. SOAK_DURATION (default 5m), SOAK_SEED, SOAK_RATE
+# (events/s, 60), SOAK_DRAIN (150s). Needs PostgreSQL (DATABASE_URL, or a
+# throwaway one), Java and Maven as make kafka-up does. The broker is stopped
+# afterwards (its data kept in .kafka-soak; make soak-kafka-clean removes it).
+SOAK_KAFKA_ENV := KAFKA_DIR=$(CURDIR)/.kafka-soak KAFKA_PORT=29092 KAFKA_CONTROLLER_PORT=29093
+soak-kafka:
+	SOAK_KAFKA=1 SOAK_DURATION=$${SOAK_DURATION:-5m} $(GO) test -count=1 -timeout 120m -run '^TestSoakKafka$$' -v ./internal/soak; \
+	rc=$$?; $(SOAK_KAFKA_ENV) bash scripts/kafka-down.sh; exit $$rc
+
+soak-kafka-clean:
+	$(SOAK_KAFKA_ENV) bash scripts/kafka-down.sh --clean
 
 fuzz:
 	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s
