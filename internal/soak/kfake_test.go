@@ -132,6 +132,11 @@ func (h *brokerHooks) onProduce(req kmsg.Request) (kmsg.Response, error, bool) {
 	if f.kind != "" && node == f.node {
 		switch f.kind {
 		case "refuse-retriable", "refuse-fatal":
+			// Every other request or so, so that one produce call of
+			// several dead letters gets mixed answers.
+			if !h.coin() {
+				break
+			}
 			code := kerr.InvalidRecord
 			if f.kind == "refuse-retriable" {
 				code = kerr.NotLeaderForPartition

@@ -15,6 +15,7 @@ type Report struct {
 	Drain                    time.Duration // from the last fault to drained (or the bound)
 	Events, Pairs            int
 	Faults                   map[string]int
+	Refusals                 map[string]int // requests the broker refused or left unanswered, by answer
 	Lost                     int
 	CommitsChecked           int
 	CommitViolations         int
@@ -43,6 +44,7 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("events / pairs", fmt.Sprintf("%d / %d", r.Events, r.Pairs))
 	row("instances started / killed", fmt.Sprintf("%d / %d", r.InstancesStarted, r.Killed))
 	row("faults injected", counts(r.Faults))
+	row("  broker answers", counts(r.Refusals))
 	row("lost (invariant 1)", fmt.Sprint(r.Lost))
 	row("good pairs dead-lettered", counts(r.GoodDeadLettered))
 	row("commits checked (invariant 2)", fmt.Sprintf("%d (%d covered records produced a moment later)", r.CommitsChecked, r.CommitsLate))

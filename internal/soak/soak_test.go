@@ -164,7 +164,7 @@ func TestSoakCheckerFails(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := settings{duration: 12 * time.Second, drain: 30 * time.Second, seed: 1, instances: 2, rate: 80,
+			s := settings{duration: 10 * time.Second, drain: 20 * time.Second, seed: 1, instances: 2, rate: 80,
 				causes: PoisonCauses, logPath: filepath.Join(t.TempDir(), "soak.log")}
 			tc.mod(&s)
 			rep := runSoak(t, s)
@@ -302,9 +302,7 @@ func runSoak(t *testing.T, s settings) *Report {
 		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates,
 		Stalls: k.stalls, InstancesStarted: k.started, Killed: k.killed,
 	}
-	for what, n := range k.hooks.refused {
-		rep.Faults["  "+what] = n
-	}
+	rep.Refusals = k.hooks.refused
 	rep.Violations = append(slices.Clone(k.vs), fin.Violations...)
 	rep.LongestRecovery, rep.LongestRecoveryAfter = k.longestRecovery()
 	return rep
@@ -516,9 +514,9 @@ func (k *soak) startInstance() {
 		kgo.ClientID(name),
 		kgo.WithLogger(kslog.New(log.With("component", "kgo"))),
 		// A member that died abruptly is noticed in seconds, not 45 s.
-		kgo.SessionTimeout(6 * time.Second),
+		kgo.SessionTimeout(10 * time.Second),
 		kgo.HeartbeatInterval(time.Second),
-		kgo.RebalanceTimeout(15 * time.Second),
+		kgo.RebalanceTimeout(10 * time.Second),
 	}
 	prod, err := kgo.NewClient(append(slices.Clone(kopts),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -538,7 +536,7 @@ func (k *soak) startInstance() {
 	}
 	var dead projection.DeadLetterWriter = writer
 	if k.s.dropDeadLetters {
-		dead = dropping{writer}
+		dead = &dropping{w: writer}
 	}
 	handlers := make([]projection.Handler, 0, len(k.tables)+1)
 	for _, tp := range k.tables {
@@ -575,12 +573,13 @@ func (k *soak) startInstance() {
 
 // dropping is the self-test's broken dead-letter writer: every other dead
 // letter is acknowledged without being written.
-type dropping struct{ w *dlq.Writer }
+type dropping struct {
+	w *dlq.Writer
+	n atomic.Int64
+}
 
-var dropCount atomic.Int64
-
-func (d dropping) Write(ctx context.Context, dl dlq.DeadLetter) error {
-	if dropCount.Add(1)%2 == 0 {
+func (d *dropping) Write(ctx context.Context, dl dlq.DeadLetter) error {
+	if d.n.Add(1)%2 == 0 {
 		return nil
 	}
 	return d.w.Write(ctx, dl)
@@ -740,14 +739,15 @@ func (k *soak) schedule(ctx context.Context) {
 		}
 		kind := k.s.faults[k.rng.IntN(len(k.s.faults))]
 		d := time.Duration(1000+k.rng.IntN(5000)) * time.Millisecond
-		fn := k.fault(kind, d)
-		if fn == nil {
-			continue
-		}
 		select {
 		case lasting <- struct{}{}:
 		default:
 			continue // two faults running already
+		}
+		fn := k.fault(kind, d)
+		if fn == nil {
+			<-lasting
+			continue
 		}
 		k.mu.Lock()
 		k.faults[kind]++

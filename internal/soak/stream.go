@@ -128,7 +128,7 @@ type weightedTenant struct {
 // is off unless asked for: a panic in Plan kills the process today (issue 8
 // finding 4).
 var PoisonCauses = []string{
-	"not-json", "duplicate-key", "string-seq", "bad-tenant", "kafka-tombstone", "lone-surrogate", "missing-ts",
+	"not-json", "duplicate-key", "string-seq", "bad-tenant", "kafka-tombstone", "lone-surrogate", "missing-ts", "keyless",
 	"not-a-tenant",
 	"div0", "22P02", "22003",
 	"23502", "panic",
@@ -203,7 +203,11 @@ func (g *Generator) Next() *Record {
 	case "redelivery":
 		r = g.redelivery(user)
 	case "poison":
-		r = g.poisoned(user, g.poison[g.rng.IntN(len(g.poison))])
+		cause := g.poison[g.rng.IntN(len(g.poison))]
+		if g.causes["keyless"] && g.rng.IntN(4) == 0 {
+			cause = "keyless" // more often: the only dead letters that leave their partition
+		}
+		r = g.poisoned(user, cause)
 	default:
 		r = g.valid(user, kind, g.tenant(), nil)
 	}
@@ -346,6 +350,13 @@ func (g *Generator) poisoned(user, cause string) *Record {
 	case "lone-surrogate":
 		return invalid(fmt.Appendf(nil, `{"eventType":"ARTIST_FOLLOWED","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":%d,"ts":%d,"payload":{"user_id":"\ud800x"}}`,
 			user, TenantMain, seq, g.ts(seq)))
+	case "keyless":
+		// Garbage from a producer that sets no key: its dead letter has no
+		// key either, so it lands on a partition of its own choosing and
+		// a batch's dead letters span brokers.
+		r := invalid(fmt.Appendf(nil, "keyless garbage %d", g.rng.Uint32()))
+		r.Key = nil
+		return r
 	case "missing-ts":
 		return invalid(fmt.Appendf(nil, `{"eventType":"ARTIST_FOLLOWED","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":%d,"payload":{}}`,
 			user, TenantMain, seq))
