@@ -324,10 +324,29 @@ func (k *kafkaSoak) run() *Report {
 	rep.LongestRecovery, rep.LongestRecoveryAfter = kafkaSoakRecovery(k.faultEnds, k.readyLog)
 	if rep.Failed() {
 		fmt.Printf("soak-kafka: database %s kept for inspection (DROP DATABASE %s WITH (FORCE))\n", k.dbName, k.dbName)
-	} else if err := DropDatabase(context.Background(), pgtest.URL(t), k.dbName); err != nil {
-		t.Errorf("drop database: %v", err)
+	} else {
+		if err := DropDatabase(context.Background(), pgtest.URL(t), k.dbName); err != nil {
+			t.Errorf("drop database: %v", err)
+		}
+		k.deleteTopics()
 	}
 	return rep
+}
+
+// deleteTopics deletes the run's topics, so that the soak's broker does not
+// keep every run's records.
+func (k *kafkaSoak) deleteTopics() {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
+	if err != nil {
+		k.t.Error(err)
+		return
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kadm.NewClient(cl).DeleteTopics(ctx, k.topic, k.dlqT, k.ledger); err != nil {
+		k.t.Errorf("delete topics: %v", err)
+	}
 }
 
 // printExits lists the worker exits that were not clean.
@@ -509,15 +528,22 @@ func (k *kafkaSoak) stopWorker(p *workerProc, sig syscall.Signal) {
 	}
 	k.log.Info("soak-kafka: worker stopped", "worker", p.id, "signal", sig.String(), "state", p.state.String(), "took", time.Since(start).String())
 	if sig == syscall.SIGTERM && !p.state.Success() {
+		why := lastError(p.logPath)
 		k.mu.Lock()
-		k.unclean[p.id] = time.Now()
-		k.exits = append(k.exits, fmt.Sprintf("%s after SIGTERM: %s in %s; %s", p.id, p.state, time.Since(start).Round(100*time.Millisecond), lastError(p.logPath)))
+		k.faults["sigterm exit≠0"]++
+		if strings.Contains(why, "commit offsets at shutdown") {
+			// Its finished records since the last commit are processed
+			// again by their next owners, as after a SIGKILL.
+			k.unclean[p.id] = time.Now()
+		}
+		k.exits = append(k.exits, fmt.Sprintf("%s after SIGTERM: %s in %s; %s", p.id, p.state, time.Since(start).Round(100*time.Millisecond), why))
 		k.mu.Unlock()
 	}
 }
 
-// lastError returns the msg and error of the last error-level line of a
-// worker's log.
+// lastError returns what a worker's log says last about an error: the
+// lines the process printed after its JSON log (the error it exited with),
+// else its last error-level log line.
 func lastError(path string) string {
 	f, err := os.Open(path)
 	if err != nil {
@@ -525,12 +551,22 @@ func lastError(path string) string {
 	}
 	defer f.Close()
 	last := "no error logged"
+	var tail []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if line := sc.Text(); strings.Contains(line, `"level":"ERROR"`) || strings.HasPrefix(line, "panic:") {
-			last = line
+		line := sc.Text()
+		switch {
+		case !strings.HasPrefix(line, "{"):
+			tail = append(tail, line)
+		case strings.Contains(line, `"level":"ERROR"`):
+			last, tail = line, nil
+		default:
+			tail = nil
 		}
+	}
+	if len(tail) > 0 {
+		last = strings.Join(tail, " / ")
 	}
 	if len(last) > 400 {
 		last = last[:400] + "..."
@@ -986,8 +1022,10 @@ func (k *kafkaSoak) drain(since time.Time) {
 
 // kafkaSoakLoss is when a worker stopped owning partitions without
 // committing them: "partitions lost" in its log (its group session broke,
-// as when the broker restarts), or a SIGTERM exit that failed (its final
-// commit or leave did not happen within the grace).
+// as when the broker restarts), or a SIGTERM exit whose final commit failed
+// within the grace (franz-go holds commits while the member is in a
+// JoinGroup, which the broker holds until every member rejoins: a SIGKILLed
+// one only leaves at its session timeout, 45 s by default).
 type kafkaSoakLoss struct {
 	at    time.Time
 	parts []int32 // nil: all
