@@ -472,7 +472,7 @@ func (k *kafkaSoak) startWorker(slot int) {
 	p.cmd = exec.Command(k.bin, "run",
 		"--brokers", k.brokers, "--database-url", k.dbURL, "--projections", k.defs,
 		"--topic", k.topic, "--dlq-topic", k.dlqT, "--ledger-topic", k.ledger, "--group", k.group,
-		"--http-addr", addr, "--worker-id", id, "--create-topics=false",
+		"--http-addr", addr, "--worker-id", id,
 		// The documented retry shape with short waits, as the in-process
 		// soak's workers: a poison pair costs about half a second.
 		"--max-retries", "5", "--retry-initial", "20ms", "--retry-max-interval", "200ms",
