@@ -70,7 +70,7 @@ test-kafka:
 # 127.0.0.1:29092, never make kafka-up's), SIGKILLed and SIGTERMed and
 # restarted on a seeded schedule, the broker restarted once; then the soak's
 # invariants and its table. SOAK_DURATION (default 5m), SOAK_SEED, SOAK_RATE
-# (events/s, 60), SOAK_DRAIN (150s). Needs PostgreSQL (DATABASE_URL, or a
+# (events/s, 60), SOAK_DRAIN (3m). Needs PostgreSQL (DATABASE_URL, or a
 # throwaway one), Java and Maven as make kafka-up does. The broker is stopped
 # afterwards (its data kept in .kafka-soak; make soak-kafka-clean removes it).
 SOAK_KAFKA_ENV := KAFKA_DIR=$(CURDIR)/.kafka-soak KAFKA_PORT=29092 KAFKA_CONTROLLER_PORT=29093

@@ -46,11 +46,15 @@ import (
 // environment.
 type kafkaSoakSettings struct {
 	duration time.Duration // SOAK_DURATION: faults and production (default 5m)
-	drain    time.Duration // SOAK_DRAIN: bound on draining after the last fault (default 150s)
-	seed     uint64        // SOAK_SEED
-	rate     int           // SOAK_RATE: events per second (default 60)
-	race     bool          // SOAK_RACE: build the worker with -race (default 1)
-	logDir   string        // SOAK_LOG_DIR: worker and soak logs
+	// SOAK_DRAIN bounds draining after the last fault (default 3m): a
+	// SIGKILLed worker holds its partitions, and any rebalance, until its
+	// session times out (45 s, franz-go's default: run has no flag for it),
+	// then the backlog is worked off.
+	drain  time.Duration
+	seed   uint64 // SOAK_SEED
+	rate   int    // SOAK_RATE: events per second (default 60)
+	race   bool   // SOAK_RACE: build the worker with -race (default 1)
+	logDir string // SOAK_LOG_DIR: worker and soak logs
 	// The soak's broker: SOAK_KAFKA_DIR (default <repo>/.kafka-soak),
 	// SOAK_KAFKA_PORT (29092), SOAK_KAFKA_CONTROLLER_PORT (29093).
 	kafkaDir, kafkaPort, controllerPort string
@@ -58,7 +62,7 @@ type kafkaSoakSettings struct {
 }
 
 func kafkaSoakLoad(t *testing.T) kafkaSoakSettings {
-	s := kafkaSoakSettings{duration: 5 * time.Minute, drain: 150 * time.Second, rate: 60, race: true,
+	s := kafkaSoakSettings{duration: 5 * time.Minute, drain: 3 * time.Minute, rate: 60, race: true,
 		kafkaPort: "29092", controllerPort: "29093", grace: 10 * time.Second}
 	env := func(k string) string { return strings.TrimSpace(os.Getenv(k)) }
 	for k, dst := range map[string]*time.Duration{"SOAK_DURATION": &s.duration, "SOAK_DRAIN": &s.drain} {
@@ -1000,6 +1004,9 @@ func (k *kafkaSoak) drain(since time.Time) {
 		}
 		readyErr = k.ready()
 		gauges = k.gauges()
+		if n := int(time.Since(since) / time.Second); n%10 == 0 {
+			k.log.Info("soak-kafka: draining", "behind", strings.Join(behind, "; "), "ready", fmt.Sprint(readyErr), "gauges", strings.Join(gauges, "; "))
+		}
 		if len(behind) == 0 && readyErr == nil && len(gauges) == 0 {
 			k.log.Info("soak-kafka: drained", "after", time.Since(since).String())
 			return
