@@ -666,20 +666,72 @@ func (k *soak) produce(ctx context.Context) {
 	}
 }
 
-// monitor samples readiness of the live instances every 250 ms.
+// silentAfter is how long a partition with records to process may go
+// without its committed offset moving while every instance says it is
+// ready: longer is a silent stall (invariant 4), whatever the faults.
+const silentAfter = 30 * time.Second
+
+// monitor samples readiness of the live instances every 250 ms, and every
+// second the group's progress on each partition: a partition behind its
+// end whose commit does not move for silentAfter while no instance reports
+// anything (not ready) is stalled silently.
 func (k *soak) monitor(ctx context.Context) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.cluster.ListenAddrs()...))
+	if err != nil {
+		k.t.Error(err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	type progress struct {
+		at      int64
+		since   time.Time // committed offset last moved, or the partition was drained
+		flagged bool
+	}
+	parts := map[int32]*progress{}
+	var lastNotReady time.Time
+	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		now := time.Now()
 		ready := k.allReady() == nil
+		if !ready {
+			lastNotReady = now
+		}
 		k.mu.Lock()
-		k.readyLog = append(k.readyLog, readySample{time.Now(), ready})
+		k.readyLog = append(k.readyLog, readySample{now, ready})
 		k.mu.Unlock()
+		if n%4 != 0 {
+			continue
+		}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ends, err1 := adm.ListEndOffsets(qctx, k.topics.EventsTopic)
+		committed, err2 := adm.FetchOffsets(qctx, k.group)
+		cancel()
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		ends.Each(func(e kadm.ListedOffset) {
+			at := int64(0)
+			if c, ok := committed.Lookup(e.Topic, e.Partition); ok {
+				at = c.At
+			}
+			p := parts[e.Partition]
+			if p == nil || p.at != at || at >= e.Offset {
+				parts[e.Partition] = &progress{at: at, since: now}
+				return
+			}
+			if !p.flagged && now.Sub(p.since) > silentAfter && lastNotReady.Before(p.since) {
+				p.flagged = true
+				k.violate([]Violation{{4, "silent stall", fmt.Sprintf("partition %d committed %d of %d, not moved for %s, every instance ready",
+					e.Partition, at, e.Offset, now.Sub(p.since).Round(time.Second))}})
+			}
+		})
 	}
 }
 
@@ -797,6 +849,12 @@ func (k *soak) fault(kind string, d time.Duration) func() {
 		}
 	case "dlq-refuse-retriable", "dlq-refuse-fatal", "dlq-slow", "dlq-unanswered":
 		f := produceFault{kind: strings.TrimPrefix(kind, "dlq-"), node: node, slow: time.Duration(200+k.rng.IntN(1500)) * time.Millisecond}
+		if kind != "dlq-slow" && k.rng.IntN(3) == 0 {
+			// Long enough to need reporting: a partition that cannot
+			// write its dead letter must say so (not ready, stuck)
+			// within silentAfter.
+			d = silentAfter + 15*time.Second
+		}
 		return func() {
 			k.hooks.setProduceFault(f)
 			time.Sleep(d)
