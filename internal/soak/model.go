@@ -376,11 +376,17 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, abrupt func(worker string)
 		if len(copies) < 2 {
 			continue
 		}
+		// Copies come in dead-letter topic order (one key, one partition).
+		// They were in flight at an abrupt death when the first writer
+		// died abruptly and the others are the next owners; a worker that
+		// writes one dead letter twice is never excused.
 		workers := map[string]bool{}
-		inFlight := false
-		for _, c := range copies {
+		inFlight := abrupt(copies[0].Worker)
+		for i, c := range copies {
 			workers[c.Worker] = true
-			inFlight = inFlight || abrupt(c.Worker)
+			if i > 0 && c.Worker == copies[0].Worker {
+				inFlight = false
+			}
 		}
 		how := "same worker"
 		if len(workers) > 1 {

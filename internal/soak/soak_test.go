@@ -92,9 +92,15 @@ func loadSettings(t *testing.T) settings {
 		}
 	}
 	s.faults = parseList(t, "SOAK_FAULTS", env("SOAK_FAULTS"), FaultKinds)
-	s.causes = parseList(t, "SOAK_CAUSES", env("SOAK_CAUSES"), append(slices.Clone(PoisonCauses), "plan-panic"))
-	if env("SOAK_CAUSES") == "" || env("SOAK_CAUSES") == "all" {
-		s.causes = slices.Clone(PoisonCauses) // plan-panic only when named
+	// "all" is every cause but the opt-in ones; "all,plan-panic" adds one.
+	causes := env("SOAK_CAUSES")
+	if rest, ok := strings.CutPrefix(causes, "all,"); ok {
+		s.causes = append(slices.Clone(PoisonCauses), parseList(t, "SOAK_CAUSES", rest, OptInCauses)...)
+	} else {
+		s.causes = parseList(t, "SOAK_CAUSES", causes, append(slices.Clone(PoisonCauses), OptInCauses...))
+		if causes == "" || causes == "all" {
+			s.causes = slices.Clone(PoisonCauses)
+		}
 	}
 	s.logPath = env("SOAK_LOG")
 	if s.logPath == "" {
@@ -389,6 +395,10 @@ func (k *soak) setupDB() {
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{TenantNoColumn, "followers"}.Sanitize()+" DROP COLUMN tier"); err != nil {
 		t.Fatal(err)
 	}
+	// A statement timeout, as production databases have.
+	if _, err := pool.Exec(ctx, "ALTER DATABASE "+ident(k.dbName)+" SET statement_timeout = "+quoteDuration(StatementTimeout)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (k *soak) migrate(tenant string) {
@@ -542,7 +552,7 @@ func (k *soak) startInstance() {
 	for _, tp := range k.tables {
 		handlers = append(handlers, tp)
 	}
-	if slices.Contains(k.s.causes, "plan-panic") {
+	if slices.Contains(k.s.causes, "plan-panic") { // Plan only when asked: it kills the process today
 		handlers = append(handlers, PlanningAudit{})
 	} else {
 		handlers = append(handlers, Audit{})
@@ -854,6 +864,7 @@ func (k *soak) fault(kind string, d time.Duration) func() {
 			// write its dead letter must say so (not ready, stuck)
 			// within silentAfter.
 			d = silentAfter + 15*time.Second
+			k.log.Info("soak: fault lengthened", "kind", kind, "for", d, "node", node)
 		}
 		return func() {
 			k.hooks.setProduceFault(f)
@@ -919,9 +930,9 @@ func (k *soak) fault(kind string, d time.Duration) func() {
 			}
 		}
 	case "statement-timeout":
-		return func() { k.databaseSetting(ctx, "statement_timeout", "'30ms'", d) }
+		return func() { k.databaseSetting(ctx, "statement_timeout", "'30ms'", quoteDuration(StatementTimeout), d) }
 	case "read-only":
-		return func() { k.databaseSetting(ctx, "default_transaction_read_only", "on", d) }
+		return func() { k.databaseSetting(ctx, "default_transaction_read_only", "on", "off", d) }
 	case "lock-wait":
 		table := []string{"followers", "user_follows", "ratings"}[k.rng.IntN(3)]
 		return func() { k.lockTable(ctx, pgx.Identifier{TenantMain, table}.Sanitize(), d) }
@@ -947,10 +958,13 @@ func (k *soak) terminateWorkers(ctx context.Context) {
 	}
 }
 
+// quoteDuration is d as a PostgreSQL setting literal in milliseconds.
+func quoteDuration(d time.Duration) string { return fmt.Sprintf("'%dms'", d.Milliseconds()) }
+
 // databaseSetting sets a default of the soak database for d (new sessions;
 // the workers' sessions are ended so that they reconnect under it), then
-// resets it the same way.
-func (k *soak) databaseSetting(ctx context.Context, name, value string, d time.Duration) {
+// sets it back to normal the same way.
+func (k *soak) databaseSetting(ctx context.Context, name, value, normal string, d time.Duration) {
 	db := ident(k.dbName)
 	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+value); err != nil {
 		k.t.Errorf("set %s: %v", name, err)
@@ -958,7 +972,7 @@ func (k *soak) databaseSetting(ctx context.Context, name, value string, d time.D
 	}
 	k.terminateWorkers(ctx)
 	time.Sleep(d)
-	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" RESET "+name); err != nil {
+	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+normal); err != nil {
 		k.t.Errorf("reset %s: %v", name, err)
 	}
 	k.terminateWorkers(ctx)
