@@ -277,6 +277,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	for _, in := range live {
 		k.stopInstance(in, false)
 	}
+	committed := k.committed()
 	dls := k.readDeadLetters()
 	st, err := k.db.Dump(context.Background(), []string{TenantMain, TenantLate, TenantNoColumn, NotATenant})
 	if err != nil {
@@ -289,7 +290,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	k.mu.Lock()
 	abrupt := maps(k.abrupt)
 	k.mu.Unlock()
-	fin := CheckFinal(k.model, st, dls, func(w string) bool { return abrupt[w] }, func(dl DeadLetter, src []byte) error {
+	fin := CheckFinal(k.model, st, dls, committed, func(w string) bool { return abrupt[w] }, func(dl DeadLetter, src []byte) error {
 		return CheckDeadLetter(validator, dl, src)
 	})
 	k.cluster.Close()
@@ -302,7 +303,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	events, pairs := k.model.Counts()
 	rep := &Report{
 		Seed: s.seed, Duration: faultPhase, Drain: drained, Events: events, Pairs: pairs,
-		Faults: k.faults, Lost: fin.Lost,
+		Faults: k.faults, Lost: fin.Lost, Unprocessed: fin.Unprocessed,
 		CommitsChecked: k.checker.Commits, CommitViolations: k.checker.Bad, CommitsLate: k.checker.Late,
 		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered,
 		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates,
@@ -1043,6 +1044,28 @@ func (k *soak) drain(since time.Time) {
 	if readyErr != nil {
 		k.stall("not ready %s after the last fault: %v", k.s.drain, readyErr)
 	}
+}
+
+// committed returns the group's committed offset of each events partition.
+func (k *soak) committed() map[int32]int64 {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.cluster.ListenAddrs()...))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, k.group)
+	if err != nil {
+		k.t.Fatalf("committed offsets: %v", err)
+	}
+	out := map[int32]int64{}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == k.topics.EventsTopic && o.Err == nil {
+			out[o.Partition] = o.At
+		}
+	})
+	return out
 }
 
 // readDeadLetters reads the dead-letter topic from its start to its end.
