@@ -3,6 +3,8 @@ package soak
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,6 +18,14 @@ import (
 const (
 	AuditProjection = "rating_audit"
 	AuditTable      = "rating_audit"
+)
+
+// StatementTimeout is the soak database's statement_timeout, and
+// SlowStatement how long the audit statement of a "slow" rating sleeps:
+// longer, so that it fails with 57014 at every attempt.
+const (
+	StatementTimeout = 3 * time.Second
+	SlowStatement    = 4 * time.Second
 )
 
 // Audit is the AuditProjection handler. It is applied one pair at a time
@@ -46,8 +56,14 @@ func (Audit) statement(ev *projection.Event) projection.Statement {
 	user, _ := ev.Payload["user_id"].(string)
 	artist, _ := ev.Payload["artist_id"].(string)
 	t := pgx.Identifier{ev.TenantSchema, AuditTable}.Sanitize()
+	from := ""
+	if ev.Payload["slow"] == true {
+		// Longer than the soak database's statement_timeout: 57014 at
+		// every attempt.
+		from = " FROM pg_sleep(" + strconv.Itoa(int(SlowStatement/time.Second)) + ")"
+	}
 	return projection.Statement{
-		SQL: "INSERT INTO " + t + " AS a (user_id, artist_id, _causet_seq) VALUES ($1::text, $2::text, $3::text::bigint)" +
+		SQL: "INSERT INTO " + t + " AS a (user_id, artist_id, _causet_seq) SELECT $1::text, $2::text, $3::text::bigint" + from +
 			" ON CONFLICT (user_id, artist_id) DO UPDATE SET _causet_seq = EXCLUDED._causet_seq WHERE a._causet_seq <= EXCLUDED._causet_seq",
 		Args: []any{user, artist, fmt.Sprint(ev.SequenceNumber)},
 	}

@@ -346,6 +346,10 @@ type Final struct {
 	Duplicates, InFlightDuplicates map[string]int
 	DeadLetters                    int
 	ByCause                        map[string]int // dead letters by cause
+	// Unprocessed counts the pairs at or above their partition's final
+	// committed offset that are neither applied nor dead-lettered: not
+	// lost, but left behind by a stall (reported as such).
+	Unprocessed int
 }
 
 // CheckFinal compares the final tables with the model and the dead letters
@@ -353,7 +357,11 @@ type Final struct {
 // per pair except those in flight at an abrupt death (3), every dead letter
 // valid (5, through check). abrupt reports whether a worker (its
 // causet.dlq.worker header) died abruptly.
-func CheckFinal(m *Model, st State, dls []DeadLetter, abrupt func(worker string) bool, check func(DeadLetter, []byte) error) Final {
+//
+// committed is the group's final committed offset of each partition: a
+// pair not done at or above it was never passed by a commit, so it counts
+// as unprocessed (the stall check reports why), not as lost.
+func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64, abrupt func(worker string) bool, check func(DeadLetter, []byte) error) Final {
 	f := Final{GoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, ByCause: map[string]int{}}
 	bad := func(inv int, kind, format string, args ...any) {
 		f.Violations = append(f.Violations, Violation{inv, kind, fmt.Sprintf(format, args...)})
@@ -376,11 +384,17 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, abrupt func(worker string)
 		if len(copies) < 2 {
 			continue
 		}
+		// Copies come in dead-letter topic order (one key, one partition).
+		// They were in flight at an abrupt death when the first writer
+		// died abruptly and the others are the next owners; a worker that
+		// writes one dead letter twice is never excused.
 		workers := map[string]bool{}
-		inFlight := false
-		for _, c := range copies {
+		inFlight := abrupt(copies[0].Worker)
+		for i, c := range copies {
 			workers[c.Worker] = true
-			inFlight = inFlight || abrupt(c.Worker)
+			if i > 0 && c.Worker == copies[0].Worker {
+				inFlight = false
+			}
 		}
 		how := "same worker"
 		if len(workers) > 1 {
@@ -410,7 +424,9 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, abrupt func(worker string)
 	for _, r := range m.All() {
 		dead := len(byPair[PairID{r.Partition, r.Offset, ""}]) > 0
 		if r.Invalid {
-			if !dead {
+			if !dead && r.Offset >= committed[r.Partition] {
+				f.Unprocessed++
+			} else if !dead {
 				f.Lost++
 				bad(1, "lost", "invalid record %d@%d (%s) neither dead-lettered", r.Partition, r.Offset, r.Kind)
 			}
@@ -433,6 +449,10 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, abrupt func(worker string)
 				continue
 			}
 			if len(byPair[PairID{kp.r.Partition, kp.r.Offset, kp.p.Projection}]) > 0 || len(byPair[PairID{kp.r.Partition, kp.r.Offset, ""}]) > 0 {
+				continue
+			}
+			if kp.r.Offset >= committed[kp.r.Partition] {
+				f.Unprocessed++
 				continue
 			}
 			f.Lost++

@@ -17,6 +17,7 @@ type Report struct {
 	Faults                   map[string]int
 	Refusals                 map[string]int // requests the broker refused or left unanswered, by answer
 	Lost                     int
+	Unprocessed              int // pairs a stalled partition never reached
 	CommitsChecked           int
 	CommitViolations         int
 	CommitsLate              int
@@ -45,7 +46,7 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("instances started / killed", fmt.Sprintf("%d / %d", r.InstancesStarted, r.Killed))
 	row("faults injected", counts(r.Faults))
 	row("  broker answers", counts(r.Refusals))
-	row("lost (invariant 1)", fmt.Sprint(r.Lost))
+	row("lost (invariant 1)", fmt.Sprintf("%d (and %d pairs behind a stall, never committed)", r.Lost, r.Unprocessed))
 	row("good pairs dead-lettered", counts(r.GoodDeadLettered))
 	row("commits checked (invariant 2)", fmt.Sprintf("%d (%d covered records produced a moment later)", r.CommitsChecked, r.CommitsLate))
 	row("commit violations", fmt.Sprint(r.CommitViolations))

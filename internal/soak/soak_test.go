@@ -92,9 +92,15 @@ func loadSettings(t *testing.T) settings {
 		}
 	}
 	s.faults = parseList(t, "SOAK_FAULTS", env("SOAK_FAULTS"), FaultKinds)
-	s.causes = parseList(t, "SOAK_CAUSES", env("SOAK_CAUSES"), append(slices.Clone(PoisonCauses), "plan-panic"))
-	if env("SOAK_CAUSES") == "" || env("SOAK_CAUSES") == "all" {
-		s.causes = slices.Clone(PoisonCauses) // plan-panic only when named
+	// "all" is every cause but the opt-in ones; "all,plan-panic" adds one.
+	causes := env("SOAK_CAUSES")
+	if rest, ok := strings.CutPrefix(causes, "all,"); ok {
+		s.causes = append(slices.Clone(PoisonCauses), parseList(t, "SOAK_CAUSES", rest, OptInCauses)...)
+	} else {
+		s.causes = parseList(t, "SOAK_CAUSES", causes, append(slices.Clone(PoisonCauses), OptInCauses...))
+		if causes == "" || causes == "all" {
+			s.causes = slices.Clone(PoisonCauses)
+		}
 	}
 	s.logPath = env("SOAK_LOG")
 	if s.logPath == "" {
@@ -271,6 +277,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	for _, in := range live {
 		k.stopInstance(in, false)
 	}
+	committed := k.committed()
 	dls := k.readDeadLetters()
 	st, err := k.db.Dump(context.Background(), []string{TenantMain, TenantLate, TenantNoColumn, NotATenant})
 	if err != nil {
@@ -283,7 +290,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	k.mu.Lock()
 	abrupt := maps(k.abrupt)
 	k.mu.Unlock()
-	fin := CheckFinal(k.model, st, dls, func(w string) bool { return abrupt[w] }, func(dl DeadLetter, src []byte) error {
+	fin := CheckFinal(k.model, st, dls, committed, func(w string) bool { return abrupt[w] }, func(dl DeadLetter, src []byte) error {
 		return CheckDeadLetter(validator, dl, src)
 	})
 	k.cluster.Close()
@@ -296,7 +303,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	events, pairs := k.model.Counts()
 	rep := &Report{
 		Seed: s.seed, Duration: faultPhase, Drain: drained, Events: events, Pairs: pairs,
-		Faults: k.faults, Lost: fin.Lost,
+		Faults: k.faults, Lost: fin.Lost, Unprocessed: fin.Unprocessed,
 		CommitsChecked: k.checker.Commits, CommitViolations: k.checker.Bad, CommitsLate: k.checker.Late,
 		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered,
 		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates,
@@ -387,6 +394,10 @@ func (k *soak) setupDB() {
 		k.migrate(tenant)
 	}
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{TenantNoColumn, "followers"}.Sanitize()+" DROP COLUMN tier"); err != nil {
+		t.Fatal(err)
+	}
+	// A statement timeout, as production databases have.
+	if _, err := pool.Exec(ctx, "ALTER DATABASE "+ident(k.dbName)+" SET statement_timeout = "+quoteDuration(StatementTimeout)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -542,7 +553,7 @@ func (k *soak) startInstance() {
 	for _, tp := range k.tables {
 		handlers = append(handlers, tp)
 	}
-	if slices.Contains(k.s.causes, "plan-panic") {
+	if slices.Contains(k.s.causes, "plan-panic") { // Plan only when asked: it kills the process today
 		handlers = append(handlers, PlanningAudit{})
 	} else {
 		handlers = append(handlers, Audit{})
@@ -666,20 +677,72 @@ func (k *soak) produce(ctx context.Context) {
 	}
 }
 
-// monitor samples readiness of the live instances every 250 ms.
+// silentAfter is how long a partition with records to process may go
+// without its committed offset moving while every instance says it is
+// ready: longer is a silent stall (invariant 4), whatever the faults.
+const silentAfter = 30 * time.Second
+
+// monitor samples readiness of the live instances every 250 ms, and every
+// second the group's progress on each partition: a partition behind its
+// end whose commit does not move for silentAfter while no instance reports
+// anything (not ready) is stalled silently.
 func (k *soak) monitor(ctx context.Context) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.cluster.ListenAddrs()...))
+	if err != nil {
+		k.t.Error(err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	for {
+	type progress struct {
+		at      int64
+		since   time.Time // committed offset last moved, or the partition was drained
+		flagged bool
+	}
+	parts := map[int32]*progress{}
+	var lastNotReady time.Time
+	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		now := time.Now()
 		ready := k.allReady() == nil
+		if !ready {
+			lastNotReady = now
+		}
 		k.mu.Lock()
-		k.readyLog = append(k.readyLog, readySample{time.Now(), ready})
+		k.readyLog = append(k.readyLog, readySample{now, ready})
 		k.mu.Unlock()
+		if n%4 != 0 {
+			continue
+		}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ends, err1 := adm.ListEndOffsets(qctx, k.topics.EventsTopic)
+		committed, err2 := adm.FetchOffsets(qctx, k.group)
+		cancel()
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		ends.Each(func(e kadm.ListedOffset) {
+			at := int64(0)
+			if c, ok := committed.Lookup(e.Topic, e.Partition); ok {
+				at = c.At
+			}
+			p := parts[e.Partition]
+			if p == nil || p.at != at || at >= e.Offset {
+				parts[e.Partition] = &progress{at: at, since: now}
+				return
+			}
+			if !p.flagged && now.Sub(p.since) > silentAfter && lastNotReady.Before(p.since) {
+				p.flagged = true
+				k.violate([]Violation{{4, "silent stall", fmt.Sprintf("partition %d committed %d of %d, not moved for %s, every instance ready",
+					e.Partition, at, e.Offset, now.Sub(p.since).Round(time.Second))}})
+			}
+		})
 	}
 }
 
@@ -797,6 +860,13 @@ func (k *soak) fault(kind string, d time.Duration) func() {
 		}
 	case "dlq-refuse-retriable", "dlq-refuse-fatal", "dlq-slow", "dlq-unanswered":
 		f := produceFault{kind: strings.TrimPrefix(kind, "dlq-"), node: node, slow: time.Duration(200+k.rng.IntN(1500)) * time.Millisecond}
+		if kind != "dlq-slow" && k.rng.IntN(3) == 0 {
+			// Long enough to need reporting: a partition that cannot
+			// write its dead letter must say so (not ready, stuck)
+			// within silentAfter.
+			d = silentAfter + 15*time.Second
+			k.log.Info("soak: fault lengthened", "kind", kind, "for", d, "node", node)
+		}
 		return func() {
 			k.hooks.setProduceFault(f)
 			time.Sleep(d)
@@ -861,9 +931,9 @@ func (k *soak) fault(kind string, d time.Duration) func() {
 			}
 		}
 	case "statement-timeout":
-		return func() { k.databaseSetting(ctx, "statement_timeout", "'30ms'", d) }
+		return func() { k.databaseSetting(ctx, "statement_timeout", "'30ms'", quoteDuration(StatementTimeout), d) }
 	case "read-only":
-		return func() { k.databaseSetting(ctx, "default_transaction_read_only", "on", d) }
+		return func() { k.databaseSetting(ctx, "default_transaction_read_only", "on", "off", d) }
 	case "lock-wait":
 		table := []string{"followers", "user_follows", "ratings"}[k.rng.IntN(3)]
 		return func() { k.lockTable(ctx, pgx.Identifier{TenantMain, table}.Sanitize(), d) }
@@ -889,10 +959,13 @@ func (k *soak) terminateWorkers(ctx context.Context) {
 	}
 }
 
+// quoteDuration is d as a PostgreSQL setting literal in milliseconds.
+func quoteDuration(d time.Duration) string { return fmt.Sprintf("'%dms'", d.Milliseconds()) }
+
 // databaseSetting sets a default of the soak database for d (new sessions;
 // the workers' sessions are ended so that they reconnect under it), then
-// resets it the same way.
-func (k *soak) databaseSetting(ctx context.Context, name, value string, d time.Duration) {
+// sets it back to normal the same way.
+func (k *soak) databaseSetting(ctx context.Context, name, value, normal string, d time.Duration) {
 	db := ident(k.dbName)
 	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+value); err != nil {
 		k.t.Errorf("set %s: %v", name, err)
@@ -900,7 +973,7 @@ func (k *soak) databaseSetting(ctx context.Context, name, value string, d time.D
 	}
 	k.terminateWorkers(ctx)
 	time.Sleep(d)
-	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" RESET "+name); err != nil {
+	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+normal); err != nil {
 		k.t.Errorf("reset %s: %v", name, err)
 	}
 	k.terminateWorkers(ctx)
@@ -971,6 +1044,28 @@ func (k *soak) drain(since time.Time) {
 	if readyErr != nil {
 		k.stall("not ready %s after the last fault: %v", k.s.drain, readyErr)
 	}
+}
+
+// committed returns the group's committed offset of each events partition.
+func (k *soak) committed() map[int32]int64 {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.cluster.ListenAddrs()...))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, k.group)
+	if err != nil {
+		k.t.Fatalf("committed offsets: %v", err)
+	}
+	out := map[int32]int64{}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == k.topics.EventsTopic && o.Err == nil {
+			out[o.Partition] = o.At
+		}
+	})
+	return out
 }
 
 // readDeadLetters reads the dead-letter topic from its start to its end.
