@@ -99,7 +99,7 @@ func DropDatabase(ctx context.Context, baseURL, name string) error {
 
 // AddFinal puts the final checks' counts and violations in the report.
 func (r *Report) AddFinal(f Final) {
-	r.Lost = f.Lost
+	r.Lost, r.Unprocessed = f.Lost, f.Unprocessed
 	r.DeadLetters, r.DeadLettersByCause, r.GoodDeadLettered = f.DeadLetters, f.ByCause, f.GoodDeadLettered
 	r.Duplicates, r.InFlightDuplicates = f.Duplicates, f.InFlightDuplicates
 	r.Violations = append(r.Violations, f.Violations...)

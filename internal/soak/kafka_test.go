@@ -308,7 +308,7 @@ func (k *kafkaSoak) run() *Report {
 		killed[id] = true
 	}
 	k.mu.Unlock()
-	fin := CheckFinal(k.model, st, dls, func(w string) bool { return killed[w] }, func(dl DeadLetter, src []byte) error {
+	fin := CheckFinal(k.model, st, dls, k.committed(), func(w string) bool { return killed[w] }, func(dl DeadLetter, src []byte) error {
 		return CheckDeadLetter(validator, dl, src)
 	})
 
@@ -335,6 +335,31 @@ func (k *kafkaSoak) run() *Report {
 		k.deleteTopics()
 	}
 	return rep
+}
+
+// committed returns the group's committed offset of each partition.
+func (k *kafkaSoak) committed() map[int32]int64 {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, k.group)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		k.t.Fatalf("committed offsets: %v", err)
+	}
+	out := map[int32]int64{}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == k.topic {
+			out[o.Partition] = o.At
+		}
+	})
+	return out
 }
 
 // deleteTopics deletes the run's topics, so that the soak's broker does not
@@ -1071,57 +1096,50 @@ func (k *kafkaSoak) losses() map[string][]kafkaSoakLoss {
 	return out
 }
 
-// excuseLost moves the duplicate dead letters of pairs whose earlier copies
-// were written by a worker that afterwards lost the partition without
-// committing (see kafkaSoakLoss) from the invariant 3 violations to the
-// in-flight count, labelled "partition lost": the next owner had to process
-// those records again, as after a SIGKILL. Pairs with a copy from a
-// SIGKILLed worker are CheckFinal's in-flight ones already.
+// excuseLost moves from the invariant 3 violations to the in-flight count,
+// labelled "partition lost", the duplicate dead letters of pairs whose
+// every copy but the newest was written by a worker that afterwards lost
+// the partition without committing (see kafkaSoakLoss) or was SIGKILLed:
+// the next owner had to process those records again. As in CheckFinal, a
+// worker that writes one dead letter twice is never excused.
 func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map[string][]kafkaSoakLoss) {
 	byPair := map[PairID][]DeadLetter{}
 	for _, dl := range dls {
 		byPair[dl.Pair] = append(byPair[dl.Pair], dl)
 	}
-	excused := map[PairID]bool{}
+	excused := map[string]bool{}
 	for id, copies := range byPair {
-		if len(copies) < 2 || slices.ContainsFunc(copies, func(dl DeadLetter) bool { return killed[dl.Worker] }) {
+		if len(copies) < 2 {
+			continue
+		}
+		workers := map[string]bool{}
+		for _, dl := range copies {
+			workers[dl.Worker] = true
+		}
+		if len(workers) < len(copies) {
 			continue
 		}
 		byTime := slices.Clone(copies)
 		slices.SortFunc(byTime, func(a, b DeadLetter) int { return failedAt(a).Compare(failedAt(b)) })
 		lost := true
 		for _, dl := range byTime[:len(byTime)-1] {
-			lost = lost && slices.ContainsFunc(losses[dl.Worker], func(l kafkaSoakLoss) bool {
+			lost = lost && (killed[dl.Worker] || slices.ContainsFunc(losses[dl.Worker], func(l kafkaSoakLoss) bool {
 				return !l.at.Before(failedAt(dl)) && (l.parts == nil || slices.Contains(l.parts, id.Partition))
-			})
+			}))
 		}
-		if !lost {
-			continue
+		label := copies[0].Cause() + ", across workers"
+		if !lost || fin.Duplicates[label] == 0 {
+			continue // not excused, or excused by CheckFinal already
 		}
-		excused[id] = true
-		how := "same worker"
-		for _, dl := range copies[1:] {
-			if dl.Worker != copies[0].Worker {
-				how = "across workers"
-			}
-		}
-		label := copies[0].Cause() + ", " + how
+		excused[id.String()] = true
 		if fin.Duplicates[label] -= len(copies) - 1; fin.Duplicates[label] <= 0 {
 			delete(fin.Duplicates, label)
 		}
 		fin.InFlightDuplicates[label+", partition lost"] += len(copies) - 1
 	}
 	fin.Violations = slices.DeleteFunc(fin.Violations, func(v Violation) bool {
-		if v.Invariant != 3 {
-			return false
-		}
 		id, _, _ := strings.Cut(v.Detail, " ")
-		for e := range excused {
-			if e.String() == id {
-				return true
-			}
-		}
-		return false
+		return v.Invariant == 3 && excused[id]
 	})
 }
 
