@@ -40,6 +40,24 @@ func Uncommitted(ctx context.Context, adm *kadm.Client, topic, group string) ([]
 	return behind, nil
 }
 
+// Committed returns group's committed offset of each partition of topic.
+func Committed(ctx context.Context, adm *kadm.Client, topic, group string) (map[int32]int64, error) {
+	offs, err := adm.FetchOffsets(ctx, group)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("committed offsets of %s: %w", group, err)
+	}
+	out := map[int32]int64{}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == topic {
+			out[o.Partition] = o.At
+		}
+	})
+	return out, nil
+}
+
 // RecordDeadLetter is ParseDeadLetter of a record read from the
 // dead-letter topic.
 func RecordDeadLetter(r *kgo.Record) (DeadLetter, error) {

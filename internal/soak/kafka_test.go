@@ -145,6 +145,7 @@ type kafkaSoak struct {
 	model   *Model
 	checker *CommitChecker
 	dlq     kafkaSoakDLQ
+	adm     *kadm.Client // of the soak's broker, for its checks
 	http    *http.Client
 
 	migrated atomic.Bool
@@ -233,6 +234,12 @@ func (k *kafkaSoak) run() *Report {
 	if err := k.script("kafka-up.sh"); err != nil {
 		t.Fatal(err)
 	}
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admCl.Close()
+	k.adm = kadm.NewClient(admCl)
 	k.build()
 	k.setupDB()
 	defer k.db.Pool.Close()
@@ -339,41 +346,21 @@ func (k *kafkaSoak) run() *Report {
 
 // committed returns the group's committed offset of each partition.
 func (k *kafkaSoak) committed() map[int32]int64 {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Committed(ctx, k.adm, k.topic, k.group)
 	if err != nil {
 		k.t.Fatal(err)
 	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, k.group)
-	if err == nil {
-		err = offs.Error()
-	}
-	if err != nil {
-		k.t.Fatalf("committed offsets: %v", err)
-	}
-	out := map[int32]int64{}
-	offs.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == k.topic {
-			out[o.Partition] = o.At
-		}
-	})
-	return out
+	return c
 }
 
 // deleteTopics deletes the run's topics, so that the soak's broker does not
 // keep every run's records.
 func (k *kafkaSoak) deleteTopics() {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
-	if err != nil {
-		k.t.Error(err)
-		return
-	}
-	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := kadm.NewClient(cl).DeleteTopics(ctx, k.topic, k.dlqT, k.ledger); err != nil {
+	if _, err := k.adm.DeleteTopics(ctx, k.topic, k.dlqT, k.ledger); err != nil {
 		k.t.Errorf("delete topics: %v", err)
 	}
 }
@@ -877,20 +864,14 @@ func (k *kafkaSoak) sampleCommits(ctx context.Context) {
 // dead letter acknowledged before the commit is then known), and checks
 // each offset that moved against the database and the dead letters read.
 func (k *kafkaSoak) checkCommits(ctx context.Context) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers), kgo.RetryTimeout(5*time.Second))
-	if err != nil {
-		return
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	committed, err := adm.FetchOffsets(qctx, k.group)
+	committed, err := k.adm.FetchOffsets(qctx, k.group)
 	if err != nil {
 		k.log.Info("soak-kafka: committed offsets not read", "error", err.Error())
 		return // the broker is restarting; next time
 	}
-	ends, err := adm.ListEndOffsets(qctx, k.dlqT)
+	ends, err := k.adm.ListEndOffsets(qctx, k.dlqT)
 	if err == nil {
 		err = ends.Error()
 	}
@@ -959,12 +940,7 @@ func (d *kafkaSoakDLQ) waitFor(ctx context.Context, ends kadm.ListedOffsets) boo
 func (d *kafkaSoakDLQ) caughtUp(k *kafkaSoak, timeout time.Duration) []DeadLetter {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, k.dlqT)
+	ends, err := k.adm.ListEndOffsets(ctx, k.dlqT)
 	if err == nil {
 		err = ends.Error()
 	}
@@ -1010,19 +986,13 @@ func (k *kafkaSoak) readDLQ(ctx context.Context) {
 // be committed to its end, every live worker ready and no partition paused
 // or stuck; what is not by then is a stall.
 func (k *kafkaSoak) drain(since time.Time) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers))
-	if err != nil {
-		k.t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
 	deadline := since.Add(k.s.drain)
 	var behind, gauges []string
 	var readyErr error
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var err error
-		behind, err = Uncommitted(ctx, adm, k.topic, k.group)
+		behind, err = Uncommitted(ctx, k.adm, k.topic, k.group)
 		cancel()
 		if err != nil {
 			behind = []string{err.Error()}
