@@ -1,0 +1,57 @@
+package soak
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestExcuseLostCountsOnlyCopiesWrittenBeforeTheirWriterLostThePartition
+// checks the real-broker soak's rule for duplicate dead letters that are
+// not violations: every copy but the newest written by a worker that then
+// lost the partition (or was SIGKILLed), each worker once.
+func TestExcuseLostCountsOnlyCopiesWrittenBeforeTheirWriterLostThePartition(t *testing.T) {
+	id := PairID{3, 10, ""}
+	dl := func(worker string, ms int64) DeadLetter {
+		return DeadLetter{Pair: id, Worker: worker, Class: "permanent", Value: fmt.Appendf(nil, `{"failedAt":%d}`, ms)}
+	}
+	at := func(ms int64) time.Time { return time.UnixMilli(ms) }
+	for _, tc := range []struct {
+		name    string
+		dls     []DeadLetter
+		killed  map[string]bool
+		losses  map[string][]kafkaSoakLoss
+		excused bool
+	}{
+		{"lost after writing", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, nil,
+			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), []int32{2, 3}}}}, true},
+		{"failed final commit", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, nil,
+			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), nil}}}, true},
+		{"lost, then SIGKILLed", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000), dl("w3.1", 3000)}, map[string]bool{"w2.1": true},
+			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), []int32{3}}}}, true},
+		{"lost before writing", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, nil,
+			map[string][]kafkaSoakLoss{"w1.1": {{at(500), []int32{3}}}}, false},
+		{"lost another partition", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, nil,
+			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), []int32{4}}}}, false},
+		{"the newest writer's loss does not count", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, nil,
+			map[string][]kafkaSoakLoss{"w2.1": {{at(2500), nil}}}, false},
+		{"one worker twice", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000), dl("w1.1", 3000)}, nil,
+			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), nil}}, "w2.1": {{at(2500), nil}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := len(tc.dls) - 1
+			v := Violation{3, "duplicate dead letter", fmt.Sprintf("%s dead-lettered %d times (permanent; workers ...)", id, n+1)}
+			fin := Final{Duplicates: map[string]int{"permanent, across workers": n}, InFlightDuplicates: map[string]int{}, Violations: []Violation{v}}
+			excuseLost(&fin, tc.dls, tc.killed, tc.losses)
+			want := Final{Duplicates: map[string]int{"permanent, across workers": n}, InFlightDuplicates: map[string]int{}, Violations: []Violation{v}}
+			if tc.excused {
+				want = Final{Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{"permanent, across workers, partition lost": n}, Violations: []Violation{}}
+			}
+			if d := cmp.Diff(want, fin, cmp.AllowUnexported(Violation{})); d != "" {
+				t.Errorf("final (-want +got):\n%s", d)
+			}
+		})
+	}
+}
