@@ -37,6 +37,8 @@ func TestExcuseLostCountsOnlyCopiesWrittenBeforeTheirWriterLostThePartition(t *t
 			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), []int32{4}}}}, false},
 		{"the newest writer's loss does not count", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, nil,
 			map[string][]kafkaSoakLoss{"w2.1": {{at(2500), nil}}}, false},
+		{"first writer SIGKILLed: CheckFinal's", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000)}, map[string]bool{"w1.1": true},
+			nil, false},
 		{"one worker twice", []DeadLetter{dl("w1.1", 1000), dl("w2.1", 2000), dl("w1.1", 3000)}, nil,
 			map[string][]kafkaSoakLoss{"w1.1": {{at(1500), nil}}, "w2.1": {{at(2500), nil}}}, false},
 	} {

@@ -505,13 +505,22 @@ func (k *kafkaSoak) startWorker(slot int) {
 		p.state = p.cmd.ProcessState
 		close(p.done)
 		if !p.signaled.Load() {
+			why := lastError(p.logPath)
+			// Started while the broker is down, a worker exits at once (a pod
+			// is restarted): not a fault of the worker.
+			atStart := !logHas(p.logPath, `"msg":"projection worker started"`) && strings.Contains(why, "unable to dial")
 			k.mu.Lock()
 			if k.slots[slot] == p {
 				k.slots[slot] = nil
 			}
-			k.exits = append(k.exits, fmt.Sprintf("%s exited by itself: %s; %s", id, p.state, lastError(p.logPath)))
+			k.exits = append(k.exits, fmt.Sprintf("%s exited by itself: %s; %s", id, p.state, why))
+			if atStart {
+				k.faults["exit at start, broker down"]++
+			}
 			k.mu.Unlock()
-			k.violate(Violation{4, "worker exited by itself", fmt.Sprintf("%s: %s (log %s)", id, p.state, p.logPath)})
+			if !atStart {
+				k.violate(Violation{4, "worker exited by itself", fmt.Sprintf("%s: %s (log %s)", id, p.state, p.logPath)})
+			}
 		}
 	}()
 	k.mu.Lock()
@@ -588,6 +597,12 @@ func lastError(path string) string {
 		last = last[:400] + "..."
 	}
 	return last
+}
+
+// logHas reports whether the log at path holds s.
+func logHas(path, s string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(b), s)
 }
 
 // scanLogs reports the data races and panics the workers' logs show.
@@ -1086,8 +1101,8 @@ func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map
 		for _, dl := range copies {
 			workers[dl.Worker] = true
 		}
-		if len(workers) < len(copies) {
-			continue
+		if len(workers) < len(copies) || killed[copies[0].Worker] {
+			continue // never excused, or in flight for CheckFinal already
 		}
 		byTime := slices.Clone(copies)
 		slices.SortFunc(byTime, func(a, b DeadLetter) int { return failedAt(a).Compare(failedAt(b)) })
@@ -1097,10 +1112,10 @@ func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map
 				return !l.at.Before(failedAt(dl)) && (l.parts == nil || slices.Contains(l.parts, id.Partition))
 			}))
 		}
-		label := copies[0].Cause() + ", across workers"
-		if !lost || fin.Duplicates[label] == 0 {
-			continue // not excused, or excused by CheckFinal already
+		if !lost {
+			continue
 		}
+		label := copies[0].Cause() + ", across workers"
 		excused[id.String()] = true
 		if fin.Duplicates[label] -= len(copies) - 1; fin.Duplicates[label] <= 0 {
 			delete(fin.Duplicates, label)
