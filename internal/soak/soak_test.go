@@ -104,7 +104,8 @@ func loadSettings(t *testing.T) settings {
 	}
 	s.logPath = env("SOAK_LOG")
 	if s.logPath == "" {
-		s.logPath = filepath.Join(os.TempDir(), fmt.Sprintf("soak-%d.log", s.seed))
+		// The pid keeps concurrent runs of one seed apart.
+		s.logPath = filepath.Join(os.TempDir(), fmt.Sprintf("soak-%d-%d.log", s.seed, os.Getpid()))
 	}
 	return s
 }
