@@ -50,10 +50,13 @@ type kafkaSoakSettings struct {
 	// SIGKILLed worker holds its partitions, and any rebalance, until its
 	// session times out (45 s, franz-go's default: run has no flag for it),
 	// then the backlog is worked off.
-	drain  time.Duration
-	seed   uint64 // SOAK_SEED
-	rate   int    // SOAK_RATE: events per second (default 60)
-	race   bool   // SOAK_RACE: build the worker with -race (default 1)
+	drain time.Duration
+	seed  uint64 // SOAK_SEED
+	rate  int    // SOAK_RATE: events per second (default 60)
+	race  bool   // SOAK_RACE: build the worker with -race (default 1)
+	// SOAK_CAUSES: poison causes, as for make soak (default all that the
+	// definitions file can provoke: not the Go projection's panic).
+	causes []string
 	logDir string // SOAK_LOG_DIR: worker and soak logs
 	// The soak's broker: SOAK_KAFKA_DIR (default <repo>/.kafka-soak),
 	// SOAK_KAFKA_PORT (29092), SOAK_KAFKA_CONTROLLER_PORT (29093).
@@ -89,6 +92,7 @@ func kafkaSoakLoad(t *testing.T) kafkaSoakSettings {
 		s.rate = n
 	}
 	s.race = env("SOAK_RACE") != "0"
+	s.causes = parseList(t, "SOAK_CAUSES", env("SOAK_CAUSES"), slices.DeleteFunc(slices.Clone(PoisonCauses), func(c string) bool { return c == "panic" }))
 	repo, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +234,7 @@ func newKafkaSoak(t *testing.T, s kafkaSoakSettings) *kafkaSoak {
 
 func (k *kafkaSoak) run() *Report {
 	t := k.t
-	fmt.Printf("soak-kafka: seed %d, %s of faults at %d events/s, run %s, logs %s\n", k.s.seed, k.s.duration, k.s.rate, k.runID, k.s.logDir)
+	fmt.Printf("soak-kafka: seed %d, %s of faults at %d events/s, causes %s, run %s, logs %s\n", k.s.seed, k.s.duration, k.s.rate, strings.Join(k.s.causes, ","), k.runID, k.s.logDir)
 	if err := k.script("kafka-up.sh"); err != nil {
 		t.Fatal(err)
 	}
@@ -635,8 +639,7 @@ func (k *kafkaSoak) produce(ctx context.Context) {
 	defer cl.Close()
 	// The worker binary has the definitions file's projections only: the
 	// stream's Go projection (rating_audit) and its poison are left out.
-	causes := slices.DeleteFunc(slices.Clone(PoisonCauses), func(c string) bool { return c == "panic" })
-	gen := NewGenerator(k.s.seed, 3000, 25, causes, func(tenant string) bool { return tenant != TenantLate || k.migrated.Load() })
+	gen := NewGenerator(k.s.seed, 3000, 25, k.s.causes, func(tenant string) bool { return tenant != TenantLate || k.migrated.Load() })
 	half := time.Now().Add(k.s.duration / 2)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
