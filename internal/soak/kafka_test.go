@@ -105,7 +105,7 @@ func kafkaSoakLoad(t *testing.T) kafkaSoakSettings {
 	}
 	s.logDir = env("SOAK_LOG_DIR")
 	if s.logDir == "" {
-		s.logDir = filepath.Join(os.TempDir(), fmt.Sprintf("soak-kafka-%d", s.seed))
+		s.logDir = os.TempDir()
 	}
 	return s
 }
@@ -190,6 +190,9 @@ type workerProc struct {
 }
 
 func newKafkaSoak(t *testing.T, s kafkaSoakSettings) *kafkaSoak {
+	runID := fmt.Sprintf("%d-%06x", s.seed, rand.Uint32()&0xffffff)
+	// A folder per run: the checks read every worker log in it.
+	s.logDir = filepath.Join(s.logDir, "soak-kafka-"+runID)
 	if err := os.MkdirAll(s.logDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +201,6 @@ func newKafkaSoak(t *testing.T, s kafkaSoakSettings) *kafkaSoak {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { logf.Close() })
-	runID := fmt.Sprintf("%d-%06x", s.seed, rand.Uint32()&0xffffff)
 	k := &kafkaSoak{
 		t: t, s: s,
 		rng:        rand.New(rand.NewPCG(s.seed, 4)),
