@@ -57,7 +57,7 @@ type kafkaSoakSettings struct {
 	// SOAK_CAUSES: poison causes, as for make soak (default all that the
 	// definitions file can provoke: not the Go projection's panic).
 	causes []string
-	logDir string // SOAK_LOG_DIR: worker and soak logs
+	logDir string // SOAK_LOG_DIR (default $TMPDIR): holds the run's folder of logs
 	// The soak's broker: SOAK_KAFKA_DIR (default <repo>/.kafka-soak),
 	// SOAK_KAFKA_PORT (29092), SOAK_KAFKA_CONTROLLER_PORT (29093).
 	kafkaDir, kafkaPort, controllerPort string
