@@ -122,7 +122,7 @@ func TestSoakKafka(t *testing.T) {
 	rep := k.run()
 	rep.Print(os.Stdout, 8)
 	k.printExits(os.Stdout)
-	fmt.Printf("soak-kafka seed %d: %s (logs: %s)\n", s.seed, map[bool]string{true: "FAIL", false: "PASS"}[rep.Failed()], s.logDir)
+	fmt.Printf("soak-kafka seed %d: %s (logs: %s)\n", s.seed, map[bool]string{true: "FAIL", false: "PASS"}[rep.Failed()], k.s.logDir)
 	if rep.Failed() {
 		t.Fatalf("soak-kafka seed %d failed: %d violations, %d stalls; reproduce with SOAK_SEED=%d SOAK_DURATION=%s make soak-kafka (the schedule is seeded, its timing is the machine's)",
 			s.seed, len(rep.Violations), len(rep.Stalls), s.seed, s.duration)
@@ -1088,10 +1088,12 @@ func (k *kafkaSoak) losses() map[string][]kafkaSoakLoss {
 
 // excuseLost moves from the invariant 3 violations to the in-flight count,
 // labelled "partition lost", the duplicate dead letters of pairs whose
-// every copy but the newest was written by a worker that afterwards lost
-// the partition without committing (see kafkaSoakLoss) or was SIGKILLed:
-// the next owner had to process those records again. As in CheckFinal, a
-// worker that writes one dead letter twice is never excused.
+// every copy but the newest was written by a worker that was SIGKILLed or,
+// before the next copy, lost the partition without committing (see
+// kafkaSoakLoss): the next owner, perhaps the same worker given the
+// partition back, had to process the record again. A worker that writes a
+// dead letter again without losing its partition in between is never
+// excused; pairs whose first copy's writer was SIGKILLed are CheckFinal's.
 func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map[string][]kafkaSoakLoss) {
 	byPair := map[PairID][]DeadLetter{}
 	for _, dl := range dls {
@@ -1099,29 +1101,27 @@ func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map
 	}
 	excused := map[string]bool{}
 	for id, copies := range byPair {
-		if len(copies) < 2 {
+		if len(copies) < 2 || killed[copies[0].Worker] {
 			continue
-		}
-		workers := map[string]bool{}
-		for _, dl := range copies {
-			workers[dl.Worker] = true
-		}
-		if len(workers) < len(copies) || killed[copies[0].Worker] {
-			continue // never excused, or in flight for CheckFinal already
 		}
 		byTime := slices.Clone(copies)
 		slices.SortFunc(byTime, func(a, b DeadLetter) int { return failedAt(a).Compare(failedAt(b)) })
 		lost := true
-		for _, dl := range byTime[:len(byTime)-1] {
+		for i, dl := range byTime[:len(byTime)-1] {
+			from, to := failedAt(dl), failedAt(byTime[i+1])
 			lost = lost && (killed[dl.Worker] || slices.ContainsFunc(losses[dl.Worker], func(l kafkaSoakLoss) bool {
-				return !l.at.Before(failedAt(dl)) && (l.parts == nil || slices.Contains(l.parts, id.Partition))
+				return !l.at.Before(from) && !l.at.After(to) && (l.parts == nil || slices.Contains(l.parts, id.Partition))
 			}))
 		}
 		if !lost {
 			continue
 		}
-		label := copies[0].Cause() + ", across workers"
 		excused[id.String()] = true
+		how := "same worker"
+		if slices.ContainsFunc(copies, func(dl DeadLetter) bool { return dl.Worker != copies[0].Worker }) {
+			how = "across workers"
+		}
+		label := copies[0].Cause() + ", " + how
 		if fin.Duplicates[label] -= len(copies) - 1; fin.Duplicates[label] <= 0 {
 			delete(fin.Duplicates, label)
 		}
