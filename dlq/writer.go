@@ -209,7 +209,9 @@ func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 	errs := make([]error, len(dls))
 	now := time.Now()
 	recs := make([]*kgo.Record, 0, len(dls))
-	idx := make([]int, 0, len(dls))
+	// ProduceSync returns its results in the order the brokers answer, not
+	// in the order of recs: each result is matched by its record.
+	idx := make(map[*kgo.Record]int, len(dls))
 	for i, dl := range dls {
 		rec, err := NewRecord(dl, w.cfg, now)
 		if err != nil {
@@ -217,14 +219,14 @@ func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 			continue
 		}
 		recs = append(recs, rec)
-		idx = append(idx, i)
+		idx[rec] = i
 	}
 	if len(recs) == 0 {
 		return errs
 	}
-	for j, res := range w.client.ProduceSync(ctx, recs...) {
-		if res.Err != nil {
-			errs[idx[j]] = fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(dls[idx[j]].Source), w.cfg.Topic, res.Err)
+	for _, res := range w.client.ProduceSync(ctx, recs...) {
+		if i := idx[res.Record]; res.Err != nil {
+			errs[i] = fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(dls[i].Source), w.cfg.Topic, res.Err)
 		}
 	}
 	return errs

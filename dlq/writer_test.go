@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +17,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/retry"
@@ -449,4 +453,95 @@ func originalOffsets(t *testing.T, cl *kgo.Client, topic string) []string {
 		})
 	}
 	return out
+}
+
+// newSpreadBroker returns a kfake cluster of three brokers and a
+// dead-letter topic of three partitions, partition i led by broker i, so
+// that the dead letters of one WriteBatch go out in one produce request
+// per broker and come back in whatever order the brokers answer.
+func newSpreadBroker(t *testing.T) (*kafkatest.Broker, string) {
+	t.Helper()
+	b := kafkatest.Fake(t, kfake.NumBrokers(3))
+	topic := kafkatest.TopicName(t, "dlq")
+	b.CreateTopic(t, topic, 3, nil)
+	for p := range int32(3) {
+		if err := b.Fake.MoveTopicPartition(topic, p, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b, topic
+}
+
+// deadLetterOn returns a dead letter of source offset offset whose key
+// kgo's default partitioner (murmur2, as ReplayPartitioner.Hash) sends to
+// dead-letter partition p of a topic of partitions partitions.
+func deadLetterOn(t *testing.T, p, partitions int32, offset int64) DeadLetter {
+	t.Helper()
+	parter := NewReplayPartitioner(partitions)
+	for i := 0; ; i++ {
+		key := []byte("entity-" + strconv.Itoa(i))
+		if parter.Hash(key) != p {
+			continue
+		}
+		dl := testDeadLetter([]byte(testEvent))
+		src := *dl.Source
+		src.Key, src.Offset = key, offset
+		dl.Source = &src
+		return dl
+	}
+}
+
+// TestWriteBatchReportsExactlyTheRefusedDeadLetters: kgo's ProduceSync
+// returns results in the order the brokers answer, not in the order of the
+// records. A batch spread over partitions led by different brokers, where
+// the broker of one partition refuses its dead letters at once and another
+// answers late, must report an error for exactly the refused dead letters:
+// a refused one reported as written would have its source offset committed
+// and be lost.
+func TestWriteBatchReportsExactlyTheRefusedDeadLetters(t *testing.T) {
+	b, topic := newSpreadBroker(t)
+	const slow, fast, refusing = 0, 1, 2 // partition = its leader's node id
+	refused := make(chan struct{})
+	var refuseOnce sync.Once
+	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.KeepControl()
+		switch b.Fake.CurrentNode() {
+		case slow:
+			// Answer after the refusal has reached the client.
+			b.Fake.SleepControl(func() {
+				select {
+				case <-refused:
+					time.Sleep(200 * time.Millisecond)
+				case <-time.After(10 * time.Second):
+				}
+			})
+		case refusing:
+			refuseOnce.Do(func() { close(refused) })
+			return kafkatest.ProduceError(req.(*kmsg.ProduceRequest), kerr.InvalidRecord.Code), nil, true
+		}
+		return nil, nil, false
+	})
+	cl := newClient(t, b)
+	w := newWriter(t, cl, topic, nil)
+
+	// In input order the dead letters of the slow broker come first, the
+	// refused ones last: by completion order the refused ones come first.
+	partitions := []int32{slow, slow, fast, refusing, refusing}
+	var dls []DeadLetter
+	for i, p := range partitions {
+		dls = append(dls, deadLetterOn(t, p, 3, int64(i)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := w.WriteBatch(ctx, dls)
+	for i, err := range errs {
+		if want := partitions[i] == refusing; (err != nil) != want || want && !errors.Is(err, kerr.InvalidRecord) {
+			t.Errorf("dead letter %d (partition %d): error %v, want refused: %v", i, partitions[i], err, want)
+		}
+	}
+	got := originalOffsets(t, cl, topic)
+	slices.Sort(got)
+	if diff := cmp.Diff([]string{"0", "1", "2"}, got); diff != "" {
+		t.Errorf("original offsets on the dead-letter topic (-want +got):\n%s", diff)
+	}
 }
