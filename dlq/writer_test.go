@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -543,5 +544,116 @@ func TestWriteBatchReportsExactlyTheRefusedDeadLetters(t *testing.T) {
 	slices.Sort(got)
 	if diff := cmp.Diff([]string{"0", "1", "2"}, got); diff != "" {
 		t.Errorf("original offsets on the dead-letter topic (-want +got):\n%s", diff)
+	}
+}
+
+// neverAnswerProduces makes the kfake cluster read every produce request
+// and never answer it, as a broker that hangs.
+func neverAnswerProduces(b *kafkatest.Broker) {
+	b.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.KeepControl()
+		return nil, nil, true // handled, no response: the client waits
+	})
+}
+
+// TestWriterReturnsWithinTheAttemptBoundWhenKafkaDoesNotAcknowledge: kgo
+// retries retriable produce errors and unanswered requests without limit
+// inside one produce. A dead-letter topic that keeps answering
+// NOT_LEADER_FOR_PARTITION or REQUEST_TIMED_OUT, or a broker that never
+// answers, must still make Write and WriteBatch return an error within the
+// documented bound (MaxAttempts × AttemptTimeout plus the backoff waits),
+// so that the worker can report the partition stuck instead of stalling
+// silently. With kgo.AllowIdempotentProduceCancellation, as the worker's
+// producer has, kgo also drops the dead letters it was not given back for.
+func TestWriterReturnsWithinTheAttemptBoundWhenKafkaDoesNotAcknowledge(t *testing.T) {
+	const (
+		attempts = 3
+		timeout  = 300 * time.Millisecond
+		// slack covers the backoff waits (5 ms + 10 ms) and a loaded
+		// machine running the race detector.
+		slack = 1500 * time.Millisecond
+	)
+	tests := []struct {
+		name  string
+		fault func(*kafkatest.Broker)
+		// cancel is whether the client has
+		// kgo.AllowIdempotentProduceCancellation.
+		cancel bool
+	}{
+		{"NOT_LEADER_FOR_PARTITION forever", func(b *kafkatest.Broker) {
+			failProduces(t, b, -1, kerr.NotLeaderForPartition.Code, nil)
+		}, true},
+		{"REQUEST_TIMED_OUT forever", func(b *kafkatest.Broker) {
+			failProduces(t, b, -1, kerr.RequestTimedOut.Code, nil)
+		}, true},
+		{"broker never answers", neverAnswerProduces, true},
+		{"broker never answers, client without cancellation", neverAnswerProduces, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, topic := newBroker(t, true)
+			opts := []kgo.Opt{kgo.ProducerLinger(0)}
+			if tt.cancel {
+				opts = append(opts, kgo.AllowIdempotentProduceCancellation())
+			}
+			cl := newClient(t, b, opts...)
+			w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic}, Backoff: testBackoff, MaxAttempts: attempts, AttemptTimeout: timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.fault(b)
+
+			checkErr := func(call string, err error, took, min time.Duration) {
+				t.Helper()
+				if !errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+					t.Errorf("%s = %v, want ErrAttemptTimeout and no context error", call, err)
+				}
+				if took < min || took > min+slack {
+					t.Errorf("%s returned after %s, want within [%s, %s]", call, took, min, min+slack)
+				}
+			}
+			start := time.Now()
+			err = returnsWithin(t, attempts*timeout+slack+5*time.Second, func() error {
+				return w.Write(context.Background(), testDeadLetter([]byte(testEvent)))
+			})
+			checkErr("Write", err, time.Since(start), attempts*timeout)
+
+			dls := []DeadLetter{deadLetterOn(t, 0, 3, 1), deadLetterOn(t, 1, 3, 2)}
+			var errs []error
+			start = time.Now()
+			returnsWithin(t, timeout+slack+5*time.Second, func() error {
+				errs = w.WriteBatch(context.Background(), dls)
+				return nil
+			})
+			took := time.Since(start)
+			for i, err := range errs {
+				checkErr(fmt.Sprintf("WriteBatch error %d", i), err, took, timeout)
+			}
+
+			if tt.cancel {
+				deadline := time.Now().Add(5 * time.Second)
+				for cl.BufferedProduceRecords() > 0 && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if n := cl.BufferedProduceRecords(); n > 0 {
+					t.Errorf("client still holds %d dead letters whose attempts timed out", n)
+				}
+			}
+		})
+	}
+}
+
+// returnsWithin runs fn and returns its error, failing t when fn has not
+// returned within limit (fn is then left running).
+func returnsWithin(t *testing.T, limit time.Duration, fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		t.Fatalf("did not return within %s", limit)
+		return nil
 	}
 }

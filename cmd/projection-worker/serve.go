@@ -167,6 +167,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	prodCl, err := kgo.NewClient(append(kopts,
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
+		// The writer bounds each attempt (--dlq-write-timeout); this lets
+		// kgo drop a timed-out dead letter even with its request in flight,
+		// rather than keep it and write it after the worker gave up.
+		kgo.AllowIdempotentProduceCancellation(),
 		kgo.ProducerBatchMaxBytes(int32(max(dlqMaxBytes+64*1024, 1<<20))),
 	)...)
 	if err != nil {
@@ -180,8 +184,9 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			Generation: buildVersion() + "/" + defs.IRVersion,
 			MaxBytes:   dlqMaxBytes,
 		},
-		Backoff: policy,
-		Logger:  log,
+		Backoff:        policy,
+		Logger:         log,
+		AttemptTimeout: s.dlqTimeout,
 	})
 	if err != nil {
 		return err
