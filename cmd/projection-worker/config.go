@@ -84,7 +84,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.String(&s.workerID, "worker-id", "POD_NAME", host, "this worker's name in dead-letter headers")
 	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 0, "largest dead-letter record in bytes; larger ones truncate stackTrace, then error (default: the dead-letter topic's max.message.bytes, read at start, else 1000000)")
 	fs.Duration(&s.dlqTimeout, "dlq-write-timeout", "DLQ_WRITE_TIMEOUT", dlq.DefaultAttemptTimeout, "longest wait for Kafka to acknowledge one dead-letter write attempt; after 5 failed attempts (about 5x this) the partition is reported stuck in /readyz")
-	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
+	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start (false: only check them; a missing events or dead-letter topic is an error)")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
 	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
 	fs.Int(&s.copyMinRows, "copy-min-rows", "COPY_MIN_ROWS", 32, "apply a batch's upserts of one table and tenant with COPY when there are at least this many (-1: never)")
