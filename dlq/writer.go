@@ -294,8 +294,9 @@ func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 // attempt timeout has passed. It returns one error per record, in the order
 // of recs (kgo answers in the order the brokers do): nil once acknowledged,
 // the refusal, ctx's error, or ErrAttemptTimeout for a record not answered
-// in time. Such a record may stay with the client (see NewWriter); its late
-// answer goes to a buffered channel that nobody reads any more.
+// in time or failed by kgo with an earlier timed-out record of its
+// partition. A record not answered in time may stay with the client (see
+// NewWriter); its late answer goes to a buffered channel nobody reads.
 func (w *Writer) produce(ctx context.Context, recs ...*kgo.Record) []error {
 	actx, cancel := ctx, context.CancelFunc(func() {})
 	if w.attemptTimeout > 0 {
@@ -319,8 +320,12 @@ func (w *Writer) produce(ctx context.Context, recs ...*kgo.Record) []error {
 	errs := make([]error, len(recs))
 	answered := make([]bool, len(recs))
 	take := func(res result) {
-		if res.err != nil && actx.Err() != nil && errors.Is(res.err, actx.Err()) {
-			res.err = timedOut() // kgo gave it back because the attempt ended
+		// While ctx lasts, a context error can only come from an attempt
+		// that timed out: this one, or an earlier one whose record was
+		// ahead of this one in the same partition (kgo fails every record
+		// queued behind a failed one, to keep a partition gapless).
+		if ctx.Err() == nil && (errors.Is(res.err, context.DeadlineExceeded) || errors.Is(res.err, context.Canceled)) {
+			res.err = timedOut()
 		}
 		errs[res.i], answered[res.i] = res.err, true
 	}

@@ -603,13 +603,16 @@ func TestWriterReturnsWithinTheAttemptBoundWhenKafkaDoesNotAcknowledge(t *testin
 			}
 			tt.fault(b)
 
-			checkErr := func(call string, err error, took, min time.Duration) {
+			// An attempt ends at its timeout, or earlier when kgo fails its
+			// record together with the timed-out one of an earlier attempt
+			// queued ahead of it: at least one attempt runs its course.
+			checkErr := func(call string, err error, took, bound time.Duration) {
 				t.Helper()
 				if !errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 					t.Errorf("%s = %v, want ErrAttemptTimeout and no context error", call, err)
 				}
-				if took < min || took > min+slack {
-					t.Errorf("%s returned after %s, want within [%s, %s]", call, took, min, min+slack)
+				if took < timeout || took > bound+slack {
+					t.Errorf("%s returned after %s, want within [%s, %s]", call, took, timeout, bound+slack)
 				}
 			}
 			start := time.Now()
@@ -655,5 +658,33 @@ func returnsWithin(t *testing.T, limit time.Duration, fn func() error) error {
 	case <-time.After(limit):
 		t.Fatalf("did not return within %s", limit)
 		return nil
+	}
+}
+
+// TestWriterTimeoutFailsTheDeadLettersQueuedBehindAsTimeouts: kgo keeps a
+// partition gapless, so when it drops a dead letter whose attempt timed out
+// it fails every record queued behind it in that partition, with the
+// timed-out attempt's context error. A concurrent Write whose own context
+// and attempt are still running must see that as ErrAttemptTimeout, not as
+// a context error that a caller would take for its own cancellation.
+func TestWriterTimeoutFailsTheDeadLettersQueuedBehindAsTimeouts(t *testing.T) {
+	b, topic := newBroker(t, true)
+	cl := newClient(t, b, kgo.ProducerLinger(0), kgo.AllowIdempotentProduceCancellation())
+	w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic}, Backoff: testBackoff, MaxAttempts: 1, AttemptTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	neverAnswerProduces(b)
+	first := make(chan error, 1)
+	go func() { first <- w.Write(context.Background(), testDeadLetter([]byte(testEvent))) }()
+	time.Sleep(200 * time.Millisecond) // the first dead letter is in flight
+	// Same key, same partition: queued behind the first.
+	second := returnsWithin(t, 10*time.Second, func() error {
+		return w.Write(context.Background(), testDeadLetter([]byte(testEvent)))
+	})
+	for i, err := range []error{<-first, second} {
+		if !errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Write %d = %v, want ErrAttemptTimeout and no context error", i+1, err)
+		}
 	}
 }
