@@ -97,11 +97,12 @@ type Writer struct {
 // Recommended: kgo.AllowIdempotentProduceCancellation, so that kgo drops a
 // dead letter whose attempt timed out (or whose ctx ended) even while its
 // request is in flight; without it kgo keeps such a record until the
-// broker answers and may write it after the Write gave up. kgo.ProducerLinger(0),
-// or each write first waits out the linger (kgo's default 10 ms). Do not
-// set kgo.RecordDeliveryTimeout: kgo measures it from the record's
-// timestamp, which the attempts of one Write share, so attempts after the
-// first would fail at once; AttemptTimeout bounds each attempt instead.
+// broker answers and may write it after the Write gave up. And
+// kgo.ProducerLinger(0), or each write first waits out the linger (kgo's
+// default 10 ms). Do not set kgo.RecordDeliveryTimeout: kgo measures it
+// from the record's timestamp, which the attempts of one Write share, so
+// attempts after the first would fail at once; AttemptTimeout bounds each
+// attempt instead.
 func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if client == nil {
 		return nil, errors.New("dead-letter writer: nil kafka client")
