@@ -160,8 +160,9 @@ func (c *Config) Validate() error {
 
 // DeadLetterWriter publishes a dead letter and returns nil only once Kafka
 // has acknowledged it. It returns an error when ctx is done, or when it
-// cannot write the dead letter for now (the topic keeps refusing it, or it
-// is too large); the worker then keeps the source offset uncommitted,
+// cannot write the dead letter for now (the topic keeps refusing it, it is
+// too large, or Kafka does not acknowledge it within the writer's time
+// limit, dlq.ErrAttemptTimeout); the worker then keeps the source offset uncommitted,
 // reports the partition stuck in Ready, and calls Write again.
 // *dlq.Writer implements it.
 type DeadLetterWriter interface {
@@ -873,8 +874,11 @@ func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLette
 		wait := b.NextBackOff()
 		pc.setStuck(err)
 		hint := "the dead-letter topic refuses writes: check it exists and accepts this worker's records"
-		if errors.Is(err, dlq.ErrTooLarge) {
+		switch {
+		case errors.Is(err, dlq.ErrTooLarge):
 			hint = "raise the dead-letter topic's max.message.bytes (or --dlq-max-bytes) and restart the worker: the limit is read at start"
+		case errors.Is(err, dlq.ErrAttemptTimeout):
+			hint = "Kafka does not acknowledge dead letters in time: check the dead-letter topic's partition leaders and brokers (--dlq-write-timeout)"
 		}
 		w.log.Error("dead letter not written; the partition waits and tries again",
 			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
