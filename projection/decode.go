@@ -78,7 +78,9 @@ const maxEventDepth = 10000
 //
 //   - eventType, entityId and forkId are non-empty strings;
 //   - irVersion is a string; it is required but may be "";
-//   - tenantSchema is a string that satisfies ValidTenantSchema;
+//   - tenantSchema is a string that satisfies ValidTenantSchema: it matches
+//     ^[a-z_][a-z0-9_]{0,62}$ and is not one of PostgreSQL's own schemas
+//     (public, information_schema, pg_*; see ReservedSchema);
 //   - sequenceNumber is a JSON integer (no fraction, no exponent, not quoted)
 //     ≥ 0 that fits int64;
 //   - ts is a JSON integer of epoch milliseconds in PostgreSQL's timestamptz
@@ -97,7 +99,12 @@ const maxEventDepth = 10000
 // afterwards. The strings in Event (including those inside Fields) share one
 // copy of value, so keeping any of them keeps that copy alive; clone
 // (strings.Clone) a string that must outlive the event.
-func DecodeEvent(value []byte) (*Event, error) {
+//
+// TenantSchemas.DecodeEvent narrows the accepted tenant schemas further.
+func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil) }
+
+// decodeEvent is DecodeEvent with tenantSchema checked by tenants.Check.
+func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	if len(value) == 0 {
 		return nil, &ValidationError{Reason: "record value is empty (tombstone)"}
 	}
@@ -113,37 +120,20 @@ func DecodeEvent(value []byte) (*Event, error) {
 	if !ok {
 		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(root) + ", want an object"}
 	}
-	ev, err := validateEvent(value, m)
+	ev, err := validateEvent(value, m, tenants)
 	if ve, ok := err.(*ValidationError); ok {
 		ve.EventType, _ = m["eventType"].(string)
 		ve.ForkID, _ = m["forkId"].(string)
-		if ts, _ := m["tenantSchema"].(string); ValidTenantSchema(ts) {
+		// A name refused only as not a tenant (public, pg_catalog) is kept:
+		// it is what the event says, and a safe identifier.
+		if ts, _ := m["tenantSchema"].(string); validIdentifier(ts) {
 			ve.TenantSchema = ts
 		}
 	}
 	return ev, err
 }
 
-// ValidTenantSchema reports whether s matches ^[a-z_][a-z0-9_]{0,62}$: a
-// lowercase PostgreSQL identifier of at most 63 bytes (NAMEDATALEN-1) that
-// never needs case folding. Identifiers that pass are still quoted with
-// pgx.Identifier; the rule keeps wire input to names an operator can type.
-func ValidTenantSchema(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	if c := s[0]; !(c >= 'a' && c <= 'z' || c == '_') {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-func validateEvent(value []byte, m map[string]any) (*Event, error) {
+func validateEvent(value []byte, m map[string]any, tenants *TenantSchemas) (*Event, error) {
 	ev := &Event{Raw: value, Fields: m}
 	var err error
 	if ev.EventType, err = eventNonEmptyString(m, "eventType"); err != nil {
@@ -158,12 +148,8 @@ func validateEvent(value []byte, m map[string]any) (*Event, error) {
 	if ev.TenantSchema, err = eventString(m, "tenantSchema"); err != nil {
 		return nil, err
 	}
-	if !ValidTenantSchema(ev.TenantSchema) {
-		reason := "must match ^[a-z_][a-z0-9_]{0,62}$ (a lowercase PostgreSQL identifier), got " + quoteValue(ev.TenantSchema)
-		if len(ev.TenantSchema) > 63 {
-			reason = "must be at most 63 bytes (a PostgreSQL identifier), got " + strconv.Itoa(len(ev.TenantSchema))
-		}
-		return nil, &ValidationError{Field: "tenantSchema", Reason: reason}
+	if err := tenants.Check(ev.TenantSchema); err != nil {
+		return nil, err
 	}
 	if ev.IRVersion, err = eventString(m, "irVersion"); err != nil {
 		return nil, err

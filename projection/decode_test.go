@@ -269,6 +269,14 @@ func TestDecodeEventRejects(t *testing.T) {
 			"must be at most 63 bytes (a PostgreSQL identifier), got 64"},
 		{"non-ASCII tenantSchema", testEventJSON(map[string]string{"tenantSchema": `"zoë"`}), "tenantSchema", `got "zoë"`},
 		{"numeric tenantSchema", testEventJSON(map[string]string{"tenantSchema": `1`}), "tenantSchema", "must be a string, got number 1"},
+		{"tenantSchema public", testEventJSON(map[string]string{"tenantSchema": `"public"`}), "tenantSchema",
+			`must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*), got "public"`},
+		{"tenantSchema pg_catalog", testEventJSON(map[string]string{"tenantSchema": `"pg_catalog"`}), "tenantSchema", `got "pg_catalog"`},
+		{"tenantSchema pg_toast", testEventJSON(map[string]string{"tenantSchema": `"pg_toast"`}), "tenantSchema", `got "pg_toast"`},
+		{"tenantSchema pg_temp_3", testEventJSON(map[string]string{"tenantSchema": `"pg_temp_3"`}), "tenantSchema", `got "pg_temp_3"`},
+		{"tenantSchema pg_toast_temp_1", testEventJSON(map[string]string{"tenantSchema": `"pg_toast_temp_1"`}), "tenantSchema", `got "pg_toast_temp_1"`},
+		{"tenantSchema information_schema", testEventJSON(map[string]string{"tenantSchema": `"information_schema"`}), "tenantSchema", `got "information_schema"`},
+		{"tenantSchema pg_ spelled with an escape", testEventJSON(map[string]string{"tenantSchema": `"pg\u005fcatalog"`}), "tenantSchema", `got "pg_catalog"`},
 
 		{"missing sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": ""}), "sequenceNumber", "is required"},
 		{"quoted sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": `"7"`}), "sequenceNumber",
@@ -363,6 +371,16 @@ func TestValidTenantSchema(t *testing.T) {
 		{`tenant_a"; DROP TABLE x; --`, false},
 		{"zoë", false},
 		{"a\x00", false},
+		{"public", false},
+		{"information_schema", false},
+		{"pg_catalog", false},
+		{"pg_toast", false},
+		{"pg_temp_1", false},
+		{"pg_", false},
+		{"pg", true},
+		{"pgx_tenant", true},
+		{"public_tenant", true},
+		{"acme_pg_", true},
 	}
 	for _, tt := range tests {
 		t.Run(strconv.Quote(tt.s), func(t *testing.T) {
@@ -394,6 +412,61 @@ func BenchmarkDecodeEvent(b *testing.B) {
 	for b.Loop() {
 		if _, err := DecodeEvent(value); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+func TestTenantSchemas(t *testing.T) {
+	tests := []struct {
+		pattern, schema string
+		wantReason      string // "" when accepted
+	}{
+		{"", "acme_prod", ""},
+		{"", "public", `must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*), got "public"`},
+		{"acme_[a-z0-9_]+", "acme_prod", ""},
+		{"acme_[a-z0-9_]+", "acme_", `must match the tenant schema pattern "acme_[a-z0-9_]+" (the whole name), got "acme_"`},
+		{"acme_[a-z0-9_]+", "old_acme_prod", `got "old_acme_prod"`},
+		{"acme_[a-z0-9_]+", "acme_prod_x", ""},
+		{"acme|beta", "acme", ""},
+		{"acme|beta", "acmebeta", `got "acmebeta"`},
+		{"acme_prod", "acme_production", `got "acme_production"`},
+		{".*", "pg_catalog", `must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*), got "pg_catalog"`},
+		{".*", "Acme", `must match ^[a-z_][a-z0-9_]{0,62}$`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pattern+" "+tt.schema, func(t *testing.T) {
+			ts, err := NewTenantSchemas(tt.pattern)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ts.Pattern(); got != tt.pattern {
+				t.Errorf("Pattern() = %q, want %q", got, tt.pattern)
+			}
+			in := testEventJSON(map[string]string{"tenantSchema": strconv.Quote(tt.schema)})
+			ev, err := ts.DecodeEvent([]byte(in))
+			checkErr := ts.Check(tt.schema)
+			if tt.wantReason == "" {
+				if err != nil || checkErr != nil || ev.TenantSchema != tt.schema {
+					t.Errorf("DecodeEvent = %v, Check = %v; want %q accepted", err, checkErr, tt.schema)
+				}
+				return
+			}
+			for _, err := range []error{err, checkErr} {
+				var ve *ValidationError
+				if !errors.As(err, &ve) || ve.Field != "tenantSchema" || !strings.Contains(ve.Reason, tt.wantReason) {
+					t.Errorf("error = %v, want a *ValidationError for tenantSchema with %q", err, tt.wantReason)
+				}
+				if !retry.IsPermanent(err) {
+					t.Errorf("error %v is not permanent", err)
+				}
+			}
+		})
+	}
+	for _, bad := range []string{"(", "[z-a]", "a**", `\`} {
+		if ts, err := NewTenantSchemas(bad); err == nil {
+			t.Errorf("NewTenantSchemas(%q) = %+v, want an error", bad, ts)
+		} else if strings.Contains(err.Error(), "(?:") {
+			t.Errorf("NewTenantSchemas(%q): error %q shows the anchoring, not the operator's pattern", bad, err)
 		}
 	}
 }
