@@ -6,10 +6,13 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -55,6 +58,11 @@ func FuzzDecodeEvent(f *testing.F) {
 		testEventJSON(map[string]string{"payload": ""}),
 		testEventJSON(map[string]string{"payload": `[]`}),
 		testEventJSON(map[string]string{"payload": `null`}),
+		testEventJSON(map[string]string{"tenantSchema": `"public"`}),
+		// Nesting past the limit (the accepted side is left to
+		// TestDecodeEventAccepts: cmp.Diff is exponential in the depth of
+		// nested slices).
+		testEventJSON(map[string]string{"payload": `{"a":` + strings.Repeat("[", 125) + strings.Repeat("]", 125) + `}`}),
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -138,6 +146,7 @@ func checkDecodeAccepted(t *testing.T, value []byte, ev *Event) {
 	if hasDuplicateKey(value) {
 		t.Fatalf("accepted %q, which has a duplicate key", value)
 	}
+	checkDeadLetterVerbatim(t, value)
 
 	again, err := DecodeEvent(ev.Raw)
 	if err != nil {
@@ -171,6 +180,20 @@ func checkDecodeAccepted(t *testing.T, value []byte, ev *Event) {
 	ev2.Raw = ev.Raw
 	if diff := cmp.Diff(ev, ev2); diff != "" {
 		t.Fatalf("re-encoded Fields decode to another event (-first +second):\n%s", diff)
+	}
+}
+
+// checkDeadLetterVerbatim fails t unless the dead letter of the accepted
+// value embeds it verbatim (SPEC §6), so that it can be replayed: the
+// decoder accepts only what every strict parser reads.
+func checkDeadLetterVerbatim(t *testing.T, value []byte) {
+	t.Helper()
+	rec, err := dlq.NewRecord(dlq.DeadLetter{Source: &kgo.Record{Value: value}, Err: errors.New("x")}, dlq.RecordConfig{MaxBytes: 1 << 30}, time.UnixMilli(1))
+	if err != nil {
+		t.Fatalf("dead letter of an accepted value: %v", err)
+	}
+	if !bytes.HasPrefix(rec.Value, append([]byte(`{"originalEvent":`), value...)) {
+		t.Fatalf("the dead letter of accepted %.200q does not embed it verbatim: %.200s", value, rec.Value)
 	}
 }
 
