@@ -141,19 +141,16 @@ func ClassifySQLState(code string) Class {
 	if len(code) != 5 {
 		return Projection
 	}
-	class, found := Projection, false
+	class := Projection
 	for _, r := range sqlStateRules {
 		switch r.SQLState {
 		case code:
 			return r.Class
 		case code[:2]:
-			class, found = r.Class, true
+			class = r.Class
 		}
 	}
-	if found {
-		return class
-	}
-	return Projection
+	return class
 }
 
 // Classify returns the class of err. The rules, first match wins (SPEC §5
