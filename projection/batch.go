@@ -60,7 +60,7 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
-		d.ev, d.err = DecodeEvent(rec.Value)
+		d.ev, d.err = w.cfg.TenantSchemas.DecodeEvent(rec.Value)
 		if w.cfg.Tracer != nil {
 			_, span := w.cfg.Tracer.WithProcessSpan(rec)
 			defer span.End()

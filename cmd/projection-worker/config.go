@@ -46,6 +46,9 @@ type settings struct {
 	maxQueuedBytes int
 	copyMinRows    int
 
+	// run and migrate
+	tenantSchemaPattern string
+
 	// migrate
 	tenantSchemas []string
 }
@@ -89,6 +92,22 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
 	fs.Int(&s.copyMinRows, "copy-min-rows", "COPY_MIN_ROWS", 32, "apply a batch's upserts of one table and tenant with COPY when there are at least this many (-1: never)")
 	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
+	s.registerTenantSchemaPattern(fs)
+}
+
+func (s *settings) registerTenantSchemaPattern(fs *flagenv.Set) {
+	fs.String(&s.tenantSchemaPattern, "tenant-schema-pattern", "TENANT_SCHEMA_PATTERN", "",
+		"Go RE2 regexp a tenant schema must match as a whole, besides ^[a-z_][a-z0-9_]{0,62}$ and not being public, information_schema or pg_* (default: none)")
+}
+
+// tenantSchemaSet returns the tenant schemas --tenant-schema-pattern
+// accepts (nil: no narrowing), or a usage error when it does not compile.
+func (s *settings) tenantSchemaSet() (*projection.TenantSchemas, error) {
+	t, err := projection.NewTenantSchemas(s.tenantSchemaPattern)
+	if err != nil {
+		return nil, flagenv.Usagef("--tenant-schema-pattern (TENANT_SCHEMA_PATTERN) %q does not compile: %v", s.tenantSchemaPattern, err)
+	}
+	return t, nil
 }
 
 // logger returns the slog logger the flags ask for.
