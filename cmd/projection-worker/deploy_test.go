@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -37,9 +38,6 @@ import (
 // that parse yields, and every metric the alerts use is served by a running
 // worker.
 
-// podName stands for the downward API's metadata.name.
-const podName = "projection-worker-7d9f8c6b5-x2k9q"
-
 // deployObjects builds deploy/kubernetes/rel with kustomize.
 func deployObjects(t *testing.T, rel string) *deploytest.Objects {
 	t.Helper()
@@ -54,103 +52,26 @@ func deployObjects(t *testing.T, rel string) *deploytest.Objects {
 	return objs
 }
 
-// exampleSecret returns the Secret of deploy/kubernetes/secret.example.yaml.
-func exampleSecret(t *testing.T) *corev1.Secret {
+// containerEnv returns the environment of container c; see
+// deploytest.ResolveEnv.
+func containerEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Container) deploytest.Env {
 	t.Helper()
-	dir, err := deploytest.Dir()
+	secret, err := deploytest.ExampleSecret()
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := deploytest.DecodeFile(filepath.Join(dir, "secret.example.yaml"))
+	env, err := deploytest.ResolveEnv(configMaps, secret, c)
 	if err != nil {
 		t.Fatal(err)
-	}
-	return objs.Secrets[0]
-}
-
-// containerEnv is a container's environment as the kubelet would set it,
-// from the ConfigMaps of objs (the worker's, for Jobs built on their own),
-// the Secret example and the downward API.
-type containerEnv struct {
-	values map[string]string
-	// explicit are the names set by the container's env list; the others
-	// come from envFrom.
-	explicit []string
-}
-
-func (e containerEnv) lookup(k string) (string, bool) { v, ok := e.values[k]; return v, ok }
-
-func resolveEnv(t *testing.T, configMaps *deploytest.Objects, secret *corev1.Secret, c corev1.Container) containerEnv {
-	t.Helper()
-	env := containerEnv{values: map[string]string{}}
-	configMap := func(name string) map[string]string {
-		cm := configMaps.ConfigMap(name)
-		if cm == nil {
-			t.Fatalf("container %s reads ConfigMap %q, which the kustomization does not make", c.Name, name)
-		}
-		return cm.Data
-	}
-	fromSecret := func(name string) map[string]string {
-		if name != secret.Name {
-			t.Fatalf("container %s reads Secret %q, want %q (secret.example.yaml)", c.Name, name, secret.Name)
-		}
-		return secret.StringData
-	}
-	for _, from := range c.EnvFrom {
-		switch {
-		case from.ConfigMapRef != nil:
-			for k, v := range configMap(from.ConfigMapRef.Name) {
-				env.values[from.Prefix+k] = v
-			}
-		case from.SecretRef != nil:
-			for k, v := range fromSecret(from.SecretRef.Name) {
-				env.values[from.Prefix+k] = v
-			}
-		}
-	}
-	for _, e := range c.Env {
-		env.explicit = append(env.explicit, e.Name)
-		switch src := e.ValueFrom; {
-		case src == nil:
-			env.values[e.Name] = e.Value
-		case src.ConfigMapKeyRef != nil:
-			if v, ok := configMap(src.ConfigMapKeyRef.Name)[src.ConfigMapKeyRef.Key]; ok {
-				env.values[e.Name] = v
-			}
-		case src.SecretKeyRef != nil:
-			v, ok := fromSecret(src.SecretKeyRef.Name)[src.SecretKeyRef.Key]
-			if !ok && (src.SecretKeyRef.Optional == nil || !*src.SecretKeyRef.Optional) {
-				t.Errorf("container %s: %s reads key %s, which the Secret example lacks", c.Name, e.Name, src.SecretKeyRef.Key)
-			}
-			if ok {
-				env.values[e.Name] = v
-			}
-		case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.name":
-			env.values[e.Name] = podName
-		case src.ResourceFieldRef != nil:
-			q := c.Resources.Limits[corev1.ResourceName(strings.TrimPrefix(src.ResourceFieldRef.Resource, "limits."))]
-			env.values[e.Name] = fmt.Sprint(q.Value())
-		default:
-			t.Errorf("container %s: %s has a source this test does not resolve: %+v", c.Name, e.Name, src)
-		}
 	}
 	return env
 }
 
-// runtimeEnv are variables read by the Go runtime, not by the flags.
-var runtimeEnv = []string{"GOMEMLIMIT", "GOGC", "GOMAXPROCS"}
-
 // checkEnvRead fails t for each variable of names that fs does not read.
 func checkEnvRead(t *testing.T, what string, fs *flagenv.Set, names []string) {
 	t.Helper()
-	read := map[string]bool{}
-	for _, env := range fs.Env() {
-		read[env] = true
-	}
-	for _, n := range names {
-		if !read[n] && !slices.Contains(runtimeEnv, n) {
-			t.Errorf("%s sets %s, which %s does not read (a misspelt or stale variable)", what, n, fs.Name())
-		}
+	for _, n := range deploytest.Unread(fs, names) {
+		t.Errorf("%s sets %s, which %s does not read (a misspelt or stale variable)", what, n, fs.Name())
 	}
 }
 
@@ -159,21 +80,16 @@ func checkEnvRead(t *testing.T, what string, fs *flagenv.Set, names []string) {
 func workerSettings(t *testing.T, objs *deploytest.Objects) (*settings, corev1.Container) {
 	t.Helper()
 	c := objs.Deployments[0].Spec.Template.Spec.Containers[0]
-	env := resolveEnv(t, objs, exampleSecret(t), c)
+	env := containerEnv(t, objs, c)
 	if len(c.Command) > 0 || len(c.Args) == 0 || c.Args[0] != "run" {
 		t.Fatalf("worker container runs %q %q, want the entrypoint with args [run ...]", c.Command, c.Args)
 	}
 	var s settings
-	fs := runFlags(&s, io.Discard).WithLookup(env.lookup)
+	fs := runFlags(&s, io.Discard).WithLookup(env.Lookup)
 	if err := parseFlags(fs, c.Args[1:]); err != nil {
 		t.Fatalf("worker args %q with its environment: %v", c.Args, err)
 	}
-	names := make([]string, 0, len(env.values))
-	for k := range env.values {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	checkEnvRead(t, "the worker container", fs, names)
+	checkEnvRead(t, "the worker container", fs, env.Names())
 	return &s, c
 }
 
@@ -214,12 +130,12 @@ func TestDeployWorkerSettings(t *testing.T) {
 			if _, err := poolConfig(s.databaseURL, 0); err != nil {
 				t.Errorf("DATABASE_URL of the Secret example: %v", err)
 			}
-			if s.workerID != podName {
+			if s.workerID != deploytest.PodName {
 				t.Errorf("--worker-id = %q, want the pod name from POD_NAME", s.workerID)
 			}
 			checkProjectionsMount(t, objs, pod, c, s.projections)
 
-			_, port, err := splitPort(s.httpAddr)
+			_, port, err := net.SplitHostPort(s.httpAddr)
 			if err != nil {
 				t.Fatalf("--http-addr %q: %v", s.httpAddr, err)
 			}
@@ -279,15 +195,6 @@ func TestDeployWorkerSettings(t *testing.T) {
 	}
 }
 
-// splitPort returns the host and port of an address such as ":8080".
-func splitPort(addr string) (string, string, error) {
-	i := strings.LastIndex(addr, ":")
-	if i < 0 {
-		return "", "", fmt.Errorf("no port")
-	}
-	return addr[:i], addr[i+1:], nil
-}
-
 // checkProjectionsMount: file is a key of the ConfigMap mounted at its
 // directory in container c, and that ConfigMap's definitions load.
 func checkProjectionsMount(t *testing.T, objs *deploytest.Objects, pod corev1.PodSpec, c corev1.Container, file string) {
@@ -329,22 +236,21 @@ func TestDeployMigrateJob(t *testing.T) {
 	ws, _ := workerSettings(t, worker)
 	job := deployObjects(t, "overlays/example/jobs/migrate").Jobs[0]
 	pod := job.Spec.Template.Spec
-	secret := exampleSecret(t)
 	if len(pod.InitContainers) != 1 || len(pod.Containers) != 1 {
 		t.Fatalf("%d init containers and %d containers, want topics then migrate", len(pod.InitContainers), len(pod.Containers))
 	}
 
 	topics := pod.InitContainers[0]
-	env := resolveEnv(t, worker, secret, topics)
+	env := containerEnv(t, worker, topics)
 	var ts settings
-	fs := topicsFlags(&ts, io.Discard).WithLookup(env.lookup)
+	fs := topicsFlags(&ts, io.Discard).WithLookup(env.Lookup)
 	if len(topics.Args) == 0 || topics.Args[0] != "topics" {
 		t.Fatalf("init container args %q, want [topics ...]", topics.Args)
 	}
 	if err := parseFlags(fs, topics.Args[1:]); err != nil {
 		t.Fatalf("topics args %q: %v", topics.Args, err)
 	}
-	checkEnvRead(t, "the topics container", fs, env.explicit)
+	checkEnvRead(t, "the topics container", fs, env.Explicit)
 	got, err := ts.topicConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -355,16 +261,16 @@ func TestDeployMigrateJob(t *testing.T) {
 	}
 
 	migrate := pod.Containers[0]
-	env = resolveEnv(t, worker, secret, migrate)
+	env = containerEnv(t, worker, migrate)
 	var ms settings
-	fs = migrateFlags(&ms, io.Discard).WithLookup(env.lookup)
+	fs = migrateFlags(&ms, io.Discard).WithLookup(env.Lookup)
 	if len(migrate.Args) == 0 || migrate.Args[0] != "migrate" {
 		t.Fatalf("container args %q, want [migrate ...]", migrate.Args)
 	}
 	if err := parseFlags(fs, migrate.Args[1:]); err != nil {
 		t.Fatalf("migrate args %q: %v", migrate.Args, err)
 	}
-	checkEnvRead(t, "the migrate container", fs, env.explicit)
+	checkEnvRead(t, "the migrate container", fs, env.Explicit)
 	if err := ms.requireDatabase(); err != nil {
 		t.Error(err)
 	}
