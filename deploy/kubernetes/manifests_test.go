@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -372,5 +373,25 @@ func TestJobs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadmeNamesEveryAlert: the README's alert table has a line for each
+// alert of the PrometheusRule.
+func TestReadmeNamesEveryAlert(t *testing.T) {
+	root, err := deploytest.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range build(t, "base").PrometheusRules[0].Spec.Groups {
+		for _, r := range g.Rules {
+			if !strings.Contains(string(readme), "`"+r.Alert+"`") {
+				t.Errorf("README.md does not name the alert `%s`", r.Alert)
+			}
+		}
 	}
 }
