@@ -6,7 +6,9 @@
 # Build arguments:
 #   GO_IMAGE       the Go toolchain image of the build stage
 #   RUNTIME_IMAGE  the base of the final image; scratch works too (the
-#                  binaries are static, and the user is given by number)
+#                  binaries are static, and the user is given by number),
+#                  but has no CA certificates: Kafka TLS and PostgreSQL
+#                  sslmode=verify-full then need their CA files mounted
 #   BINARIES       build (default): compile both commands in the build stage;
 #                  prebuilt: copy them from bin/image/ of the context
 #                  (make image-bin), so that no Go image is pulled
@@ -33,6 +35,10 @@ COPY bin/image/projection-worker bin/image/dlq-replayer /
 FROM binaries-${BINARIES} AS binaries
 
 FROM ${RUNTIME_IMAGE}
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="causet-projection-worker" \
+	org.opencontainers.image.description="projection-worker and dlq-replayer" \
+	org.opencontainers.image.version="${VERSION}"
 COPY --from=binaries /projection-worker /dlq-replayer /usr/local/bin/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/projection-worker"]

@@ -36,9 +36,10 @@ type ociManifest struct {
 
 type ociImageConfig struct {
 	Config struct {
-		User       string   `json:"User"`
-		Entrypoint []string `json:"Entrypoint"`
-		Cmd        []string `json:"Cmd"`
+		User       string            `json:"User"`
+		Entrypoint []string          `json:"Entrypoint"`
+		Cmd        []string          `json:"Cmd"`
+		Labels     map[string]string `json:"Labels"`
 	} `json:"config"`
 }
 
@@ -46,9 +47,10 @@ type ociImageConfig struct {
 // built on this machine (BINARIES=prebuilt) on an empty base
 // (RUNTIME_IMAGE=scratch), into a buildah store of its own. It then reads
 // the image's config (a numeric non-root user, the runAsUser of the
-// manifests; projection-worker as the entrypoint, run as the command),
-// extracts its layers and runs both binaries' `version` from them, and
-// checks that every command the manifests give exists in the image.
+// manifests; projection-worker as the entrypoint, run as the command; the
+// version label), extracts its layers and runs both binaries' `version`
+// from them, and checks that every command the manifests give exists in
+// the image.
 func TestImage(t *testing.T) {
 	buildah := testtool.Require(t, "buildah")
 	makeTool := testtool.Require(t, "make")
@@ -91,6 +93,9 @@ func TestImage(t *testing.T) {
 	}
 	if want := []string{"run"}; !slices.Equal(c.Cmd, want) {
 		t.Errorf("cmd %q, want %q", c.Cmd, want)
+	}
+	if v := c.Labels["org.opencontainers.image.version"]; v != version {
+		t.Errorf("label org.opencontainers.image.version %q, want %q", v, version)
 	}
 
 	fs := filepath.Join(tmp, "rootfs")
