@@ -351,7 +351,6 @@ func TestDeployAlertMetricsServed(t *testing.T) {
 	clearSettingsEnv(t) // after the two above, which read KAFKA_BROKERS and DATABASE_URL
 	events := kafkatest.TopicName(t, "events")
 	b.CreateTopic(t, events, 2, nil)
-	addr := closedAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	runCtx, stop := context.WithCancel(ctx)
@@ -362,7 +361,7 @@ func TestDeployAlertMetricsServed(t *testing.T) {
 		done <- run(runCtx, []string{"run",
 			"--brokers", strings.Join(b.Addrs, ","), "--database-url", dbURL, "--projections", exampleProjections,
 			"--topic", events, "--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
-			"--group", kafkatest.TopicName(t, "group"), "--http-addr", addr, "--log-format", "text", "--shutdown-grace", "10s",
+			"--group", kafkatest.TopicName(t, "group"), "--http-addr", "127.0.0.1:0", "--log-format", "text", "--shutdown-grace", "10s",
 		}, io.Discard, &stderr)
 	}()
 	defer func() {
@@ -378,11 +377,16 @@ func TestDeployAlertMetricsServed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Scrape until the dead letter and the lag are counted.
+	// Scrape, at the address the worker logs, until the dead letter and
+	// the lag are counted.
+	var addr string
 	var scrape []byte
 	var families map[string]*dto.MetricFamily
 	for {
-		scrape, families = scrapeMetrics(t, addr)
+		if m := listeningRE.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+			scrape, families = scrapeMetrics(t, addr)
+		}
 		if families["causet_projection_dead_lettered_total"] != nil && families["causet_projection_consumer_lag"] != nil {
 			break
 		}
@@ -512,12 +516,15 @@ var knownLintFindings = []string{
 	`causet_dlq_retention_milliseconds use base unit "seconds" instead of "milliseconds"`,
 }
 
+// listeningRE finds the HTTP address in the worker's text log.
+var listeningRE = regexp.MustCompile(`msg="http listening" addr=(\S+)`)
+
 // scrapeMetrics GETs /metrics of the worker at addr and parses it.
 func scrapeMetrics(t *testing.T, addr string) ([]byte, map[string]*dto.MetricFamily) {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
-		return nil, nil // not listening yet
+		t.Fatalf("GET /metrics: %v", err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
