@@ -115,6 +115,18 @@ func TestKustomizationsBuild(t *testing.T) {
 			if len(objs.HPAs) > 0 {
 				t.Errorf("%s: a HorizontalPodAutoscaler beside the ScaledObject: both would set the replicas", rel)
 			}
+			// The upgrade applies the ConfigMaps alone with
+			// -l app.kubernetes.io/component=config (README).
+			for _, cm := range objs.ConfigMaps {
+				if cm.Labels["app.kubernetes.io/component"] != "config" {
+					t.Errorf("%s: ConfigMap %s lacks the label app.kubernetes.io/component=config", rel, cm.Name)
+				}
+			}
+			for _, d := range objs.Deployments {
+				if d.Labels["app.kubernetes.io/component"] == "config" {
+					t.Errorf("%s: Deployment %s is labelled component=config: a config-only apply would roll it", rel, d.Name)
+				}
+			}
 		})
 	}
 }
