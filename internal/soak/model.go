@@ -1,8 +1,8 @@
 package soak
 
 import (
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
