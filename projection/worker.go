@@ -407,6 +407,7 @@ func (w *Worker) partition(p int32) *partition {
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		next:      -1,
+		lastTaken: -1,
 	}
 	w.partitions[p] = pc
 	w.wg.Add(1)
@@ -529,6 +530,7 @@ type partition struct {
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // offset of the next record to finish; −1 unknown
 	highWatermark int64
+	lastTaken     int64    // offset of the last record taken; −1 none (goroutine only)
 	inRetry       *handoff // the record whose failing pairs are being retried
 	received      *handoff // left by the previous owner (handoff.go)
 }
@@ -692,6 +694,7 @@ func (pc *partition) run() {
 			if len(recs) == 0 {
 				break
 			}
+			pc.noticeRewind(recs)
 			if err := pc.w.processBatch(pc.ctx, pc, recs); err != nil {
 				if pc.ctx.Err() == nil {
 					pc.w.log.Error("partition stopped on an unexpected error; it resumes at the next assignment",
@@ -920,4 +923,22 @@ type PanicError struct {
 
 func (e *PanicError) Error() string {
 	return fmt.Sprintf("projection %s panicked: %v", e.Projection, e.Value)
+}
+
+// noticeRewind says when the client delivers records again, at or below the
+// last one taken: it rewinds a partition's fetch position within an
+// assignment when a broker reports lost records after a leader change, or
+// when the offset was out of range. The records are processed again (stale
+// no-ops; their dead letters can be written twice); a WARN line names the
+// partition and both offsets.
+func (pc *partition) noticeRewind(recs []*kgo.Record) {
+	last := pc.lastTaken
+	for _, r := range recs {
+		if last >= 0 && r.Offset <= last {
+			pc.w.log.Warn("records delivered again: the client rewound this partition; they are processed again (stale no-ops, and their dead letters may be written twice)",
+				"topic", pc.w.cfg.Topic, "partition", pc.partition, "offset", r.Offset, "last_offset", last)
+		}
+		last = r.Offset
+	}
+	pc.lastTaken = last
 }
