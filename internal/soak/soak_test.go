@@ -298,7 +298,8 @@ func runSoak(t *testing.T, s settings) *Report {
 	k.db.Pool.Close()
 	k.dropDB()
 	if err := goleak.Find(leaks); err != nil {
-		k.stalls = append(k.stalls, "goroutines leaked: "+firstLines(err.Error(), 30))
+		k.log.Error("soak: goroutines leaked", "goroutines", err.Error())
+		k.stalls = append(k.stalls, "goroutines leaked (all of them in the log): "+firstLines(err.Error(), 30))
 	}
 
 	events, pairs := k.model.Counts()
