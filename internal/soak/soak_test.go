@@ -614,6 +614,7 @@ func (k *soak) stopInstance(in *instance, abrupt bool) {
 		in.prod.Close()
 	}
 	in.cancel()
+	stopped := time.Now()
 	bound := 10*time.Second + 15*time.Second
 	select {
 	case <-in.done:
@@ -621,8 +622,15 @@ func (k *soak) stopInstance(in *instance, abrupt bool) {
 			k.log.Warn("soak: instance stopped with an error", "instance", in.name, "error", in.err)
 		}
 	case <-time.After(bound):
-		k.stall("instance %s (abrupt %v) did not return from Run within %s of its stop (shutdown grace 10s)", in.name, abrupt, bound)
-		return // leave it: the leak check reports its goroutines
+		select {
+		case <-in.done:
+			k.stall("instance %s (abrupt %v) returned from Run %s after its stop (shutdown grace 10s): %v",
+				in.name, abrupt, time.Since(stopped).Round(time.Second), in.err)
+		case <-time.After(90 * time.Second):
+			k.stall("instance %s (abrupt %v) did not return from Run within %s of its stop (shutdown grace 10s)",
+				in.name, abrupt, time.Since(stopped).Round(time.Second))
+			return // leave it: the leak check reports its goroutines
+		}
 	}
 	in.prod.Close()
 	in.proxy.Close()
