@@ -343,9 +343,11 @@ func (k *soak) violate(vs []Violation) {
 }
 
 func (k *soak) stall(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
 	k.mu.Lock()
-	k.stalls = append(k.stalls, fmt.Sprintf(format, args...))
+	k.stalls = append(k.stalls, msg)
 	k.mu.Unlock()
+	k.log.Error("soak: stall", "stall", msg)
 }
 
 // setupDB creates the soak's own database (so that making it read-only or
