@@ -60,7 +60,7 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
-		d.ev, d.err = DecodeEvent(rec.Value)
+		d.ev, d.err = w.cfg.TenantSchemas.DecodeEvent(rec.Value)
 		if w.cfg.Tracer != nil {
 			_, span := w.cfg.Tracer.WithProcessSpan(rec)
 			defer span.End()
@@ -270,6 +270,11 @@ func (w *Worker) deadLetterAll(ctx context.Context, pc *partition, recs []*kgo.R
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errs != nil {
+			w.log.Warn("dead-letter write failed, retrying",
+				"topic", x.dl.Source.Topic, "partition", x.dl.Source.Partition, "offset", x.dl.Source.Offset,
+				"projection", x.dl.Projection, "tenant_schema", x.dl.TenantSchema, "error", errs[i])
 		}
 		if x.idx > 0 {
 			w.cl.MarkCommitRecords(recs[x.idx-1])

@@ -92,6 +92,12 @@ type Config struct {
 	// Tracer, when set, starts a process span per record, continuing the W3C
 	// trace context found in the record's headers (franz-go kotel).
 	Tracer *kotel.Tracer
+	// TenantSchemas narrows the tenant schemas the worker accepts
+	// (NewTenantSchemas, --tenant-schema-pattern). Default nil: every name
+	// ValidTenantSchema accepts (SPEC §3's pattern, PostgreSQL's own
+	// schemas and public excepted). An event for another tenant schema is
+	// dead-lettered at once as permanent, naming tenantSchema.
+	TenantSchemas *TenantSchemas
 }
 
 // Validate fills in defaults and returns an error naming the first invalid
@@ -160,8 +166,9 @@ func (c *Config) Validate() error {
 
 // DeadLetterWriter publishes a dead letter and returns nil only once Kafka
 // has acknowledged it. It returns an error when ctx is done, or when it
-// cannot write the dead letter for now (the topic keeps refusing it, or it
-// is too large); the worker then keeps the source offset uncommitted,
+// cannot write the dead letter for now (the topic keeps refusing it, it is
+// too large, or Kafka does not acknowledge it within the writer's time
+// limit, dlq.ErrAttemptTimeout); the worker then keeps the source offset uncommitted,
 // reports the partition stuck in Ready, and calls Write again.
 // *dlq.Writer implements it.
 type DeadLetterWriter interface {
@@ -400,6 +407,7 @@ func (w *Worker) partition(p int32) *partition {
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		next:      -1,
+		lastTaken: -1,
 	}
 	w.partitions[p] = pc
 	w.wg.Add(1)
@@ -522,6 +530,7 @@ type partition struct {
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // offset of the next record to finish; −1 unknown
 	highWatermark int64
+	lastTaken     int64    // offset of the last record taken; −1 none (goroutine only)
 	inRetry       *handoff // the record whose failing pairs are being retried
 	received      *handoff // left by the previous owner (handoff.go)
 }
@@ -685,6 +694,7 @@ func (pc *partition) run() {
 			if len(recs) == 0 {
 				break
 			}
+			pc.noticeRewind(recs)
 			if err := pc.w.processBatch(pc.ctx, pc, recs); err != nil {
 				if pc.ctx.Err() == nil {
 					pc.w.log.Error("partition stopped on an unexpected error; it resumes at the next assignment",
@@ -873,8 +883,11 @@ func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLette
 		wait := b.NextBackOff()
 		pc.setStuck(err)
 		hint := "the dead-letter topic refuses writes: check it exists and accepts this worker's records"
-		if errors.Is(err, dlq.ErrTooLarge) {
+		switch {
+		case errors.Is(err, dlq.ErrTooLarge):
 			hint = "raise the dead-letter topic's max.message.bytes (or --dlq-max-bytes) and restart the worker: the limit is read at start"
+		case errors.Is(err, dlq.ErrAttemptTimeout):
+			hint = "Kafka does not acknowledge dead letters in time: check the dead-letter topic's partition leaders and brokers (--dlq-write-timeout)"
 		}
 		w.log.Error("dead letter not written; the partition waits and tries again",
 			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
@@ -910,4 +923,22 @@ type PanicError struct {
 
 func (e *PanicError) Error() string {
 	return fmt.Sprintf("projection %s panicked: %v", e.Projection, e.Value)
+}
+
+// noticeRewind says when the client delivers records again, at or below the
+// last one taken: it rewinds a partition's fetch position within an
+// assignment when a broker reports lost records after a leader change, or
+// when the offset was out of range. The records are processed again (stale
+// no-ops; their dead letters can be written twice); a WARN line names the
+// partition and both offsets.
+func (pc *partition) noticeRewind(recs []*kgo.Record) {
+	last := pc.lastTaken
+	for _, r := range recs {
+		if last >= 0 && r.Offset <= last {
+			pc.w.log.Warn("records delivered again: the client rewound this partition; they are processed again (stale no-ops, and their dead letters may be written twice)",
+				"topic", pc.w.cfg.Topic, "partition", pc.partition, "offset", r.Offset, "last_offset", last)
+		}
+		last = r.Offset
+	}
+	pc.lastTaken = last
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -18,12 +19,7 @@ import (
 // definitions in every --tenant-schema.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
-	fs := flagenv.New("projection-worker migrate", stderr)
-	s.registerCommon(fs)
-	s.registerDatabase(fs)
-	s.registerProjections(fs)
-	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(migrateFlags(&s, stderr), args); err != nil {
 		return err
 	}
 	if err := s.requireDatabase(); err != nil {
@@ -35,9 +31,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(s.tenantSchemas) == 0 {
 		return flagenv.Usagef("--tenant-schema is required (repeat it for several tenants)")
 	}
+	tenants, err := s.tenantSchemaSet()
+	if err != nil {
+		return err
+	}
 	for _, t := range s.tenantSchemas {
-		if !projection.ValidTenantSchema(t) {
-			return flagenv.Usagef("--tenant-schema %q: must match ^[a-z_][a-z0-9_]{0,62}$", t)
+		var ve *projection.ValidationError
+		if err := tenants.Check(t); errors.As(err, &ve) {
+			return flagenv.Usagef("--tenant-schema %q: %s", t, ve.Reason)
 		}
 	}
 	defs, _, err := loadProjections(s.projections)
@@ -61,10 +62,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // runTopics creates the events, dead-letter and ledger topics.
 func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
-	fs := flagenv.New("projection-worker topics", stderr)
-	s.registerCommon(fs)
-	s.registerKafka(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(topicsFlags(&s, stderr), args); err != nil {
 		return err
 	}
 	cfg, err := s.topicConfig()

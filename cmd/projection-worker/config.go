@@ -39,11 +39,15 @@ type settings struct {
 	httpAddr       string
 	workerID       string
 	dlqMaxBytes    int
+	dlqTimeout     time.Duration
 	createTopics   bool
 	maxPollRecords int
 	maxBatch       int
 	maxQueuedBytes int
 	copyMinRows    int
+
+	// run and migrate
+	tenantSchemaPattern string
 
 	// migrate
 	tenantSchemas []string
@@ -82,11 +86,58 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.String(&s.httpAddr, "http-addr", "HTTP_ADDR", ":8080", "address of /healthz, /readyz and /metrics (empty: no HTTP server)")
 	fs.String(&s.workerID, "worker-id", "POD_NAME", host, "this worker's name in dead-letter headers")
 	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 0, "largest dead-letter record in bytes; larger ones truncate stackTrace, then error (default: the dead-letter topic's max.message.bytes, read at start, else 1000000)")
-	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
+	fs.Duration(&s.dlqTimeout, "dlq-write-timeout", "DLQ_WRITE_TIMEOUT", dlq.DefaultAttemptTimeout, "longest wait for Kafka to acknowledge one dead-letter write attempt; after 5 failed attempts (about 5x this) the partition is reported stuck in /readyz")
+	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start (false: only check them; a missing events or dead-letter topic is an error)")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
 	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
 	fs.Int(&s.copyMinRows, "copy-min-rows", "COPY_MIN_ROWS", 32, "apply a batch's upserts of one table and tenant with COPY when there are at least this many (-1: never)")
 	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
+	s.registerTenantSchemaPattern(fs)
+}
+
+func (s *settings) registerTenantSchemaPattern(fs *flagenv.Set) {
+	fs.String(&s.tenantSchemaPattern, "tenant-schema-pattern", "TENANT_SCHEMA_PATTERN", "",
+		"Go RE2 regexp a tenant schema must match as a whole, besides ^[a-z_][a-z0-9_]{0,62}$ and not being public, information_schema or pg_* (default: none)")
+}
+
+// tenantSchemaSet returns the tenant schemas --tenant-schema-pattern
+// accepts (nil: no narrowing), or a usage error when it does not compile.
+func (s *settings) tenantSchemaSet() (*projection.TenantSchemas, error) {
+	t, err := projection.NewTenantSchemas(s.tenantSchemaPattern)
+	if err != nil {
+		return nil, flagenv.Usagef("--tenant-schema-pattern (TENANT_SCHEMA_PATTERN) %q does not compile: %v", s.tenantSchemaPattern, err)
+	}
+	return t, nil
+}
+
+// runFlags returns the flag set of `run`, bound to s.
+func runFlags(s *settings, stderr io.Writer) *flagenv.Set {
+	fs := flagenv.New("projection-worker run", stderr)
+	s.registerCommon(fs)
+	s.registerKafka(fs)
+	s.registerDatabase(fs)
+	s.registerProjections(fs)
+	s.registerRun(fs)
+	return fs
+}
+
+// migrateFlags returns the flag set of `migrate`, bound to s.
+func migrateFlags(s *settings, stderr io.Writer) *flagenv.Set {
+	fs := flagenv.New("projection-worker migrate", stderr)
+	s.registerCommon(fs)
+	s.registerDatabase(fs)
+	s.registerProjections(fs)
+	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
+	s.registerTenantSchemaPattern(fs)
+	return fs
+}
+
+// topicsFlags returns the flag set of `topics`, bound to s.
+func topicsFlags(s *settings, stderr io.Writer) *flagenv.Set {
+	fs := flagenv.New("projection-worker topics", stderr)
+	s.registerCommon(fs)
+	s.registerKafka(fs)
+	return fs
 }
 
 // logger returns the slog logger the flags ask for.
@@ -188,6 +239,9 @@ func (s *settings) checkRun() error {
 	}
 	if s.shutdownGrace <= 0 {
 		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)
+	}
+	if s.dlqTimeout <= 0 {
+		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)
 	}
 	if s.dlqMaxBytes != 0 && s.dlqMaxBytes < 1024 {
 		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)

@@ -141,14 +141,15 @@ func (b *Broker) RefuseProduce(t testing.TB, topic string, code int16, refuse fu
 			return nil, nil, false
 		}
 		refused.Add(1)
-		return ProduceRefusal(pr, code), nil, true
+		return ProduceError(pr, code), nil, true
 	})
 	return &refused
 }
 
-// ProduceRefusal is the answer to pr that refuses every partition of it with
-// the error code, for kfake control functions.
-func ProduceRefusal(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
+// ProduceError returns the answer to pr that refuses every partition it
+// writes to with the error code, as a broker would: for a kfake control
+// function that refuses a produce request instead of storing it.
+func ProduceError(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 	resp := pr.ResponseKind().(*kmsg.ProduceResponse)
 	resp.Version = pr.Version
 	for _, pt := range pr.Topics {

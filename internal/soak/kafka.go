@@ -118,7 +118,9 @@ func DropDatabase(ctx context.Context, baseURL, name string) error {
 // AddFinal puts the final checks' counts and violations in the report.
 func (r *Report) AddFinal(f Final) {
 	r.Lost, r.Unprocessed = f.Lost, f.Unprocessed
-	r.DeadLetters, r.DeadLettersByCause, r.GoodDeadLettered = f.DeadLetters, f.ByCause, f.GoodDeadLettered
+	r.DeadLetters, r.DeadLettersByCause = f.DeadLetters, f.ByCause
+	r.GoodDeadLettered, r.ExpectedGoodDeadLettered = f.GoodDeadLettered, f.ExpectedGoodDeadLettered
 	r.Duplicates, r.InFlightDuplicates = f.Duplicates, f.InFlightDuplicates
+	r.RewoundDuplicates, r.TimedOutDuplicates = f.RewoundDuplicates, f.TimedOutDuplicates
 	r.Violations = append(r.Violations, f.Violations...)
 }

@@ -2,6 +2,7 @@ package soak
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/schemas"
 )
@@ -321,6 +323,7 @@ func (k *kafkaSoak) run() *Report {
 		killed[id] = true
 	}
 	k.mu.Unlock()
+	k.explain()
 	fin := CheckFinal(k.model, st, dls, k.committed(), func(w string) bool { return killed[w] }, func(dl DeadLetter, src []byte) error {
 		return CheckDeadLetter(validator, dl, src)
 	})
@@ -1060,9 +1063,31 @@ func (k *kafkaSoak) losses() map[string][]kafkaSoakLoss {
 	for id, at := range k.unclean {
 		out[id] = append(out[id], kafkaSoakLoss{at: at})
 	}
+	k.eachLogLine(func(worker string, line kafkaSoakLogLine) {
+		if line.Msg == "partitions lost" && line.Partitions != nil {
+			out[worker] = append(out[worker], kafkaSoakLoss{line.Time, line.Partitions})
+		}
+	})
+	return out
+}
+
+// kafkaSoakLogLine holds the fields of a worker's JSON log line that the
+// checks read.
+type kafkaSoakLogLine struct {
+	Time       time.Time `json:"time"`
+	Msg        string    `json:"msg"`
+	Partitions []int32   `json:"partitions"`
+	Partition  *int32    `json:"partition"`
+	Offset     int64     `json:"offset"`
+	Projection string    `json:"projection"`
+	Error      string    `json:"error"`
+}
+
+// eachLogLine calls fn with every JSON line of every worker log of the run.
+func (k *kafkaSoak) eachLogLine(fn func(worker string, line kafkaSoakLogLine)) {
 	paths, _ := filepath.Glob(filepath.Join(k.s.logDir, "w*.log"))
 	for _, path := range paths {
-		id := strings.TrimSuffix(filepath.Base(path), ".log")
+		worker := strings.TrimSuffix(filepath.Base(path), ".log")
 		f, err := os.Open(path)
 		if err != nil {
 			continue
@@ -1070,20 +1095,31 @@ func (k *kafkaSoak) losses() map[string][]kafkaSoakLoss {
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
-			if !strings.Contains(sc.Text(), `"msg":"partitions lost"`) {
-				continue
-			}
-			var line struct {
-				Time       time.Time `json:"time"`
-				Partitions []int32   `json:"partitions"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Partitions != nil {
-				out[id] = append(out[id], kafkaSoakLoss{line.Time, line.Partitions})
+			var line kafkaSoakLogLine
+			if json.Unmarshal(sc.Bytes(), &line) == nil {
+				fn(worker, line)
 			}
 		}
 		f.Close()
 	}
-	return out
+}
+
+// explain tells the model what the workers' logs say made a dead letter
+// legitimately twice, as the in-process soak's log hook does: records the
+// client delivered again (a rewind), and dead-letter writes whose attempt
+// timed out (written after all, perhaps).
+func (k *kafkaSoak) explain() {
+	k.eachLogLine(func(_ string, line kafkaSoakLogLine) {
+		if line.Partition == nil {
+			return
+		}
+		switch {
+		case strings.HasPrefix(line.Msg, "records delivered again"):
+			k.model.Rewound(*line.Partition, line.Offset)
+		case strings.HasPrefix(line.Msg, "dead-letter write failed") && strings.Contains(line.Error, dlq.ErrAttemptTimeout.Error()):
+			k.model.WriteTimedOut(PairID{*line.Partition, line.Offset, line.Projection})
+		}
+	})
 }
 
 // excuseLost moves from the invariant 3 violations to the in-flight count,
@@ -1099,16 +1135,24 @@ func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map
 	for _, dl := range dls {
 		byPair[dl.Pair] = append(byPair[dl.Pair], dl)
 	}
+	flagged := map[string]bool{}
+	for _, v := range fin.Violations {
+		if v.Invariant == 3 {
+			id, _, _ := strings.Cut(v.Detail, " ")
+			flagged[id] = true
+		}
+	}
 	excused := map[string]bool{}
 	for id, copies := range byPair {
-		if len(copies) < 2 || killed[copies[0].Worker] {
-			continue
+		if !flagged[id.String()] {
+			continue // one copy, or explained by CheckFinal already
 		}
 		byTime := slices.Clone(copies)
-		slices.SortFunc(byTime, func(a, b DeadLetter) int { return failedAt(a).Compare(failedAt(b)) })
+		slices.SortStableFunc(byTime, func(a, b DeadLetter) int { return cmp.Compare(failedAt(a), failedAt(b)) })
+		copies = byTime
 		lost := true
 		for i, dl := range byTime[:len(byTime)-1] {
-			from, to := failedAt(dl), failedAt(byTime[i+1])
+			from, to := time.UnixMilli(failedAt(dl)), time.UnixMilli(failedAt(byTime[i+1]))
 			lost = lost && (killed[dl.Worker] || slices.ContainsFunc(losses[dl.Worker], func(l kafkaSoakLoss) bool {
 				return !l.at.Before(from) && !l.at.After(to) && (l.parts == nil || slices.Contains(l.parts, id.Partition))
 			}))
@@ -1131,16 +1175,4 @@ func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map
 		id, _, _ := strings.Cut(v.Detail, " ")
 		return v.Invariant == 3 && excused[id]
 	})
-}
-
-// failedAt is the failedAt of a dead letter (SPEC §6: epoch ms of the DLQ
-// submission); zero when it cannot be read.
-func failedAt(dl DeadLetter) time.Time {
-	var m struct {
-		FailedAt int64 `json:"failedAt"`
-	}
-	if json.Unmarshal(dl.Value, &m) != nil {
-		return time.Time{}
-	}
-	return time.UnixMilli(m.FailedAt)
 }

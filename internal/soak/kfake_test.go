@@ -146,7 +146,7 @@ func (h *brokerHooks) onProduce(req kmsg.Request) (kmsg.Response, error, bool) {
 			}
 			h.count("produce " + code.Message)
 			h.c.KeepControl()
-			return kafkatest.ProduceRefusal(pr, code.Code), nil, true
+			return kafkatest.ProduceError(pr, code.Code), nil, true
 		case "unanswered":
 			h.count("produce unanswered")
 			h.c.KeepControl()

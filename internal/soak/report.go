@@ -24,8 +24,11 @@ type Report struct {
 	DeadLetters              int
 	DeadLettersByCause       map[string]int
 	GoodDeadLettered         map[string]int
+	ExpectedGoodDeadLettered map[string]int // by a cause the faults explain
 	Duplicates               map[string]int
 	InFlightDuplicates       map[string]int
+	RewoundDuplicates        map[string]int
+	TimedOutDuplicates       map[string]int
 	Stalls                   []string
 	LongestRecovery          time.Duration
 	LongestRecoveryAfter     string // the fault kind it followed
@@ -48,11 +51,14 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("  broker answers", counts(r.Refusals))
 	row("lost (invariant 1)", fmt.Sprintf("%d (and %d pairs behind a stall, never committed)", r.Lost, r.Unprocessed))
 	row("good pairs dead-lettered", counts(r.GoodDeadLettered))
+	row("  as the faults explain", counts(r.ExpectedGoodDeadLettered))
 	row("commits checked (invariant 2)", fmt.Sprintf("%d (%d covered records produced a moment later)", r.CommitsChecked, r.CommitsLate))
 	row("commit violations", fmt.Sprint(r.CommitViolations))
 	row("dead letters", fmt.Sprintf("%d: %s", r.DeadLetters, counts(r.DeadLettersByCause)))
 	row("duplicate dead letters (3)", counts(r.Duplicates))
 	row("  in flight at abrupt death", counts(r.InFlightDuplicates))
+	row("  after a client rewind", counts(r.RewoundDuplicates))
+	row("  after a write timed out", counts(r.TimedOutDuplicates))
 	row("stalls (invariant 4)", fmt.Sprint(len(r.Stalls)))
 	row("longest recovery", fmt.Sprintf("%s (after %s)", r.LongestRecovery.Round(100*time.Millisecond), or(r.LongestRecoveryAfter, "-")))
 	byKind := map[string]int{}

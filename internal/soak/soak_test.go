@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -238,11 +239,12 @@ func runSoak(t *testing.T, s settings) *Report {
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	model := NewModel()
 	k := &soak{
 		t: t, s: s,
 		rng:    rand.New(rand.NewPCG(s.seed, 2)),
-		log:    slog.New(slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		model:  NewModel(),
+		log:    slog.New(rewindWatcher{slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo}), model}),
+		model:  model,
 		abrupt: map[string]bool{},
 		faults: map[string]int{},
 		group:  "soak-group",
@@ -298,7 +300,8 @@ func runSoak(t *testing.T, s settings) *Report {
 	k.db.Pool.Close()
 	k.dropDB()
 	if err := goleak.Find(leaks); err != nil {
-		k.stalls = append(k.stalls, "goroutines leaked: "+firstLines(err.Error(), 30))
+		k.log.Error("soak: goroutines leaked", "goroutines", err.Error())
+		k.stalls = append(k.stalls, "goroutines leaked (all of them in the log): "+firstLines(err.Error(), 30))
 	}
 
 	events, pairs := k.model.Counts()
@@ -306,8 +309,8 @@ func runSoak(t *testing.T, s settings) *Report {
 		Seed: s.seed, Duration: faultPhase, Drain: drained, Events: events, Pairs: pairs,
 		Faults: k.faults, Lost: fin.Lost, Unprocessed: fin.Unprocessed,
 		CommitsChecked: k.checker.Commits, CommitViolations: k.checker.Bad, CommitsLate: k.checker.Late,
-		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered,
-		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates,
+		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered, ExpectedGoodDeadLettered: fin.ExpectedGoodDeadLettered,
+		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates, RewoundDuplicates: fin.RewoundDuplicates, TimedOutDuplicates: fin.TimedOutDuplicates,
 		Stalls: k.stalls, InstancesStarted: k.started, Killed: k.killed,
 	}
 	rep.Refusals = k.hooks.refused
@@ -342,9 +345,11 @@ func (k *soak) violate(vs []Violation) {
 }
 
 func (k *soak) stall(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
 	k.mu.Lock()
-	k.stalls = append(k.stalls, fmt.Sprintf(format, args...))
+	k.stalls = append(k.stalls, msg)
 	k.mu.Unlock()
+	k.log.Error("soak: stall", "stall", msg)
 }
 
 // setupDB creates the soak's own database (so that making it read-only or
@@ -613,6 +618,7 @@ func (k *soak) stopInstance(in *instance, abrupt bool) {
 		in.prod.Close()
 	}
 	in.cancel()
+	stopped := time.Now()
 	bound := 10*time.Second + 15*time.Second
 	select {
 	case <-in.done:
@@ -620,8 +626,15 @@ func (k *soak) stopInstance(in *instance, abrupt bool) {
 			k.log.Warn("soak: instance stopped with an error", "instance", in.name, "error", in.err)
 		}
 	case <-time.After(bound):
-		k.stall("instance %s (abrupt %v) did not return from Run within %s of its stop (shutdown grace 10s)", in.name, abrupt, bound)
-		return // leave it: the leak check reports its goroutines
+		select {
+		case <-in.done:
+			k.stall("instance %s (abrupt %v) returned from Run %s after its stop (shutdown grace 10s): %v",
+				in.name, abrupt, time.Since(stopped).Round(time.Second), in.err)
+		case <-time.After(90 * time.Second):
+			k.stall("instance %s (abrupt %v) did not return from Run within %s of its stop (shutdown grace 10s)",
+				in.name, abrupt, time.Since(stopped).Round(time.Second))
+			return // leave it: the leak check reports its goroutines
+		}
 	}
 	in.prod.Close()
 	in.proxy.Close()
@@ -932,6 +945,11 @@ func (k *soak) fault(kind string, d time.Duration) func() {
 			}
 		}
 	case "statement-timeout":
+		// Every statement slower than 30 ms fails with 57014, a projection
+		// error (retried, then dead-lettered: a statement that always
+		// times out must not hold its partition), so good pairs caught by
+		// a cut longer than their retries are dead-lettered by design.
+		k.model.ExpectGoodDeadLetters("projection/57014")
 		return func() { k.databaseSetting(ctx, "statement_timeout", "'30ms'", quoteDuration(StatementTimeout), d) }
 	case "read-only":
 		return func() { k.databaseSetting(ctx, "default_transaction_read_only", "on", "off", d) }
@@ -1124,4 +1142,71 @@ func (k *soak) readDeadLetters() []DeadLetter {
 		})
 	}
 	return out
+}
+
+// rewindWatcher passes log records on and tells the model about the lines
+// that explain a dead letter written twice (README, Failure handling): the
+// worker's "records delivered again" (a client that rewinds a partition
+// within an assignment, as kgo does after a broker reported lost records
+// when a leader moved, makes the worker process those records again) and
+// the writer's "dead-letter write failed" with dlq.ErrAttemptTimeout (an
+// attempt Kafka did not acknowledge in time may still have been stored).
+type rewindWatcher struct {
+	slog.Handler
+	m *Model
+}
+
+func (h rewindWatcher) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "dead-letter write failed") {
+		id, timedOut := PairID{Partition: -1, Offset: -1}, false
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "partition":
+				id.Partition = int32(a.Value.Int64())
+			case "offset":
+				id.Offset = a.Value.Int64()
+			case "projection":
+				id.Projection = a.Value.String()
+			case "error":
+				timedOut = errors.Is(asError(a.Value), dlq.ErrAttemptTimeout)
+			}
+			return true
+		})
+		if timedOut && id.Partition >= 0 && id.Offset >= 0 {
+			h.m.WriteTimedOut(id)
+		}
+	}
+	if strings.HasPrefix(r.Message, "records delivered again") {
+		var p, o int64 = -1, -1
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "partition":
+				p = a.Value.Int64()
+			case "offset":
+				o = a.Value.Int64()
+			}
+			return true
+		})
+		if p >= 0 && o >= 0 {
+			h.m.Rewound(int32(p), o)
+		}
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h rewindWatcher) WithAttrs(as []slog.Attr) slog.Handler {
+	return rewindWatcher{h.Handler.WithAttrs(as), h.m}
+}
+
+func (h rewindWatcher) WithGroup(name string) slog.Handler {
+	return rewindWatcher{h.Handler.WithGroup(name), h.m}
+}
+
+// asError returns the error a log attribute holds, nil if none.
+func asError(v slog.Value) error {
+	if v.Kind() != slog.KindAny {
+		return nil
+	}
+	err, _ := v.Any().(error)
+	return err
 }
