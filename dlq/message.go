@@ -46,6 +46,9 @@ const (
 	// HeaderTruncated lists, comma-separated, the message fields that were
 	// shortened to fit the topic's size limit ("stackTrace", "error").
 	HeaderTruncated = "causet.dlq.truncated"
+	// HeaderShortCircuit is the fingerprint whose breaker dead-lettered the
+	// pair without retries (SPEC §5); absent otherwise.
+	HeaderShortCircuit = "causet.dlq.short-circuit"
 )
 
 // Headers the replayer adds to a republished event (SPEC §7).
@@ -114,4 +117,15 @@ type DeadLetter struct {
 	// ReplayCount is how many times the event has been replayed from the DLQ
 	// (header causet.replay.count), 0 for a first failure.
 	ReplayCount int
+	// ShortCircuit is the fingerprint of the open breaker that dead-lettered
+	// the pair at once, "" when the pair was not short-circuited (header
+	// causet.dlq.short-circuit).
+	ShortCircuit string
+}
+
+// Fingerprint returns the dead letter's failure group, as NewRecord writes
+// it in the causet.dlq.fingerprint header: Fingerprint of its projection,
+// class, SQLSTATE and error text.
+func (dl DeadLetter) Fingerprint() string {
+	return Fingerprint(dl.Projection, dl.Class, retry.SQLState(dl.Err), errorText(dl.Err))
 }

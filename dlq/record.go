@@ -228,6 +228,9 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	} {
 		headers = append(headers, kgo.RecordHeader{Key: h.k, Value: []byte(h.v)})
 	}
+	if dl.ShortCircuit != "" {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderShortCircuit, Value: []byte(dl.ShortCircuit)})
+	}
 
 	rec := &kgo.Record{
 		Topic:     cfg.Topic,
