@@ -114,6 +114,10 @@ type TopicReport struct {
 	// when the broker did not report it. RecordConfig.MaxBytes should not
 	// exceed it.
 	DLQMaxMessageBytes int
+	// Missing lists the topics CheckTopics did not find, in the order
+	// events, dead-letter, ledger. EnsureTopics creates them instead, so
+	// its report leaves Missing empty.
+	Missing []string
 }
 
 // retentionMs is the retention.ms EnsureTopics gives a dead-letter topic it
@@ -157,15 +161,7 @@ const TopicMaxMessageBytes = 4 << 20
 // DLQMaxMessageBytes of 0.
 func EnsureTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (TopicReport, error) {
 	var rep TopicReport
-	if adm == nil {
-		return rep, errors.New("ensure topics: nil admin client")
-	}
-	if err := cfg.Validate(); err != nil {
-		return rep, fmt.Errorf("ensure topics: %w", err)
-	}
-	cfg = cfg.WithDefaults()
-
-	partitions, err := topicPartitions(ctx, adm, cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic)
+	cfg, partitions, err := lookUpTopics(ctx, adm, cfg)
 	if err != nil {
 		return rep, fmt.Errorf("ensure topics: %w", err)
 	}
@@ -210,9 +206,56 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (Topic
 			return rep, fmt.Errorf("ensure topics: %w", err)
 		}
 		rep.DLQRetention = MinRetention
+		rep.DLQRetentionTooShort = false
 	}
-	rep.DLQRetentionTooShort = rep.DLQRetention > 0 && rep.DLQRetention < MinRetention
 	return rep, nil
+}
+
+// CheckTopics reports on the topics of cfg as EnsureTopics does, but
+// creates and alters nothing: for a caller that must not create topics
+// (the worker's --create-topics=false). It fills the partition counts of
+// the topics that exist, lists the others in Missing, and reads the
+// dead-letter topic's retention.ms and max.message.bytes (DescribeConfigs)
+// when it exists, setting DLQRetentionTooShort for a retention under 30
+// days (MinRetention, SPEC §2). A missing topic is not an error: the caller
+// decides what it needs.
+//
+// It returns an error, with the report filled as far as it got, when cfg
+// is invalid or a request fails (for example TOPIC_AUTHORIZATION_FAILED),
+// naming the topic.
+func CheckTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (TopicReport, error) {
+	var rep TopicReport
+	cfg, partitions, err := lookUpTopics(ctx, adm, cfg)
+	if err != nil {
+		return rep, fmt.Errorf("check topics: %w", err)
+	}
+	for _, t := range [...]string{cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic} {
+		if _, ok := partitions[t]; !ok {
+			rep.Missing = append(rep.Missing, t)
+		}
+	}
+	rep.EventsPartitions, rep.DLQPartitions = partitions[cfg.EventsTopic], partitions[cfg.DLQTopic]
+	if _, ok := partitions[cfg.DLQTopic]; !ok {
+		return rep, nil
+	}
+	if err := describeDLQ(ctx, adm, cfg.DLQTopic, false, &rep); err != nil {
+		return rep, fmt.Errorf("check topics: %w", err)
+	}
+	return rep, nil
+}
+
+// lookUpTopics checks adm and cfg and returns cfg with its defaults and
+// the partition count of each of its topics that exists.
+func lookUpTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (TopicConfig, map[string]int, error) {
+	if adm == nil {
+		return cfg, nil, errors.New("nil admin client")
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, nil, err
+	}
+	cfg = cfg.WithDefaults()
+	partitions, err := topicPartitions(ctx, adm, cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic)
+	return cfg, partitions, err
 }
 
 // topicPartitions returns the partition count of each of topics that
@@ -278,7 +321,8 @@ func createTopic(ctx context.Context, adm *kadm.Client, topic string, partitions
 	return 0, false, fmt.Errorf("create topic %s: already exists but reports no partitions", topic)
 }
 
-// describeDLQ reads retention.ms and max.message.bytes of topic into rep.
+// describeDLQ reads retention.ms and max.message.bytes of topic into rep,
+// and sets rep.DLQRetentionTooShort.
 // A topic just created may not be known yet to the broker that answers
 // (KRaft propagates new topics asynchronously): an UNKNOWN_TOPIC_OR_PARTITION
 // answer is asked again, for at most about 6 s when created, else once.
@@ -335,5 +379,6 @@ func describeDLQ(ctx context.Context, adm *kadm.Client, topic string, created bo
 			rep.DLQMaxMessageBytes = n
 		}
 	}
+	rep.DLQRetentionTooShort = rep.DLQRetention > 0 && rep.DLQRetention < MinRetention
 	return nil
 }

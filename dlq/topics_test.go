@@ -239,6 +239,46 @@ func TestEnsureTopicsNamesTheTopicItCannotCreate(t *testing.T) {
 	}
 }
 
+// TestCheckTopicsReportsWithoutCreating: CheckTopics reads what
+// EnsureTopics reports (partitions, the dead-letter topic's retention and
+// max.message.bytes, a retention under 30 days) and lists missing topics
+// instead of creating them.
+func TestCheckTopicsReportsWithoutCreating(t *testing.T) {
+	b, adm, cfg := newAdmin(t, false)
+	b.CreateTopic(t, cfg.EventsTopic, 2, nil)
+	b.CreateTopic(t, cfg.DLQTopic, 2, map[string]*string{
+		"retention.ms":      kadm.StringPtr("86400000"),
+		"max.message.bytes": kadm.StringPtr("2000000"),
+	})
+	rep, err := CheckTopics(testCtx(t), adm, cfg)
+	if err != nil {
+		t.Fatalf("CheckTopics: %v", err)
+	}
+	want := TopicReport{
+		EventsPartitions:     2,
+		DLQPartitions:        2,
+		DLQRetention:         24 * time.Hour,
+		DLQRetentionTooShort: true,
+		DLQMaxMessageBytes:   2000000,
+		Missing:              []string{cfg.LedgerTopic},
+	}
+	if diff := cmp.Diff(want, rep); diff != "" {
+		t.Errorf("report (-want +got):\n%s", diff)
+	}
+
+	_, adm, cfg = newAdmin(t, false)
+	rep, err = CheckTopics(testCtx(t), adm, cfg)
+	if err != nil {
+		t.Fatalf("CheckTopics without topics: %v", err)
+	}
+	if diff := cmp.Diff(TopicReport{Missing: []string{cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic}}, rep); diff != "" {
+		t.Errorf("report without topics (-want +got):\n%s", diff)
+	}
+	if got := partitionCounts(t, adm, cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic); len(got) != 0 {
+		t.Errorf("CheckTopics created topics: %v", got)
+	}
+}
+
 func TestTopicConfigValidate(t *testing.T) {
 	tests := []struct {
 		name    string

@@ -31,18 +31,50 @@ type WriterConfig struct {
 	// fails /readyz, logs an error and calls Write again). Default 5; -1
 	// retries until ctx ends.
 	MaxAttempts int
+	// AttemptTimeout is how long one produce attempt (of Write, or the one
+	// attempt of WriteBatch) waits for Kafka to acknowledge or refuse the
+	// dead letter; then the attempt fails with ErrAttemptTimeout. Default
+	// 10 s (DefaultAttemptTimeout); negative: no limit.
+	//
+	// It is what bounds a Write on retriable errors: kgo retries
+	// NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT and unanswered requests
+	// inside one produce without limit, so without it a Write can block
+	// until ctx ends and the caller never learns that the dead-letter topic
+	// is unavailable. With it, a Write that keeps failing returns within
+	// MaxAttempts × AttemptTimeout plus the backoff waits between attempts:
+	// about 55 s with the defaults (5 × 10 s + at most 4.5 s).
+	//
+	// Trap: an attempt that timed out may still be written (the broker
+	// stored it but its answer was lost or late), and the next attempt then
+	// writes the same dead letter again. See Write.
+	AttemptTimeout time.Duration
 }
+
+// DefaultAttemptTimeout is the default WriterConfig.AttemptTimeout: as long
+// as a broker waits for the in-sync replicas of a produce (kgo's default
+// ProduceRequestTimeout), and long enough for kgo to ride out a leader
+// election.
+const DefaultAttemptTimeout = 10 * time.Second
+
+// ErrAttemptTimeout is wrapped by the errors of Write and WriteBatch for a
+// dead letter that Kafka neither acknowledged nor refused within
+// WriterConfig.AttemptTimeout: a broker that does not answer, or retriable
+// errors (NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT) that kgo kept
+// retrying. It is not a context error: errors.Is(err,
+// context.DeadlineExceeded) is false.
+var ErrAttemptTimeout = errors.New("kafka did not acknowledge the dead letter in time")
 
 // Writer publishes dead letters to the dead-letter topic and returns only
 // once Kafka has acknowledged them (SPEC §5: the source offset is committed
 // only after the dead letter is acknowledged). It is safe for concurrent
 // use; each Write retries on its own.
 type Writer struct {
-	client      *kgo.Client
-	cfg         RecordConfig
-	backoff     retry.Policy
-	log         *slog.Logger
-	maxAttempts int
+	client         *kgo.Client
+	cfg            RecordConfig
+	backoff        retry.Policy
+	log            *slog.Logger
+	maxAttempts    int
+	attemptTimeout time.Duration // <= 0: none
 }
 
 // NewWriter returns a Writer producing through client, which the caller
@@ -61,6 +93,16 @@ type Writer struct {
 // The dead-letter topic should exist (EnsureTopics) before the first Write:
 // with a broker that auto-creates topics it would otherwise get the
 // broker's default retention.
+//
+// Recommended: kgo.AllowIdempotentProduceCancellation, so that kgo drops a
+// dead letter whose attempt timed out (or whose ctx ended) even while its
+// request is in flight; without it kgo keeps such a record until the
+// broker answers and may write it after the Write gave up. And
+// kgo.ProducerLinger(0), or each write first waits out the linger (kgo's
+// default 10 ms). Do not set kgo.RecordDeliveryTimeout: kgo measures it
+// from the record's timestamp, which the attempts of one Write share, so
+// attempts after the first would fail at once; AttemptTimeout bounds each
+// attempt instead.
 func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if client == nil {
 		return nil, errors.New("dead-letter writer: nil kafka client")
@@ -90,7 +132,11 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	case attempts < -1:
 		return nil, fmt.Errorf("dead-letter writer: max attempts must be -1 (no limit) or >= 1, got %d", attempts)
 	}
-	return &Writer{client: client, cfg: rc, backoff: bo, log: log, maxAttempts: attempts}, nil
+	timeout := cfg.AttemptTimeout
+	if timeout == 0 {
+		timeout = DefaultAttemptTimeout
+	}
+	return &Writer{client: client, cfg: rc, backoff: bo, log: log, maxAttempts: attempts, attemptTimeout: timeout}, nil
 }
 
 // checkClient refuses a client whose producer settings could lose or
@@ -136,25 +182,33 @@ func optPresent(cl *kgo.Client, opt any) (any, bool) {
 func (w *Writer) Topic() string { return w.cfg.Topic }
 
 // Write publishes the dead letter of dl, built by NewRecord with
-// time.Now(), and waits for Kafka to acknowledge it
-// (client.ProduceSync(ctx, rec).FirstErr()). A failed produce is logged at
-// WARN (keys topic, partition, offset, projection, tenant_schema of the
-// source record, plus dlq_topic, attempt, wait and error) and retried after
-// a backoff wait: the same record (same FailedAt and timestamp) until Kafka
+// time.Now(), and waits for Kafka to acknowledge it. An attempt fails when
+// Kafka refuses the record, or when AttemptTimeout (default 10 s) passes
+// without an answer (ErrAttemptTimeout). A failed attempt is logged at WARN
+// (keys topic, partition, offset, projection, tenant_schema of the source
+// record, plus dlq_topic, attempt, wait and error) and retried after a
+// backoff wait: the same record (same FailedAt and timestamp) until Kafka
 // acknowledges it, ctx is done, or MaxAttempts (default 5) attempts have
 // failed; then it returns the last produce error, and the caller, which must
 // not commit the source offset, calls Write again (a new record, the same
-// content).
+// content). So a Write that keeps failing returns within MaxAttempts ×
+// AttemptTimeout plus the backoff waits (about 55 s with the defaults).
 //
 // It returns nil only once the broker has acknowledged the write. When ctx
-// ends first, it returns an error that wraps ctx's error joined with the
-// last produce error (errors.Is(err, context.Canceled) holds); the caller
-// must then not commit the source offset, and the next owner of the
-// partition dead-letters the record again. A dead letter cancelled while a
-// produce request was in flight may still have been written, so a dead
-// letter can appear twice (at least once, never lost). Errors from
-// NewRecord (an invalid dl, or ErrTooLarge) are returned at once, without
-// retrying.
+// ends first, it returns at once an error that wraps ctx's error joined
+// with the last produce error (errors.Is(err, context.Canceled) holds); the
+// caller must then not commit the source offset, and the next owner of the
+// partition dead-letters the record again. Errors from NewRecord (an
+// invalid dl, or ErrTooLarge) are returned at once, without retrying.
+//
+// At least once, never lost: an attempt that timed out or was cancelled
+// with its request in flight may have been stored by the broker, and the
+// next attempt (or the next Write, or the next owner) then writes the dead
+// letter again. The duplicates of one Write are byte-identical; those of
+// two Writes differ only in failedAt and the record timestamp. All carry
+// the same causet.dlq.original-topic, -partition, -offset and projection
+// headers, which identify the pair; replaying both is harmless (the
+// sequence guard makes the second a no-op).
 func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 	rec, err := NewRecord(dl, w.cfg, time.Now())
 	if err != nil {
@@ -162,17 +216,22 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 	}
 	src := dl.Source
 	b := w.backoff.NewBackOff()
+	var last error
 	for attempt := 1; ; attempt++ {
 		// kgo stamps the record it is given (partition, offset, context);
 		// produce a fresh copy each time.
 		r := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp}
-		perr := w.client.ProduceSync(ctx, r).FirstErr()
+		perr := w.produce(ctx, r)[0]
 		if perr == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), perr))
+			if !errors.Is(perr, ctx.Err()) {
+				last = perr
+			}
+			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), last))
 		}
+		last = perr
 		if w.maxAttempts > 0 && attempt >= w.maxAttempts {
 			return fmt.Errorf("dead letter for %s not written to %s after %d attempts: %w", sourceName(src), w.cfg.Topic, attempt, perr)
 		}
@@ -198,13 +257,14 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 	}
 }
 
-// WriteBatch publishes dead letters in one produce call, which keeps their
-// order within a dead-letter partition, and returns one error per dead
-// letter: nil once Kafka has acknowledged it. It does not retry: a dead
-// letter with an error was not written (unless ctx ended with its request in
-// flight) and the caller writes it again with Write. Use it for the dead
-// letters of a batch that need no retry, so that they cost one round trip
-// together rather than one each.
+// WriteBatch publishes dead letters in one produce attempt, which keeps
+// their order within a dead-letter partition, and returns one error per
+// dead letter: nil once Kafka has acknowledged it. The attempt is bounded
+// by AttemptTimeout like one attempt of Write. It does not retry: a dead
+// letter with an error was not acknowledged (it may still have been
+// written, as with Write) and the caller writes it again with Write. Use it
+// for the dead letters of a batch that need no retry, so that they cost one
+// round trip together rather than one each.
 func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 	errs := make([]error, len(dls))
 	now := time.Now()
@@ -222,9 +282,73 @@ func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 	if len(recs) == 0 {
 		return errs
 	}
-	for j, res := range w.client.ProduceSync(ctx, recs...) {
-		if res.Err != nil {
-			errs[idx[j]] = fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(dls[idx[j]].Source), w.cfg.Topic, res.Err)
+	for j, err := range w.produce(ctx, recs...) {
+		if i := idx[j]; err != nil {
+			errs[i] = fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(dls[i].Source), w.cfg.Topic, err)
+		}
+	}
+	return errs
+}
+
+// produce is one produce attempt: it hands recs to the client and waits
+// until Kafka has acknowledged or refused each of them, ctx is done, or the
+// attempt timeout has passed. It returns one error per record, in the order
+// of recs (kgo answers in the order the brokers do): nil once acknowledged,
+// the refusal, ctx's error, or ErrAttemptTimeout for a record not answered
+// in time or failed by kgo with an earlier timed-out record of its
+// partition. A record not answered in time may stay with the client (see
+// NewWriter); its late answer goes to a buffered channel nobody reads.
+func (w *Writer) produce(ctx context.Context, recs ...*kgo.Record) []error {
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if w.attemptTimeout > 0 {
+		actx, cancel = context.WithTimeout(ctx, w.attemptTimeout)
+	}
+	defer cancel()
+	timedOut := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w (attempt timeout %s)", ErrAttemptTimeout, w.attemptTimeout)
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, len(recs))
+	for i, r := range recs {
+		w.client.Produce(actx, r, func(_ *kgo.Record, err error) { results <- result{i, err} })
+	}
+	errs := make([]error, len(recs))
+	answered := make([]bool, len(recs))
+	take := func(res result) {
+		// While ctx lasts, a context error can only come from an attempt
+		// that timed out: this one, or an earlier one whose record was
+		// ahead of this one in the same partition (kgo fails every record
+		// queued behind a failed one, to keep a partition gapless).
+		if ctx.Err() == nil && (errors.Is(res.err, context.DeadlineExceeded) || errors.Is(res.err, context.Canceled)) {
+			res.err = timedOut()
+		}
+		errs[res.i], answered[res.i] = res.err, true
+	}
+	for left := len(recs); left > 0; left-- {
+		select {
+		case res := <-results:
+			take(res)
+		case <-actx.Done():
+			for more := true; more; {
+				select {
+				case res := <-results:
+					take(res)
+				default:
+					more = false
+				}
+			}
+			for i := range errs {
+				if !answered[i] {
+					errs[i] = timedOut()
+				}
+			}
+			return errs
 		}
 	}
 	return errs

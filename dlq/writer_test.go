@@ -6,7 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +18,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/retry"
@@ -449,4 +454,237 @@ func originalOffsets(t *testing.T, cl *kgo.Client, topic string) []string {
 		})
 	}
 	return out
+}
+
+// newSpreadBroker returns a kfake cluster of three brokers and a
+// dead-letter topic of three partitions, partition i led by broker i, so
+// that the dead letters of one WriteBatch go out in one produce request
+// per broker and come back in whatever order the brokers answer.
+func newSpreadBroker(t *testing.T) (*kafkatest.Broker, string) {
+	t.Helper()
+	b := kafkatest.Fake(t, kfake.NumBrokers(3))
+	topic := kafkatest.TopicName(t, "dlq")
+	b.CreateTopic(t, topic, 3, nil)
+	for p := range int32(3) {
+		if err := b.Fake.MoveTopicPartition(topic, p, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b, topic
+}
+
+// deadLetterOn returns a dead letter of source offset offset whose key
+// kgo's default partitioner (murmur2, as ReplayPartitioner.Hash) sends to
+// dead-letter partition p of a topic of partitions partitions.
+func deadLetterOn(t *testing.T, p, partitions int32, offset int64) DeadLetter {
+	t.Helper()
+	parter := NewReplayPartitioner(partitions)
+	for i := 0; ; i++ {
+		key := []byte("entity-" + strconv.Itoa(i))
+		if parter.Hash(key) != p {
+			continue
+		}
+		dl := testDeadLetter([]byte(testEvent))
+		src := *dl.Source
+		src.Key, src.Offset = key, offset
+		dl.Source = &src
+		return dl
+	}
+}
+
+// TestWriteBatchReportsExactlyTheRefusedDeadLetters: kgo's ProduceSync
+// returns results in the order the brokers answer, not in the order of the
+// records. A batch spread over partitions led by different brokers, where
+// the broker of one partition refuses its dead letters at once and another
+// answers late, must report an error for exactly the refused dead letters:
+// a refused one reported as written would have its source offset committed
+// and be lost.
+func TestWriteBatchReportsExactlyTheRefusedDeadLetters(t *testing.T) {
+	b, topic := newSpreadBroker(t)
+	const slow, fast, refusing = 0, 1, 2 // partition = its leader's node id
+	refused := make(chan struct{})
+	var refuseOnce sync.Once
+	b.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.KeepControl()
+		switch b.Fake.CurrentNode() {
+		case slow:
+			// Answer after the refusal has reached the client.
+			b.Fake.SleepControl(func() {
+				select {
+				case <-refused:
+					time.Sleep(200 * time.Millisecond)
+				case <-time.After(10 * time.Second):
+				}
+			})
+		case refusing:
+			refuseOnce.Do(func() { close(refused) })
+			return kafkatest.ProduceError(req.(*kmsg.ProduceRequest), kerr.InvalidRecord.Code), nil, true
+		}
+		return nil, nil, false
+	})
+	cl := newClient(t, b)
+	w := newWriter(t, cl, topic, nil)
+
+	// In input order the dead letters of the slow broker come first, the
+	// refused ones last: by completion order the refused ones come first.
+	partitions := []int32{slow, slow, fast, refusing, refusing}
+	var dls []DeadLetter
+	for i, p := range partitions {
+		dls = append(dls, deadLetterOn(t, p, 3, int64(i)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := w.WriteBatch(ctx, dls)
+	for i, err := range errs {
+		if want := partitions[i] == refusing; (err != nil) != want || want && !errors.Is(err, kerr.InvalidRecord) {
+			t.Errorf("dead letter %d (partition %d): error %v, want refused: %v", i, partitions[i], err, want)
+		}
+	}
+	got := originalOffsets(t, cl, topic)
+	slices.Sort(got)
+	if diff := cmp.Diff([]string{"0", "1", "2"}, got); diff != "" {
+		t.Errorf("original offsets on the dead-letter topic (-want +got):\n%s", diff)
+	}
+}
+
+// neverAnswerProduces makes the kfake cluster read every produce request
+// and never answer it, as a broker that hangs.
+func neverAnswerProduces(b *kafkatest.Broker) {
+	b.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.KeepControl()
+		return nil, nil, true // handled, no response: the client waits
+	})
+}
+
+// TestWriterReturnsWithinTheAttemptBoundWhenKafkaDoesNotAcknowledge: kgo
+// retries retriable produce errors and unanswered requests without limit
+// inside one produce. A dead-letter topic that keeps answering
+// NOT_LEADER_FOR_PARTITION or REQUEST_TIMED_OUT, or a broker that never
+// answers, must still make Write and WriteBatch return an error within the
+// documented bound (MaxAttempts × AttemptTimeout plus the backoff waits),
+// so that the worker can report the partition stuck instead of stalling
+// silently. With kgo.AllowIdempotentProduceCancellation, as the worker's
+// producer has, kgo also drops the dead letters it was not given back for.
+func TestWriterReturnsWithinTheAttemptBoundWhenKafkaDoesNotAcknowledge(t *testing.T) {
+	const (
+		attempts = 3
+		timeout  = 300 * time.Millisecond
+		// slack covers the backoff waits (5 ms + 10 ms) and a loaded
+		// machine running the race detector.
+		slack = 1500 * time.Millisecond
+	)
+	tests := []struct {
+		name  string
+		fault func(*kafkatest.Broker)
+		// cancel is whether the client has
+		// kgo.AllowIdempotentProduceCancellation.
+		cancel bool
+	}{
+		{"NOT_LEADER_FOR_PARTITION forever", func(b *kafkatest.Broker) {
+			failProduces(t, b, -1, kerr.NotLeaderForPartition.Code, nil)
+		}, true},
+		{"REQUEST_TIMED_OUT forever", func(b *kafkatest.Broker) {
+			failProduces(t, b, -1, kerr.RequestTimedOut.Code, nil)
+		}, true},
+		{"broker never answers", neverAnswerProduces, true},
+		{"broker never answers, client without cancellation", neverAnswerProduces, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, topic := newBroker(t, true)
+			opts := []kgo.Opt{kgo.ProducerLinger(0)}
+			if tt.cancel {
+				opts = append(opts, kgo.AllowIdempotentProduceCancellation())
+			}
+			cl := newClient(t, b, opts...)
+			w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic}, Backoff: testBackoff, MaxAttempts: attempts, AttemptTimeout: timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.fault(b)
+
+			// An attempt ends at its timeout, or earlier when kgo fails its
+			// record together with the timed-out one of an earlier attempt
+			// queued ahead of it: at least one attempt runs its course.
+			checkErr := func(call string, err error, took, bound time.Duration) {
+				t.Helper()
+				if !errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+					t.Errorf("%s = %v, want ErrAttemptTimeout and no context error", call, err)
+				}
+				if took < timeout || took > bound+slack {
+					t.Errorf("%s returned after %s, want within [%s, %s]", call, took, timeout, bound+slack)
+				}
+			}
+			start := time.Now()
+			err = returnsWithin(t, attempts*timeout+slack+5*time.Second, func() error {
+				return w.Write(context.Background(), testDeadLetter([]byte(testEvent)))
+			})
+			checkErr("Write", err, time.Since(start), attempts*timeout)
+
+			dls := []DeadLetter{deadLetterOn(t, 0, 3, 1), deadLetterOn(t, 1, 3, 2)}
+			var errs []error
+			start = time.Now()
+			returnsWithin(t, timeout+slack+5*time.Second, func() error {
+				errs = w.WriteBatch(context.Background(), dls)
+				return nil
+			})
+			took := time.Since(start)
+			for i, err := range errs {
+				checkErr(fmt.Sprintf("WriteBatch error %d", i), err, took, timeout)
+			}
+
+			if tt.cancel {
+				deadline := time.Now().Add(5 * time.Second)
+				for cl.BufferedProduceRecords() > 0 && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if n := cl.BufferedProduceRecords(); n > 0 {
+					t.Errorf("client still holds %d dead letters whose attempts timed out", n)
+				}
+			}
+		})
+	}
+}
+
+// returnsWithin runs fn and returns its error, failing t when fn has not
+// returned within limit (fn is then left running).
+func returnsWithin(t *testing.T, limit time.Duration, fn func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		t.Fatalf("did not return within %s", limit)
+		return nil
+	}
+}
+
+// TestWriterTimeoutFailsTheDeadLettersQueuedBehindAsTimeouts: kgo keeps a
+// partition gapless, so when it drops a dead letter whose attempt timed out
+// it fails every record queued behind it in that partition, with the
+// timed-out attempt's context error. A concurrent Write whose own context
+// and attempt are still running must see that as ErrAttemptTimeout, not as
+// a context error that a caller would take for its own cancellation.
+func TestWriterTimeoutFailsTheDeadLettersQueuedBehindAsTimeouts(t *testing.T) {
+	b, topic := newBroker(t, true)
+	cl := newClient(t, b, kgo.ProducerLinger(0), kgo.AllowIdempotentProduceCancellation())
+	w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic}, Backoff: testBackoff, MaxAttempts: 1, AttemptTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	neverAnswerProduces(b)
+	first := make(chan error, 1)
+	go func() { first <- w.Write(context.Background(), testDeadLetter([]byte(testEvent))) }()
+	time.Sleep(200 * time.Millisecond) // the first dead letter is in flight
+	// Same key, same partition: queued behind the first.
+	second := returnsWithin(t, 10*time.Second, func() error {
+		return w.Write(context.Background(), testDeadLetter([]byte(testEvent)))
+	})
+	for i, err := range []error{<-first, second} {
+		if !errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Write %d = %v, want ErrAttemptTimeout and no context error", i+1, err)
+		}
+	}
 }

@@ -60,8 +60,11 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 		wait := b.NextBackOff()
 		pc.setStuck(err)
 		hint := "the dead-letter topic refuses writes: check it exists and accepts this worker's records"
-		if errors.Is(err, dlq.ErrTooLarge) {
+		switch {
+		case errors.Is(err, dlq.ErrTooLarge):
 			hint = "raise the dead-letter topic's max.message.bytes (or --dlq-max-bytes) and restart the worker: the limit is read at start"
+		case errors.Is(err, dlq.ErrAttemptTimeout):
+			hint = "Kafka does not acknowledge dead letters in time: check the dead-letter topic's partition leaders and brokers (--dlq-write-timeout)"
 		}
 		pc.w.log.Error("dead letter not written; the partition waits and tries again",
 			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,

@@ -180,8 +180,9 @@ func (c *Config) Validate() error {
 
 // DeadLetterWriter publishes a dead letter and returns nil only once Kafka
 // has acknowledged it. It returns an error when ctx is done, or when it
-// cannot write the dead letter for now (the topic keeps refusing it, or it
-// is too large); the worker then keeps the source offset uncommitted,
+// cannot write the dead letter for now (the topic keeps refusing it, it is
+// too large, or Kafka does not acknowledge it within the writer's time
+// limit, dlq.ErrAttemptTimeout); the worker then keeps the source offset uncommitted,
 // reports the partition stuck in Ready, and calls Write again.
 // *dlq.Writer implements it.
 type DeadLetterWriter interface {

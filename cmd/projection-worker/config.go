@@ -39,6 +39,7 @@ type settings struct {
 	httpAddr       string
 	workerID       string
 	dlqMaxBytes    int
+	dlqTimeout     time.Duration
 	createTopics   bool
 	maxPollRecords int
 	maxBatch       int
@@ -82,7 +83,8 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.String(&s.httpAddr, "http-addr", "HTTP_ADDR", ":8080", "address of /healthz, /readyz and /metrics (empty: no HTTP server)")
 	fs.String(&s.workerID, "worker-id", "POD_NAME", host, "this worker's name in dead-letter headers")
 	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 0, "largest dead-letter record in bytes; larger ones truncate stackTrace, then error (default: the dead-letter topic's max.message.bytes, read at start, else 1000000)")
-	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start")
+	fs.Duration(&s.dlqTimeout, "dlq-write-timeout", "DLQ_WRITE_TIMEOUT", dlq.DefaultAttemptTimeout, "longest wait for Kafka to acknowledge one dead-letter write attempt; after 5 failed attempts (about 5x this) the partition is reported stuck in /readyz")
+	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start (false: only check them; a missing events or dead-letter topic is an error)")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
 	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
 	fs.Int(&s.copyMinRows, "copy-min-rows", "COPY_MIN_ROWS", 32, "apply a batch's upserts of one table and tenant with COPY when there are at least this many (-1: never)")
@@ -188,6 +190,9 @@ func (s *settings) checkRun() error {
 	}
 	if s.shutdownGrace <= 0 {
 		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)
+	}
+	if s.dlqTimeout <= 0 {
+		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)
 	}
 	if s.dlqMaxBytes != 0 && s.dlqMaxBytes < 1024 {
 		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)

@@ -37,7 +37,7 @@ var settingsEnv = []string{
 	"DATABASE_URL", "PROJECTIONS_FILE", "EVENTS_TOPIC", "DLQ_TOPIC", "LEDGER_TOPIC",
 	"EVENTS_PARTITIONS", "LOG_FORMAT", "LOG_LEVEL", "CONSUMER_GROUP", "MAX_RETRIES",
 	"RETRY_INITIAL", "RETRY_MAX_INTERVAL", "ON_INFRA_ERROR", "SHUTDOWN_GRACE",
-	"HTTP_ADDR", "POD_NAME", "DLQ_MAX_BYTES", "CREATE_TOPICS", "MAX_POLL_RECORDS",
+	"HTTP_ADDR", "POD_NAME", "DLQ_MAX_BYTES", "DLQ_WRITE_TIMEOUT", "CREATE_TOPICS", "MAX_POLL_RECORDS",
 	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS",
 }
 
@@ -261,6 +261,7 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--http-addr", args: []string{"--http-addr", "nonsense"}},
 		{flag: "--projections", args: []string{"--projections", "/nonexistent/defs.yaml"}},
 		{flag: "--max-queued-bytes", args: []string{"--max-queued-bytes", "0"}},
+		{flag: "--dlq-write-timeout", args: []string{"--dlq-write-timeout", "0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimPrefix(tt.flag, "--"), func(t *testing.T) {

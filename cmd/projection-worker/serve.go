@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -167,6 +168,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	prodCl, err := kgo.NewClient(append(kopts,
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
+		// The writer bounds each attempt (--dlq-write-timeout); this lets
+		// kgo drop a timed-out dead letter even with its request in flight,
+		// rather than keep it and write it after the worker gave up.
+		kgo.AllowIdempotentProduceCancellation(),
 		kgo.ProducerBatchMaxBytes(int32(max(dlqMaxBytes+64*1024, 1<<20))),
 	)...)
 	if err != nil {
@@ -180,8 +185,9 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			Generation: buildVersion() + "/" + defs.IRVersion,
 			MaxBytes:   dlqMaxBytes,
 		},
-		Backoff: policy,
-		Logger:  log,
+		Backoff:        policy,
+		Logger:         log,
+		AttemptTimeout: s.dlqTimeout,
 	})
 	if err != nil {
 		return err
@@ -224,7 +230,8 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		log.Info("http listening", "addr", ln.Addr().String())
 	}
 	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
-		"projections", len(handlers), "group", s.group, "kafka", describe(s), "on_infra_error", s.onInfraError)
+		"projections", len(handlers), "group", s.group, "kafka", describe(s), "on_infra_error", s.onInfraError,
+		"dlq_max_bytes", dlqMaxBytes)
 	if started != nil {
 		started(w)
 	}
@@ -241,22 +248,37 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	return nil
 }
 
-// checkTopics creates missing topics (unless --create-topics=false), warns
-// about a dead-letter topic that keeps less than 30 days and exports its
-// retention and depth as metrics. It returns what it found of the
-// dead-letter topic (zero with --create-topics=false).
+// checkTopics creates missing topics (with --create-topics=false it only
+// looks them up, and a missing events or dead-letter topic is an error),
+// warns about a dead-letter topic that keeps less than 30 days and exports
+// its retention and depth as metrics. It returns what it found of the
+// dead-letter topic.
 func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) (dlq.TopicReport, error) {
-	if !s.createTopics {
-		return dlq.TopicReport{}, nil
-	}
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rep, err := dlq.EnsureTopics(tctx, adm, cfg)
+	check := dlq.EnsureTopics
+	if !s.createTopics {
+		check = dlq.CheckTopics
+	}
+	rep, err := check(tctx, adm, cfg)
 	if err != nil {
 		return rep, fmt.Errorf("topics: %w", err)
 	}
 	for _, t := range rep.Created {
 		log.Info("topic created", "topic", t)
+	}
+	var needed []string
+	for _, t := range rep.Missing {
+		if t == cfg.LedgerTopic {
+			log.Warn("replay ledger topic does not exist and --create-topics=false does not create it: dlq-replayer needs it; create it with `projection-worker topics`",
+				"topic", t)
+			continue
+		}
+		needed = append(needed, t)
+	}
+	if len(needed) > 0 {
+		return rep, fmt.Errorf("topics: %s not found, and --create-topics=false (CREATE_TOPICS) creates none: create them with `projection-worker topics`, or drop --create-topics=false",
+			strings.Join(needed, " and "))
 	}
 	if rep.DLQRetentionTooShort {
 		log.Warn("dead-letter topic keeps less than 30 days: dead letters may expire before anyone replays them",

@@ -141,20 +141,27 @@ func (b *Broker) RefuseProduce(t testing.TB, topic string, code int16, refuse fu
 			return nil, nil, false
 		}
 		refused.Add(1)
-		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
-		resp.Version = pr.Version
-		for _, pt := range pr.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
-			for _, pp := range pt.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = pp.Partition
-				rp.ErrorCode = code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return ProduceError(pr, code), nil, true
 	})
 	return &refused
+}
+
+// ProduceError returns the answer to pr that refuses every partition it
+// writes to with the error code, as a broker would: for a kfake control
+// function that refuses a produce request instead of storing it.
+func ProduceError(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
+	resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+	resp.Version = pr.Version
+	for _, pt := range pr.Topics {
+		rt := kmsg.NewProduceResponseTopic()
+		rt.Topic, rt.TopicID = pt.Topic, pt.TopicID
+		for _, pp := range pt.Partitions {
+			rp := kmsg.NewProduceResponseTopicPartition()
+			rp.Partition = pp.Partition
+			rp.ErrorCode = code
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
 }
