@@ -48,7 +48,6 @@ type pairFailure struct {
 	firstAt time.Time
 }
 
-
 // pair is one (record, projection) pair of a batch.
 type pair struct {
 	d    *decoded

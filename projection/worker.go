@@ -547,4 +547,3 @@ func stopPartitions(ctx context.Context, ps []*partition) []int32 {
 	}
 	return stuck
 }
-
