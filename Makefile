@@ -7,6 +7,8 @@ LDFLAGS   := -X main.version=$(VERSION)
 TEST_KAFKA_BROKERS ?= 127.0.0.1:19092
 # Events in the throughput benchmark (make bench N=1000000).
 N ?= 200000
+# Events of the unmigrated-tenant scenario of make bench (non-blocking retries).
+N_TENANT ?= 1000000
 
 .PHONY: help build run test test-unit test-kafka vet fuzz bench bench-replay clean
 
@@ -15,7 +17,7 @@ help:
 	@echo "make test         every test: vet, unit and integration (in-process Kafka, real PostgreSQL)"
 	@echo "make test-kafka   the integration suite against the real broker of 'make kafka-up' ($(TEST_KAFKA_BROKERS))"
 	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
-	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events)"
+	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events), and with 1% of N_TENANT=$(N_TENANT) events for an unmigrated tenant"
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
 	@echo "make build        binaries in bin/"
 
@@ -53,7 +55,7 @@ fuzz:
 	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s
 
 bench:
-	BENCH_EVENTS=$(N) $(GO) test ./internal/bench -run '^$$' -bench BenchmarkWorkerThroughput -benchtime 1x -timeout 60m -v
+	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant' -benchtime 1x -timeout 60m -v
 
 bench-replay:
 	$(GO) test ./dlq -run '^$$' -bench BenchmarkScan -benchtime 1x -timeout 30m -v

@@ -188,6 +188,17 @@ func (b *breaker) cancelled(fp string) {
 	b.mu.Unlock()
 }
 
+// isOpen reports whether fp's breaker is open.
+func (b *breaker) isOpen(fp string) bool {
+	if b.cfg.Threshold < 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.fp[fp]
+	return st != nil && st.open
+}
+
 // open returns the number of fingerprints whose breaker is open.
 func (b *breaker) open() int {
 	b.mu.Lock()

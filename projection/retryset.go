@@ -87,8 +87,9 @@ func (s *retrySet) cancel(b *breaker) {
 
 // schedule settles a pair whose attempt failed with a retriable error: it
 // waits in the retry set for its next attempt, unless the retries ran out
-// or the breaker of its fingerprint is open, in which case its dead letter
-// is returned for the caller to write.
+// or the breaker of its fingerprint is open (at its first failure, or since
+// it began to wait; not for the breaker's probe), in which case its dead
+// letter is returned for the caller to write.
 func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	w := pc.w
 	if p.retries == 0 { // the first failure: ask the breaker
@@ -101,6 +102,11 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		}
 		p.probe = probe
 		p.backoff = w.cfg.Retry.NewBackOff()
+	} else if !p.probe && w.breaker.isOpen(p.fp) {
+		// The breaker opened while this pair waited: it goes now too.
+		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt)
+		dl.ShortCircuit = p.fp
+		return &dl
 	}
 	wait := p.backoff.NextBackOff()
 	if p.retries >= w.cfg.Retry.MaxRetries || wait == backoff.Stop {

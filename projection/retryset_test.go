@@ -133,3 +133,18 @@ func TestWaitForDatabaseWaitsOutInfrastructureErrors(t *testing.T) {
 		t.Errorf("a permanent error = %v after %d calls, want it at once", err, calls)
 	}
 }
+
+func TestScheduleShortCircuitsAWaitingPairWhenTheBreakerOpens(t *testing.T) {
+	pc := testPartition(t, Config{Breaker: BreakerConfig{Threshold: 1, Window: time.Minute, ProbeInterval: time.Hour}})
+	p := failedPair(1)
+	if dl := pc.schedule(p); dl != nil {
+		t.Fatal("first failure dead-lettered")
+	}
+	pc.retries.takeDue(time.Now().Add(time.Hour))
+	pc.w.breaker.exhausted(p.fp, false) // another pair's exhaustion opens the breaker
+	p.retries = 1
+	dl := pc.schedule(p)
+	if dl == nil || dl.ShortCircuit != p.fp || dl.Retries != 1 {
+		t.Fatalf("dead letter = %+v, want short-circuited after 1 retry", dl)
+	}
+}

@@ -50,7 +50,11 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	n := benchEvents(b)
 	poison := os.Getenv("BENCH_POISON") != ""
 	e := newEnv(b, false)
-	s := e.newScenario("inproc", newDataset(n, poison))
+	kind := noPoison
+	if poison {
+		kind = derivePoison
+	}
+	s := e.newScenario("inproc", newDataset(n, kind))
 	e.produce(s)
 	defs, tps := e.projections(b)
 	if err := projection.Migrate(e.ctx, e.pool, defs, s.tenant); err != nil {
