@@ -9,21 +9,15 @@ import (
 	"github.com/causet/projection-worker/retry"
 )
 
-// batchWriter is implemented by dead-letter writers that can write several
-// dead letters in one round trip (*dlq.Writer).
-type batchWriter interface {
-	WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error
-}
-
-// writeDeadLetters writes dls, in one round trip when the writer supports
-// it, then one by one (deadLetter) those that were not written; each
+// writeDeadLetters writes dls, several in one round trip, then one by one
+// (deadLetter) those that were not written; each
 // acknowledged one finishes its pair. Before a write that may wait, the
 // watermark is marked, so the records before it commit while the topic
 // refuses it. It returns an error only when ctx is done first.
 func (pc *partition) writeDeadLetters(ctx context.Context, dls []dlq.DeadLetter) error {
 	var errs []error
-	if bw, ok := pc.w.dead.(batchWriter); ok && len(dls) > 1 {
-		errs = bw.WriteBatch(ctx, dls)
+	if len(dls) > 1 {
+		errs = pc.w.dead.WriteBatch(ctx, dls)
 	}
 	for i, dl := range dls {
 		if errs == nil || errs[i] != nil {

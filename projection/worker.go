@@ -178,15 +178,21 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// DeadLetterWriter publishes a dead letter and returns nil only once Kafka
-// has acknowledged it. It returns an error when ctx is done, or when it
-// cannot write the dead letter for now (the topic keeps refusing it, it is
-// too large, or Kafka does not acknowledge it within the writer's time
-// limit, dlq.ErrAttemptTimeout); the worker then keeps the source offset uncommitted,
-// reports the partition stuck in Ready, and calls Write again.
-// *dlq.Writer implements it.
+// DeadLetterWriter publishes dead letters; *dlq.Writer implements it.
+//
+// Write returns nil only once Kafka has acknowledged the dead letter. It
+// returns an error when ctx is done, or when it cannot write the dead
+// letter for now (the topic keeps refusing it, it is too large, or Kafka
+// does not acknowledge it within the writer's time limit,
+// dlq.ErrAttemptTimeout); the worker then keeps the source offset
+// uncommitted, reports the partition stuck in Ready, and calls Write again.
+//
+// WriteBatch writes several dead letters in one round trip, without
+// retrying, and returns one error per dead letter (nil: acknowledged); the
+// worker writes those that failed again with Write.
 type DeadLetterWriter interface {
 	Write(ctx context.Context, dl dlq.DeadLetter) error
+	WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error
 }
 
 // Worker is the consumer-group worker: it applies each record of the events

@@ -987,6 +987,19 @@ func (w *refusingWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
 	return w.DeadLetterWriter.Write(ctx, dl)
 }
 
+// WriteBatch refuses every dead letter while Write would, so that they all
+// take the one-by-one path.
+func (w *refusingWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error {
+	if w.n.Load() > 0 {
+		errs := make([]error, len(dls))
+		for i := range errs {
+			errs[i] = dlq.ErrTooLarge
+		}
+		return errs
+	}
+	return w.DeadLetterWriter.WriteBatch(ctx, dls)
+}
+
 // startRefusing runs a worker whose dead-letter writer refuses every write
 // until the test sets refusing.n to 0.
 func (r *rig) startRefusing() (w *projection.Worker, refusing *refusingWriter) {
