@@ -1,6 +1,8 @@
 package projection
 
 import (
+	"bytes"
+	"slices"
 	"context"
 	"errors"
 	"fmt"
@@ -124,16 +126,29 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 	rest := planned
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
-		if groups, rest = copyGroups(planned, w.cfg.CopyMinRows); len(groups) > 0 {
-			if err := w.execCopy(ctx, groups); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				// The statements find the failing pairs (or wait for the
-				// database) and apply the rest.
+		groups, rest = copyGroups(planned, w.cfg.CopyMinRows)
+		for len(groups) > 0 {
+			failed, err := w.execCopy(ctx, groups)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if failed < 0 || retry.IsInfrastructure(err) {
+				// Not one group's fault: the statements wait for the
+				// database or find the failing pairs.
 				w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
 				rest = planned
+				break
 			}
+			// One group failed (a tenant without the table, a constraint):
+			// its pairs go as statements, which isolate the failing ones;
+			// the other groups are copied again.
+			w.log.Debug("copy group failed; applying it as statements", "partition", pc.partition,
+				"projection", groups[failed].p.Name(), "tenant_schema", groups[failed].schema, "error", err)
+			rest = append(rest, groups[failed].all...)
+			groups = slices.Delete(groups, failed, failed+1)
 		}
 	}
 	f, err := pc.applyPlanned(ctx, rest)
@@ -159,6 +174,19 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 // failed with a retriable error waits in the retry set while later records
 // go on (retryset.go). It returns an error only when ctx is done first.
 func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pairFailure) error {
+	// Dead letters go out in record order.
+	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
+	// What outlives the batch (open records, waiting pairs) must not hold
+	// the batch's array nor the fetch buffers its records' bytes share.
+	detached := make(map[int]*decoded)
+	for i := range failures {
+		d := detached[failures[i].d.idx]
+		if d == nil {
+			d = detach(failures[i].d)
+			detached[d.idx] = d
+		}
+		failures[i].d = d
+	}
 	pending := make(map[int]map[string]time.Time)
 	for i, f := range failures {
 		if t, ok := pc.receivedFirstFailedAt(f.d.rec.Offset, f.projectionName()); ok {
@@ -169,7 +197,7 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 		}
 		pending[f.d.idx][f.projectionName()] = failures[i].firstAt
 	}
-	pc.track(batch, pending)
+	pc.track(batch, pending, detached)
 	var dead []dlq.DeadLetter
 	for _, f := range failures {
 		if !needsRetry(f) {
@@ -327,4 +355,24 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
 		w.cfg.Metrics.applied(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), outcomes[i])
 	}
 	return -1, nil
+}
+
+// detach returns a copy of d that shares no memory with its batch nor with
+// the fetch its record came from: a record waiting for a retry otherwise
+// keeps its whole batch of decoded events and fetched bytes alive.
+func detach(d *decoded) *decoded {
+	c := *d
+	r := *d.rec
+	r.Key, r.Value = bytes.Clone(d.rec.Key), bytes.Clone(d.rec.Value)
+	r.Headers = make([]kgo.RecordHeader, len(d.rec.Headers))
+	for i, h := range d.rec.Headers {
+		r.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)}
+	}
+	c.rec = &r
+	if d.ev != nil {
+		ev := *d.ev
+		ev.Raw = r.Value
+		c.ev = &ev
+	}
+	return &c
 }

@@ -217,12 +217,12 @@ func (pc *partition) release() {
 
 // track registers the records of a batch once its fast path is done:
 // failed holds, by batch index, the projections of each record's
-// unfinished pairs and when they first failed. Records without one are
-// finished.
-func (pc *partition) track(batch []decoded, failed map[int]map[string]time.Time) {
+// unfinished pairs and when they first failed, detached their records'
+// copies (detach). Records without one are finished.
+func (pc *partition) track(batch []decoded, failed map[int]map[string]time.Time, detached map[int]*decoded) {
 	for i := range batch {
 		if pending := failed[i]; len(pending) > 0 {
-			pc.open = append(pc.open, &recordState{d: &batch[i], pending: pending, bytes: recordBytes(batch[i].rec)})
+			pc.open = append(pc.open, &recordState{d: detached[i], pending: pending, bytes: recordBytes(batch[i].rec)})
 		}
 	}
 	if len(batch) > 0 {
