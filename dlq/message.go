@@ -22,6 +22,17 @@ const (
 	DefaultLedgerTopic = "causet.projection-dlq-ledger.v1"
 )
 
+// MaxOriginalEventDepth is the deepest nesting of objects and arrays, the
+// event object itself counting as level 1, that a dead letter embeds
+// verbatim in originalEvent; a deeper value is kept in originalValueBase64.
+// The dead letter adds one level, and 127 levels are what serde_json's
+// default recursion limit (128) accepts, the smallest among common strict
+// parsers (jq 1.6 stops after 256, Python's json near 1000, encoding/json
+// after 10000). The worker refuses deeper events (projection.DecodeEvent),
+// so that every event it accepts can be dead-lettered verbatim and
+// replayed.
+const MaxOriginalEventDepth = 126
+
 // MinRetention is the shortest retention.ms the dead-letter topic may have:
 // 30 days (2592000000 ms), from the Causet DLQ guide.
 const MinRetention = 30 * 24 * time.Hour
@@ -63,7 +74,8 @@ const (
 // fields of SPEC §6, validated by schemas/projection-dlq.v1.schema.json.
 type Message struct {
 	// OriginalEvent is the failed record's value verbatim (byte for byte) when
-	// it is a JSON object, else JSON null.
+	// it is a JSON object that every strict JSON parser reads (see
+	// NewRecord), else JSON null.
 	OriginalEvent json.RawMessage `json:"originalEvent"`
 	// OriginalValueBase64 is the raw record value, standard base64, present
 	// only when OriginalEvent is null.

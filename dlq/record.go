@@ -117,10 +117,13 @@ func validTopicName(t string) error {
 //   - Topic cfg.Topic (after WithDefaults) and Key the source record's key
 //     (nil stays nil);
 //   - Value the JSON of a Message: OriginalEvent is the source value byte
-//     for byte when it is valid UTF-8, valid JSON, an object (first
-//     non-space byte '{') and has no duplicate key at any level; otherwise
-//     it is null and OriginalValueBase64 holds the value in standard
-//     base64 ("" for an empty value or a tombstone). Error is, for a
+//     for byte when it is a JSON object that every strict JSON parser
+//     reads (jq 1.6 included): valid UTF-8, valid JSON, an object (first
+//     non-space byte '{'), no duplicate key at any level, no unpaired
+//     UTF-16 surrogate escape, at most MaxOriginalEventDepth levels deep;
+//     otherwise it is null and OriginalValueBase64 holds the value in
+//     standard base64 ("" for an empty value or a tombstone). Either way
+//     the dead letter parses with every strict parser. Error is, for a
 //     *pgconn.PgError in dl.Err's chain, that error's Error() ("ERROR: ...
 //     (SQLSTATE 42703)"), else dl.Err.Error(). StackTrace is the wrapped
 //     error chain, one level a line, indented two spaces a level, each
@@ -359,9 +362,15 @@ func writeChain(b *strings.Builder, err error, depth int) {
 	}
 }
 
-// isEventObject reports whether v can be embedded as originalEvent: valid
-// UTF-8, one valid JSON value that is an object, with no duplicate key at
-// any level (the schema's rule: an ambiguous object is kept as base64).
+// isEventObject reports whether v can be embedded as originalEvent: a JSON
+// object that every strict parser reads as the same document (SPEC §6).
+// That is valid UTF-8, one valid JSON value that is an object, no
+// duplicate key at any level (the schema's rule: an ambiguous object is
+// kept as base64), no unpaired UTF-16 surrogate escape (jq 1.6 refuses
+// "\ud800"; encoding/json silently reads it as U+FFFD) and at most
+// MaxOriginalEventDepth levels of nesting. Numbers are not checked: JSON
+// sets no range (RFC 8259 §6), jq reads 1e400, and readers keep them
+// exact with json.Number.
 func isEventObject(v []byte) bool {
 	if !utf8.Valid(v) || !json.Valid(v) {
 		return false
@@ -369,7 +378,60 @@ func isEventObject(v []byte) bool {
 	if t := bytes.TrimLeft(v, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return false
 	}
-	return !hasDuplicateKeys(v)
+	depth, unpaired := scanValidJSON(v)
+	return !unpaired && depth <= MaxOriginalEventDepth && !hasDuplicateKeys(v)
+}
+
+// scanValidJSON returns the deepest nesting of objects and arrays in the
+// valid JSON document v (0 for a scalar) and whether a string in it has an
+// unpaired UTF-16 surrogate escape: a high one (\ud800-\udbff) not
+// followed by an escaped low one (\udc00-\udfff), or a low one alone.
+func scanValidJSON(v []byte) (depth int, unpaired bool) {
+	level, inString := 0, false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if inString {
+			switch {
+			case c == '"':
+				inString = false
+			case c == '\\' && v[i+1] != 'u':
+				i++ // a one-character escape; it may be \" or \\
+			case c == '\\':
+				// v is valid JSON: \u is followed by four hex digits.
+				r := hex4(v[i+2 : i+6])
+				i += 5
+				if r >= 0xdc00 && r <= 0xdfff {
+					return depth, true
+				}
+				if r >= 0xd800 && r <= 0xdbff {
+					if i+7 >= len(v) || v[i+1] != '\\' || v[i+2] != 'u' {
+						return depth, true
+					}
+					if r2 := hex4(v[i+3 : i+7]); r2 < 0xdc00 || r2 > 0xdfff {
+						return depth, true
+					}
+					i += 6
+				}
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			level++
+			depth = max(depth, level)
+		case '}', ']':
+			level--
+		}
+	}
+	return depth, false
+}
+
+// hex4 decodes four hex digits.
+func hex4(b []byte) rune {
+	n, _ := strconv.ParseUint(string(b), 16, 32)
+	return rune(n)
 }
 
 // hasDuplicateKeys reports whether the valid JSON document v has an object
@@ -506,7 +568,9 @@ func truncate(s string, keep int) string {
 // they are.
 //
 // It returns an error when OriginalEvent is neither null nor a valid JSON
-// object. Note that json.Marshal and json.Encoder re-compact (and by
+// object. Unlike NewRecord it does not insist on an object every strict
+// parser reads, so that dead letters written before that rule still list.
+// Note that json.Marshal and json.Encoder re-compact (and by
 // default HTML-escape) what a MarshalJSON method returns, which would
 // change the original event's bytes: call m.MarshalJSON directly to keep
 // them, as NewRecord does.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/internal/strictjson"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
 )
@@ -544,4 +545,62 @@ func TestMessageMarshalJSON(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestDeadLetterParsesWithStrictParsersWhateverTheValue: every dead letter
+// must be read by every strict JSON parser (jq 1.6 included), whatever the
+// record value. A value that is not a JSON object every strict parser reads
+// (an unpaired UTF-16 surrogate escape, invalid UTF-8, nesting deeper than
+// MaxOriginalEventDepth) is kept in originalValueBase64 instead of
+// originalEvent; one that is (a surrogate pair, \u0000, numbers beyond
+// float64) is embedded verbatim.
+func TestDeadLetterParsesWithStrictParsersWhateverTheValue(t *testing.T) {
+	nest := func(levels int) string { // an object nesting levels deep in all
+		return `{"a":` + strings.Repeat("[", levels-1) + strings.Repeat("]", levels-1) + `}`
+	}
+	tests := []struct {
+		name     string
+		value    string
+		verbatim bool
+	}{
+		{"lone high surrogate", `{"tenantSchema":"acme","payload":{"s":"a\ud800b"}}`, false},
+		{"lone high surrogate at the end of a string", `{"s":"\ud800"}`, false},
+		{"lone low surrogate", `{"s":"\udc00"}`, false},
+		{"high surrogate followed by a non-surrogate escape", `{"s":"\ud83d\u0041"}`, false},
+		{"surrogates in the wrong order", `{"s":"\udc00\ud800"}`, false},
+		{"two high surrogates", `{"s":"\ud83d\ud83d\ude00"}`, false},
+		{"lone surrogate in a key", `{"\udfff":1}`, false},
+		{"lone surrogate, upper-case hex", `{"s":"\uD800"}`, false},
+		{"surrogate pair", `{"s":"\ud83d\ude00","t":"\uD83D\uDE00"}`, true},
+		{"escaped backslash before u", `{"s":"\\ud800"}`, true},
+		{"escaped quote then a pair", `{"s":"\"\ud83d\ude00"}`, true},
+		{"invalid UTF-8", "{\"s\":\"\xed\xa0\x80\"}", false},
+		{"NUL escape", `{"s":"\u0000"}`, true},
+		{"noncharacter escapes", `{"s":"\ufffe\uffff"}`, true},
+		{"huge numbers", `{"a":1e400,"b":-1e400,"c":123456789012345678901234567890,"d":1e-400}`, true},
+		{"nesting at the limit", nest(MaxOriginalEventDepth), true},
+		{"nesting one level over the limit", nest(MaxOriginalEventDepth + 1), false},
+		{"nesting over jq's limit", nest(300), false},
+		{"duplicate key", `{"a":1,"a":2}`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := newRecord(t, testDeadLetter([]byte(tt.value)), RecordConfig{})
+			m := decodeMessage(t, rec.Value)
+			if tt.verbatim {
+				if string(m.OriginalEvent) != tt.value {
+					t.Errorf("originalEvent = %.200s, want the value verbatim", m.OriginalEvent)
+				}
+			} else {
+				raw, err := base64.StdEncoding.DecodeString(m.OriginalValueBase64)
+				if string(m.OriginalEvent) != "null" || err != nil || string(raw) != tt.value {
+					t.Errorf("originalEvent = %.200s, originalValueBase64 = %.200q; want null and the value in base64", m.OriginalEvent, m.OriginalValueBase64)
+				}
+			}
+			if m.TenantSchema != "acme_concertapp_production" {
+				t.Errorf("tenantSchema = %q, want the dead letter's", m.TenantSchema)
+			}
+			strictjson.Check(t, rec.Value)
+		})
+	}
 }

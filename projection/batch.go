@@ -2,11 +2,11 @@ package projection
 
 import (
 	"bytes"
-	"slices"
 	"context"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,7 +71,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
-		d.ev, d.err = DecodeEvent(rec.Value)
+		d.ev, d.err = w.cfg.TenantSchemas.DecodeEvent(rec.Value)
 		if w.cfg.Tracer != nil {
 			_, span := w.cfg.Tracer.WithProcessSpan(rec)
 			defer span.End()

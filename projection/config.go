@@ -99,6 +99,12 @@ type Config struct {
 	// Tracer, when set, starts a process span per record, continuing the W3C
 	// trace context found in the record's headers (franz-go kotel).
 	Tracer *kotel.Tracer
+	// TenantSchemas narrows the tenant schemas the worker accepts
+	// (NewTenantSchemas, --tenant-schema-pattern). Default nil: every name
+	// ValidTenantSchema accepts (SPEC §3's pattern, PostgreSQL's own
+	// schemas and public excepted). An event for another tenant schema is
+	// dead-lettered at once as permanent, naming tenantSchema.
+	TenantSchemas *TenantSchemas
 }
 
 // Validate fills in defaults and returns an error naming the first invalid

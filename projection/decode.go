@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	segjson "github.com/segmentio/encoding/json"
+
+	"github.com/causet/projection-worker/dlq"
 )
 
 // ValidationError reports a projection event that breaks the rules of SPEC §3.
@@ -25,9 +27,11 @@ type ValidationError struct {
 	// for example `must be a JSON integer, got string "7"`.
 	Reason string
 	// EventType, ForkID and TenantSchema are what could still be read of an
-	// event that is a JSON object but fails validation ("" when absent, not
-	// a string, or, for TenantSchema, not a valid identifier), so that its
-	// dead letter can still be found by tenant, fork and event type.
+	// event that is a JSON object but is refused ("" when absent, not a
+	// string, a key that appears twice, a string with an unpaired surrogate
+	// escape, or, for TenantSchema, not matching ^[a-z_][a-z0-9_]{0,62}$; a
+	// name refused only as not a tenant, such as public, is kept), so that
+	// its dead letter can still be found by tenant, fork and event type.
 	EventType, ForkID, TenantSchema string
 }
 
@@ -61,24 +65,37 @@ const (
 )
 
 // maxEventDepth is the deepest nesting of objects and arrays DecodeEvent
-// accepts: encoding/json's limit, so that every accepted value can be
-// re-encoded and re-read by the standard library (a dead letter embeds it as
-// json.RawMessage).
-const maxEventDepth = 10000
+// accepts, the event object being level 1: what a dead letter embeds
+// verbatim (dlq.MaxOriginalEventDepth, within every strict parser's limit),
+// so that every accepted event can be dead-lettered and replayed as it is.
+const maxEventDepth = dlq.MaxOriginalEventDepth
+
+// maxParseDepth is where DecodeEvent stops reading a value as not JSON:
+// encoding/json's own limit. Between maxEventDepth and it, the value is
+// read on (so that its readable fields are kept) and refused.
+const maxParseDepth = 10000
+
+// unreadable stands, in a tree that is refused, for a value that cannot be
+// read unambiguously: a string with an unpaired surrogate escape, or the
+// value of a key that appears twice. It never reaches an Event.
+type unreadable struct{}
 
 // DecodeEvent decodes and validates one record value as a projection event
 // (SPEC §3). The value is decoded once: the tree in Event.Fields is built and
 // checked as the tokens are read, and the typed fields are taken from it.
 //
 // The value must be non-empty, valid UTF-8 and exactly one JSON object
-// (whitespace around it is allowed) with no duplicate keys at any depth, no
-// unpaired UTF-16 surrogate escapes (\ud800 alone would be silently replaced
-// by U+FFFD otherwise) and at most 10000 levels of nesting (encoding/json's
-// limit). In it:
+// (whitespace around it is allowed) that every strict JSON parser reads as
+// the same document, so that its dead letter can embed it verbatim (SPEC
+// §6): no duplicate keys at any depth, no unpaired UTF-16 surrogate escapes
+// (encoding/json would silently replace \ud800 by U+FFFD, jq 1.6 refuses it)
+// and at most 126 levels of nesting (dlq.MaxOriginalEventDepth). In it:
 //
 //   - eventType, entityId and forkId are non-empty strings;
 //   - irVersion is a string; it is required but may be "";
-//   - tenantSchema is a string that satisfies ValidTenantSchema;
+//   - tenantSchema is a string that satisfies ValidTenantSchema: it matches
+//     ^[a-z_][a-z0-9_]{0,62}$ and is not one of PostgreSQL's own schemas
+//     (public, information_schema, pg_*; see ReservedSchema);
 //   - sequenceNumber is a JSON integer (no fraction, no exponent, not quoted)
 //     ≥ 0 that fits int64;
 //   - ts is a JSON integer of epoch milliseconds in PostgreSQL's timestamptz
@@ -89,7 +106,12 @@ const maxEventDepth = 10000
 // Unknown fields are kept in Event.Fields. Numbers are json.Number holding
 // their exact text; they are never converted to float64. The fields are
 // checked in the order above and the first failure is returned as a
-// *ValidationError, which retry.Classify reports as Permanent. Positions in
+// *ValidationError, which retry.Classify reports as Permanent. A value that
+// is not JSON is reported as such; otherwise the first duplicate key,
+// unpaired surrogate escape or excess nesting met, if any, comes before the
+// rules above. When the value is an object, the error carries the
+// eventType, forkId and tenantSchema that can be read unambiguously
+// (ValidationError.EventType, ...). Positions in
 // "not valid JSON" and "not valid UTF-8" reasons count bytes from 1, like
 // encoding/json's SyntaxError.Offset.
 //
@@ -97,7 +119,12 @@ const maxEventDepth = 10000
 // afterwards. The strings in Event (including those inside Fields) share one
 // copy of value, so keeping any of them keeps that copy alive; clone
 // (strings.Clone) a string that must outlive the event.
-func DecodeEvent(value []byte) (*Event, error) {
+//
+// TenantSchemas.DecodeEvent narrows the accepted tenant schemas further.
+func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil) }
+
+// decodeEvent is DecodeEvent with tenantSchema checked by tenants.Check.
+func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	if len(value) == 0 {
 		return nil, &ValidationError{Reason: "record value is empty (tombstone)"}
 	}
@@ -109,41 +136,31 @@ func DecodeEvent(value []byte) (*Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, ok := root.(map[string]any)
-	if !ok {
+	m, isObject := root.(map[string]any)
+	switch {
+	case d.refused != nil:
+		err = d.refused
+	case !isObject:
 		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(root) + ", want an object"}
+	default:
+		var ev *Event
+		if ev, err = validateEvent(value, m, tenants); err == nil {
+			return ev, nil
+		}
 	}
-	ev, err := validateEvent(value, m)
-	if ve, ok := err.(*ValidationError); ok {
+	if ve, ok := err.(*ValidationError); ok && isObject {
 		ve.EventType, _ = m["eventType"].(string)
 		ve.ForkID, _ = m["forkId"].(string)
-		if ts, _ := m["tenantSchema"].(string); ValidTenantSchema(ts) {
+		// A name refused only as not a tenant (public, pg_catalog) is kept:
+		// it is what the event says, and a safe identifier.
+		if ts, _ := m["tenantSchema"].(string); validIdentifier(ts) {
 			ve.TenantSchema = ts
 		}
 	}
-	return ev, err
+	return nil, err
 }
 
-// ValidTenantSchema reports whether s matches ^[a-z_][a-z0-9_]{0,62}$: a
-// lowercase PostgreSQL identifier of at most 63 bytes (NAMEDATALEN-1) that
-// never needs case folding. Identifiers that pass are still quoted with
-// pgx.Identifier; the rule keeps wire input to names an operator can type.
-func ValidTenantSchema(s string) bool {
-	if len(s) == 0 || len(s) > 63 {
-		return false
-	}
-	if c := s[0]; !(c >= 'a' && c <= 'z' || c == '_') {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-func validateEvent(value []byte, m map[string]any) (*Event, error) {
+func validateEvent(value []byte, m map[string]any, tenants *TenantSchemas) (*Event, error) {
 	ev := &Event{Raw: value, Fields: m}
 	var err error
 	if ev.EventType, err = eventNonEmptyString(m, "eventType"); err != nil {
@@ -158,12 +175,8 @@ func validateEvent(value []byte, m map[string]any) (*Event, error) {
 	if ev.TenantSchema, err = eventString(m, "tenantSchema"); err != nil {
 		return nil, err
 	}
-	if !ValidTenantSchema(ev.TenantSchema) {
-		reason := "must match ^[a-z_][a-z0-9_]{0,62}$ (a lowercase PostgreSQL identifier), got " + quoteValue(ev.TenantSchema)
-		if len(ev.TenantSchema) > 63 {
-			reason = "must be at most 63 bytes (a PostgreSQL identifier), got " + strconv.Itoa(len(ev.TenantSchema))
-		}
-		return nil, &ValidationError{Field: "tenantSchema", Reason: reason}
+	if err := tenants.Check(ev.TenantSchema); err != nil {
+		return nil, err
 	}
 	if ev.IRVersion, err = eventString(m, "irVersion"); err != nil {
 		return nil, err
@@ -340,6 +353,7 @@ type jsonFrame struct {
 	obj map[string]any // nil for an array
 	arr []any
 	key string // object: the key of the member being parsed
+	dup bool   // object: key appeared before in it
 }
 
 // eventDecoder builds the tree of one record value from segmentio's tokenizer,
@@ -349,6 +363,18 @@ type eventDecoder struct {
 	src []byte
 	str string // string(src): tokens are sliced from it without allocating
 	tok segjson.Tokenizer
+	// refused is the first reason the value, although JSON, is refused:
+	// a duplicate key, an unpaired surrogate escape, nesting deeper than
+	// maxEventDepth. The parse goes on past it, so that the fields that
+	// can be read are kept for the dead letter.
+	refused *ValidationError
+}
+
+// refuse records e unless a reason was recorded before.
+func (d *eventDecoder) refuse(e *ValidationError) {
+	if d.refused == nil {
+		d.refused = e
+	}
 }
 
 func (d *eventDecoder) parse() (any, error) {
@@ -376,8 +402,12 @@ func (d *eventDecoder) parse() (any, error) {
 			if state != decWantValue && state != decWantValueOrEnd {
 				return nil, d.syntaxError()
 			}
-			if len(stack) == maxEventDepth {
+			if len(stack) == maxParseDepth {
 				return nil, d.syntaxError()
+			}
+			if len(stack) == maxEventDepth {
+				d.refuse(&ValidationError{Field: jsonPath(stack[:1], true), Reason: "nests deeper than " + strconv.Itoa(maxEventDepth) +
+					" levels (what every strict JSON parser reads inside a dead letter) at byte " + strconv.Itoa(len(d.src)-d.tok.Remaining())})
 			}
 			if d.tok.Delim == '{' {
 				n := 0
@@ -429,18 +459,16 @@ func (d *eventDecoder) parse() (any, error) {
 				if raw[0] != '"' {
 					return nil, d.syntaxError()
 				}
-				key, err := d.unquote(stack, off, raw, false)
-				if err != nil {
-					return nil, err
-				}
+				key, _ := d.unquote(stack, off, raw, false)
 				f := &stack[len(stack)-1]
-				if _, dup := f.obj[key]; dup {
+				_, f.dup = f.obj[key]
+				if f.dup {
 					parent := jsonPath(stack, false)
 					reason := "duplicate key " + quoteValue(key)
 					if parent != "" {
 						reason += " in " + parent
 					}
-					return nil, &ValidationError{Field: string(appendPathKey([]byte(parent), key)), Reason: reason}
+					d.refuse(&ValidationError{Field: string(appendPathKey([]byte(parent), key)), Reason: reason})
 				}
 				f.key = key
 				state = decWantColon
@@ -451,11 +479,11 @@ func (d *eventDecoder) parse() (any, error) {
 			}
 			switch raw[0] {
 			case '"':
-				s, err := d.unquote(stack, off, raw, true)
-				if err != nil {
-					return nil, err
+				if s, ok := d.unquote(stack, off, raw, true); ok {
+					v = s
+				} else {
+					v = unreadable{}
 				}
-				v = s
 			case 'n':
 				v = nil
 			case 't':
@@ -476,7 +504,9 @@ func (d *eventDecoder) parse() (any, error) {
 			continue
 		}
 		f := &stack[len(stack)-1]
-		if f.obj != nil {
+		if f.obj != nil && f.dup {
+			f.obj[f.key] = unreadable{} // neither value is the one
+		} else if f.obj != nil {
 			f.obj[f.key] = v
 		} else {
 			f.arr = append(f.arr, v)
@@ -486,17 +516,19 @@ func (d *eventDecoder) parse() (any, error) {
 }
 
 // unquote returns the string that the string token raw at byte offset off
-// stands for. It rejects an unpaired UTF-16 surrogate escape rather than
-// replace it with U+FFFD. isValue tells whether raw is a value (its path ends
-// in its key or index) or a key (its path is its object's).
-func (d *eventDecoder) unquote(stack []jsonFrame, off int, raw []byte, isValue bool) (string, error) {
+// stands for, and true. For an unpaired UTF-16 surrogate escape it records
+// the refusal (d.refuse) and returns false, with U+FFFD in its place.
+// isValue tells whether raw is a value (its path ends in its key or index)
+// or a key (its path is its object's).
+func (d *eventDecoder) unquote(stack []jsonFrame, off int, raw []byte, isValue bool) (string, bool) {
 	inner := raw[1 : len(raw)-1]
 	if d.tok.Kind() == segjson.Unescaped || bytes.IndexByte(inner, '\\') < 0 {
-		return d.str[off+1 : off+len(raw)-1], nil
+		return d.str[off+1 : off+len(raw)-1], true
 	}
 	// The tokenizer has checked the escapes' syntax: a backslash is followed
 	// by one of "\/bfnrtu, and \u by four hex digits.
 	buf := make([]byte, 0, len(inner))
+	ok := true
 	for i := 0; i < len(inner); {
 		c := inner[i]
 		if c != '\\' {
@@ -527,8 +559,11 @@ func (d *eventDecoder) unquote(stack []jsonFrame, off int, raw []byte, isValue b
 						continue
 					}
 				}
-				return "", &ValidationError{Field: jsonPath(stack, isValue), Reason: "unpaired UTF-16 surrogate escape \\u" +
-					string(inner[i-4:i]) + " in a string at byte " + strconv.Itoa(off+1+i-5)}
+				d.refuse(&ValidationError{Field: jsonPath(stack, isValue), Reason: "unpaired UTF-16 surrogate escape \\u" +
+					string(inner[i-4:i]) + " in a string at byte " + strconv.Itoa(off+1+i-5)})
+				ok = false
+				buf = utf8.AppendRune(buf, utf8.RuneError)
+				continue
 			}
 			buf = utf8.AppendRune(buf, r)
 			continue
@@ -537,7 +572,7 @@ func (d *eventDecoder) unquote(stack []jsonFrame, off int, raw []byte, isValue b
 		}
 		i += 2
 	}
-	return string(buf), nil
+	return string(buf), ok
 }
 
 // parseHex4 decodes the four hex digits at the start of b.

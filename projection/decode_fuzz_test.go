@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -55,6 +59,9 @@ func FuzzDecodeEvent(f *testing.F) {
 		testEventJSON(map[string]string{"payload": ""}),
 		testEventJSON(map[string]string{"payload": `[]`}),
 		testEventJSON(map[string]string{"payload": `null`}),
+		testEventJSON(map[string]string{"tenantSchema": `"public"`}),
+		testEventJSON(map[string]string{"payload": `{"a":` + strings.Repeat("[", 124) + strings.Repeat("]", 124) + `}`}),
+		testEventJSON(map[string]string{"payload": `{"a":` + strings.Repeat("[", 125) + strings.Repeat("]", 125) + `}`}),
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))
@@ -138,13 +145,14 @@ func checkDecodeAccepted(t *testing.T, value []byte, ev *Event) {
 	if hasDuplicateKey(value) {
 		t.Fatalf("accepted %q, which has a duplicate key", value)
 	}
+	checkDeadLetterVerbatim(t, value)
 
 	again, err := DecodeEvent(ev.Raw)
 	if err != nil {
 		t.Fatalf("re-decoding Raw: %v", err)
 	}
-	if diff := cmp.Diff(ev, again); diff != "" {
-		t.Fatalf("re-decoding Raw gives another event (-first +second):\n%s", diff)
+	if !reflect.DeepEqual(ev, again) {
+		t.Fatalf("re-decoding Raw gives another event (-first +second):\n%s", cmp.Diff(ev, again))
 	}
 
 	// The tree is the one encoding/json builds with UseNumber: same strings
@@ -155,8 +163,8 @@ func checkDecodeAccepted(t *testing.T, value []byte, ev *Event) {
 	if err := dec.Decode(&std); err != nil {
 		t.Fatalf("encoding/json cannot decode an accepted value: %v", err)
 	}
-	if diff := cmp.Diff(std, any(ev.Fields)); diff != "" {
-		t.Fatalf("Fields differ from encoding/json's tree (-encoding/json +DecodeEvent):\n%s", diff)
+	if !reflect.DeepEqual(std, any(ev.Fields)) {
+		t.Fatalf("Fields differ from encoding/json's tree (-encoding/json +DecodeEvent):\n%s", cmp.Diff(std, any(ev.Fields)))
 	}
 
 	// Fields re-encoded by encoding/json decode to the same event.
@@ -169,8 +177,22 @@ func checkDecodeAccepted(t *testing.T, value []byte, ev *Event) {
 		t.Fatalf("decoding re-encoded Fields %s: %v", reencoded, err)
 	}
 	ev2.Raw = ev.Raw
-	if diff := cmp.Diff(ev, ev2); diff != "" {
-		t.Fatalf("re-encoded Fields decode to another event (-first +second):\n%s", diff)
+	if !reflect.DeepEqual(ev, ev2) {
+		t.Fatalf("re-encoded Fields decode to another event (-first +second):\n%s", cmp.Diff(ev, ev2))
+	}
+}
+
+// checkDeadLetterVerbatim fails t unless the dead letter of the accepted
+// value embeds it verbatim (SPEC §6), so that it can be replayed: the
+// decoder accepts only what every strict parser reads.
+func checkDeadLetterVerbatim(t *testing.T, value []byte) {
+	t.Helper()
+	rec, err := dlq.NewRecord(dlq.DeadLetter{Source: &kgo.Record{Value: value}, Err: errors.New("x")}, dlq.RecordConfig{MaxBytes: 1 << 30}, time.UnixMilli(1))
+	if err != nil {
+		t.Fatalf("dead letter of an accepted value: %v", err)
+	}
+	if !bytes.HasPrefix(rec.Value, append([]byte(`{"originalEvent":`), value...)) {
+		t.Fatalf("the dead letter of accepted %.200q does not embed it verbatim: %.200s", value, rec.Value)
 	}
 }
 

@@ -182,6 +182,7 @@ func TestDecodeEventAccepts(t *testing.T) {
 				t.Errorf("unexpected event %+v", ev)
 			}
 			checkEventSchema(t, ev.Raw)
+			checkDeadLetterVerbatim(t, ev.Raw)
 		})
 	}
 }
@@ -224,7 +225,9 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"NaN", `{"a":NaN}`, "", "not valid JSON"},
 		{"plus sign", `{"a":+1}`, "", "not valid JSON"},
 		{"byte order mark", "\ufeff" + testEventJSON(nil), "", "not valid JSON"},
-		{"too deep", `{"a":` + strings.Repeat("[", maxEventDepth) + strings.Repeat("]", maxEventDepth) + `}`, "", "not valid JSON: invalid character '[' exceeded max depth at byte 10005"},
+		{"too deep for a dead letter", `{"a":` + strings.Repeat("[", maxEventDepth) + strings.Repeat("]", maxEventDepth) + `}`, "a",
+			"nests deeper than 126 levels (what every strict JSON parser reads inside a dead letter) at byte 131"},
+		{"too deep for encoding/json", `{"a":` + strings.Repeat("[", maxParseDepth) + strings.Repeat("]", maxParseDepth) + `}`, "", "not valid JSON: invalid character '[' exceeded max depth at byte 10005"},
 		{"invalid UTF-8 in a string", strings.Replace(testEventJSON(nil), "user-123", "user-\xff", 1), "",
 			"record value is not valid UTF-8: invalid byte 0xff at byte 49"},
 		{"invalid UTF-8 outside strings", "\xc3" + testEventJSON(nil), "", "record value is not valid UTF-8"},
@@ -269,6 +272,14 @@ func TestDecodeEventRejects(t *testing.T) {
 			"must be at most 63 bytes (a PostgreSQL identifier), got 64"},
 		{"non-ASCII tenantSchema", testEventJSON(map[string]string{"tenantSchema": `"zoë"`}), "tenantSchema", `got "zoë"`},
 		{"numeric tenantSchema", testEventJSON(map[string]string{"tenantSchema": `1`}), "tenantSchema", "must be a string, got number 1"},
+		{"tenantSchema public", testEventJSON(map[string]string{"tenantSchema": `"public"`}), "tenantSchema",
+			`must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*), got "public"`},
+		{"tenantSchema pg_catalog", testEventJSON(map[string]string{"tenantSchema": `"pg_catalog"`}), "tenantSchema", `got "pg_catalog"`},
+		{"tenantSchema pg_toast", testEventJSON(map[string]string{"tenantSchema": `"pg_toast"`}), "tenantSchema", `got "pg_toast"`},
+		{"tenantSchema pg_temp_3", testEventJSON(map[string]string{"tenantSchema": `"pg_temp_3"`}), "tenantSchema", `got "pg_temp_3"`},
+		{"tenantSchema pg_toast_temp_1", testEventJSON(map[string]string{"tenantSchema": `"pg_toast_temp_1"`}), "tenantSchema", `got "pg_toast_temp_1"`},
+		{"tenantSchema information_schema", testEventJSON(map[string]string{"tenantSchema": `"information_schema"`}), "tenantSchema", `got "information_schema"`},
+		{"tenantSchema pg_ spelled with an escape", testEventJSON(map[string]string{"tenantSchema": `"pg\u005fcatalog"`}), "tenantSchema", `got "pg_catalog"`},
 
 		{"missing sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": ""}), "sequenceNumber", "is required"},
 		{"quoted sequenceNumber", testEventJSON(map[string]string{"sequenceNumber": `"7"`}), "sequenceNumber",
@@ -363,6 +374,16 @@ func TestValidTenantSchema(t *testing.T) {
 		{`tenant_a"; DROP TABLE x; --`, false},
 		{"zoë", false},
 		{"a\x00", false},
+		{"public", false},
+		{"information_schema", false},
+		{"pg_catalog", false},
+		{"pg_toast", false},
+		{"pg_temp_1", false},
+		{"pg_", false},
+		{"pg", true},
+		{"pgx_tenant", true},
+		{"public_tenant", true},
+		{"acme_pg_", true},
 	}
 	for _, tt := range tests {
 		t.Run(strconv.Quote(tt.s), func(t *testing.T) {
@@ -395,5 +416,108 @@ func BenchmarkDecodeEvent(b *testing.B) {
 		if _, err := DecodeEvent(value); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestTenantSchemas(t *testing.T) {
+	tests := []struct {
+		pattern, schema string
+		wantReason      string // "" when accepted
+	}{
+		{"", "acme_prod", ""},
+		{"", "public", `must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*), got "public"`},
+		{"acme_[a-z0-9_]+", "acme_prod", ""},
+		{"acme_[a-z0-9_]+", "acme_", `must match the tenant schema pattern "acme_[a-z0-9_]+" (the whole name), got "acme_"`},
+		{"acme_[a-z0-9_]+", "old_acme_prod", `got "old_acme_prod"`},
+		{"acme_[a-z0-9_]+", "acme_prod_x", ""},
+		{"acme|beta", "acme", ""},
+		{"acme|beta", "acmebeta", `got "acmebeta"`},
+		{"acme_prod", "acme_production", `got "acme_production"`},
+		{".*", "pg_catalog", `must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*), got "pg_catalog"`},
+		{".*", "Acme", `must match ^[a-z_][a-z0-9_]{0,62}$`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pattern+" "+tt.schema, func(t *testing.T) {
+			ts, err := NewTenantSchemas(tt.pattern)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ts.Pattern(); got != tt.pattern {
+				t.Errorf("Pattern() = %q, want %q", got, tt.pattern)
+			}
+			in := testEventJSON(map[string]string{"tenantSchema": strconv.Quote(tt.schema)})
+			ev, err := ts.DecodeEvent([]byte(in))
+			checkErr := ts.Check(tt.schema)
+			if tt.wantReason == "" {
+				if err != nil || checkErr != nil || ev.TenantSchema != tt.schema {
+					t.Errorf("DecodeEvent = %v, Check = %v; want %q accepted", err, checkErr, tt.schema)
+				}
+				return
+			}
+			for _, err := range []error{err, checkErr} {
+				var ve *ValidationError
+				if !errors.As(err, &ve) || ve.Field != "tenantSchema" || !strings.Contains(ve.Reason, tt.wantReason) {
+					t.Errorf("error = %v, want a *ValidationError for tenantSchema with %q", err, tt.wantReason)
+				}
+				if !retry.IsPermanent(err) {
+					t.Errorf("error %v is not permanent", err)
+				}
+			}
+		})
+	}
+	for _, bad := range []string{"(", "[z-a]", "a**", `\`} {
+		if ts, err := NewTenantSchemas(bad); err == nil {
+			t.Errorf("NewTenantSchemas(%q) = %+v, want an error", bad, ts)
+		} else if strings.Contains(err.Error(), "(?:") {
+			t.Errorf("NewTenantSchemas(%q): error %q shows the anchoring, not the operator's pattern", bad, err)
+		}
+	}
+}
+
+// TestDecodeEventKeepsWhatIsReadableOfAValueStrictParsersRefuse: an event
+// refused because strict JSON parsers would not read it as one document (an
+// unpaired surrogate escape, a duplicate key, nesting deeper than a dead
+// letter may embed) still yields the tenant schema, fork and event type
+// that can be read unambiguously, so that its dead letter can be found.
+func TestDecodeEventKeepsWhatIsReadableOfAValueStrictParsersRefuse(t *testing.T) {
+	deep := `{"a":` + strings.Repeat("[", maxEventDepth-1) + strings.Repeat("]", maxEventDepth-1) + `}`
+	tests := []struct {
+		name, in, field, wantReason string
+		eventType, forkID, tenant   string
+	}{
+		{"unpaired surrogate in the payload", testEventJSON(map[string]string{"payload": `{"name":"a\ud800b"}`}),
+			"payload.name", `unpaired UTF-16 surrogate escape \ud800`, "ARTIST_FOLLOWED", "production", "acme_concertapp_production"},
+		{"unpaired surrogate before the fields", strings.Replace(testEventJSON(nil), `{`, `{"note":"\udc00",`, 1),
+			"note", `unpaired UTF-16 surrogate escape \udc00`, "ARTIST_FOLLOWED", "production", "acme_concertapp_production"},
+		{"unpaired surrogate in eventType", testEventJSON(map[string]string{"eventType": `"A\ud800"`}),
+			"eventType", `unpaired UTF-16 surrogate escape \ud800`, "", "production", "acme_concertapp_production"},
+		{"unpaired surrogate in tenantSchema", testEventJSON(map[string]string{"tenantSchema": `"acme\udbff"`}),
+			"tenantSchema", `unpaired UTF-16 surrogate escape \udbff`, "ARTIST_FOLLOWED", "production", ""},
+		{"duplicate key in the payload", testEventJSON(map[string]string{"payload": `{"a":1,"a":2}`}),
+			"payload.a", `duplicate key "a" in payload`, "ARTIST_FOLLOWED", "production", "acme_concertapp_production"},
+		{"duplicate tenantSchema", strings.Replace(testEventJSON(nil), `{`, `{"tenantSchema":"other",`, 1),
+			"tenantSchema", `duplicate key "tenantSchema"`, "ARTIST_FOLLOWED", "production", ""},
+		{"duplicate forkId, same value", strings.Replace(testEventJSON(nil), `{`, `{"forkId":"production",`, 1),
+			"forkId", `duplicate key "forkId"`, "ARTIST_FOLLOWED", "", "acme_concertapp_production"},
+		{"nesting deeper than a dead letter embeds", testEventJSON(map[string]string{"payload": deep}),
+			"payload", "nests deeper than 126 levels", "ARTIST_FOLLOWED", "production", "acme_concertapp_production"},
+		{"first problem wins", testEventJSON(map[string]string{"payload": `{"s":"\ud800","a":1,"a":2}`}),
+			"payload.s", `unpaired UTF-16 surrogate escape \ud800`, "ARTIST_FOLLOWED", "production", "acme_concertapp_production"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := DecodeEvent([]byte(tt.in))
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("DecodeEvent error %v, want a *ValidationError", err)
+			}
+			if ve.Field != tt.field || !strings.Contains(ve.Reason, tt.wantReason) {
+				t.Errorf("Field %q Reason %q, want %q and a reason containing %q", ve.Field, ve.Reason, tt.field, tt.wantReason)
+			}
+			got := [3]string{ve.EventType, ve.ForkID, ve.TenantSchema}
+			if want := [3]string{tt.eventType, tt.forkID, tt.tenant}; got != want {
+				t.Errorf("readable event type, fork, tenant schema = %q, want %q", got, want)
+			}
+		})
 	}
 }

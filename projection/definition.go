@@ -121,11 +121,6 @@ var eventFields = []string{
 	"irVersion", "sequenceNumber", "ts",
 }
 
-// validIdentifier reports whether s is a PostgreSQL identifier this package
-// accepts: ^[a-z_][a-z0-9_]{0,62}$, the tenantSchema rule of SPEC §3, applied
-// to every name that reaches SQL.
-func validIdentifier(s string) bool { return ValidTenantSchema(s) }
-
 // reservedPrefix starts the names of the columns and tables this package adds
 // (_causet_seq, _causet_tombstones); definitions may not use it.
 const reservedPrefix = "_causet"

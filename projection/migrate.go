@@ -29,7 +29,9 @@ const migrateLockKey = 0x6361757365746d67
 // worker never calls Migrate on its own.
 //
 // It returns an error naming tenantSchema when it is not a valid identifier
-// (^[a-z_][a-z0-9_]{0,62}$) or defs do not validate, before touching db.
+// (^[a-z_][a-z0-9_]{0,62}$), is one of PostgreSQL's own schemas (public,
+// information_schema, pg_*; see ValidTenantSchema), or defs do not
+// validate, before touching db.
 func Migrate(ctx context.Context, db DB, defs *Definitions, tenantSchema string) error {
 	sql, err := MigrationSQL(defs, tenantSchema)
 	if err != nil {
@@ -45,8 +47,8 @@ func Migrate(ctx context.Context, db DB, defs *Definitions, tenantSchema string)
 // review (a dry run) or for a migration tool. It validates tenantSchema and
 // defs as Migrate does.
 func MigrationSQL(defs *Definitions, tenantSchema string) (string, error) {
-	if !ValidTenantSchema(tenantSchema) {
-		return "", fmt.Errorf("migrate: tenant schema %q is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)", tenantSchema)
+	if err := tenantSchemaError(tenantSchema); err != nil {
+		return "", fmt.Errorf("migrate: %w", err)
 	}
 	if defs == nil {
 		return "", fmt.Errorf("migrate tenant schema %s: no projection definitions", tenantSchema)

@@ -146,8 +146,9 @@ func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome,
 // text. It does not touch the database.
 //
 // Errors, all marked permanent (retry.MarkPermanent) and naming the
-// projection: ev.TenantSchema is not a valid identifier (the SQL is never
-// built), the projection does not handle ev.EventType, a derive expression
+// projection: ev.TenantSchema fails ValidTenantSchema (not a valid
+// identifier, or one of PostgreSQL's own schemas; the SQL is never built),
+// the projection does not handle ev.EventType, a derive expression
 // fails at run time (`projection "p": derive score: division by zero`), a
 // value cannot be converted to its column's type (an object or array into a
 // column that is not jsonb, a non-integer epoch into timestamptz), or a
@@ -164,8 +165,8 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	if ev == nil {
 		return Statement{}, p.permanent(errors.New("nil event"))
 	}
-	if !ValidTenantSchema(ev.TenantSchema) {
-		return Statement{}, p.permanent(fmt.Errorf("tenant schema %q is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)", ev.TenantSchema))
+	if err := tenantSchemaError(ev.TenantSchema); err != nil {
+		return Statement{}, p.permanent(err)
 	}
 	op, ok := p.def.Events[ev.EventType]
 	if !ok {

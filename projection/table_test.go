@@ -834,6 +834,15 @@ func TestMigrate(t *testing.T) {
 		}
 	})
 
+	t.Run("PostgreSQL's own schemas refused before SQL", func(t *testing.T) {
+		for _, s := range []string{"public", "pg_catalog", "pg_toast", "information_schema"} {
+			err := Migrate(ctx, failDB{t}, d, s)
+			if want := fmt.Sprintf("migrate: tenant schema %q must name a tenant, not one of PostgreSQL's own schemas", s); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Migrate(%q) = %v, want %q", s, err, want)
+			}
+		}
+	})
+
 	t.Run("invalid definitions", func(t *testing.T) {
 		bad := &Definitions{IRVersion: "v1"}
 		err := Migrate(ctx, failDB{t}, bad, "acme")

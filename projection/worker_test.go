@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/internal/strictjson"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
@@ -249,8 +251,9 @@ type deadLetter struct {
 	raw     []byte
 }
 
-// deadLetters reads the whole dead-letter topic and validates every value
-// against schemas/projection-dlq.v1.schema.json.
+// deadLetters reads the whole dead-letter topic, validates every value
+// against schemas/projection-dlq.v1.schema.json and checks that strict JSON
+// parsers read it (jq and encoding/json, strictjson.Check).
 func (r *rig) deadLetters() []deadLetter {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -285,6 +288,7 @@ func (r *rig) deadLetters() []deadLetter {
 			if err := r.validator.ValidateDeadLetter(rec.Value); err != nil {
 				r.t.Errorf("dead letter at %d:%d does not validate against the schema: %v\n%s", rec.Partition, rec.Offset, err, rec.Value)
 			}
+			strictjson.Check(r.t, rec.Value)
 			d := deadLetter{key: string(rec.Key), headers: map[string]string{}, raw: rec.Value}
 			for _, h := range rec.Headers {
 				d.headers[h.Key] = string(h.Value)
@@ -483,18 +487,30 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string) {
 func TestWorkerPermanentInputsBetweenGoodEvents(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
+	// An event for one of PostgreSQL's own schemas passes the SPEC pattern
+	// but names no tenant: it must never reach SQL (where it was retried as
+	// a 42P01 projection error), and its dead letter keeps the name.
+	notTenant := func(schema string) string { return strings.Replace(r.follow("u", "a", 1), r.tenant, schema, 1) }
 	poison := []struct {
 		name, value, field string
+		tenant             string // the dead letter's tenantSchema, when checked
 	}{
-		{"not JSON", "this is not json", ""},
-		{"truncated JSON", `{"eventType":"ARTIST_FOLLOWED","entityId":`, ""},
-		{"tombstone", "", ""},
-		{"JSON null", "null", ""},
-		{"duplicate key", strings.Replace(r.follow("u", "a", 1), `"forkId":"production"`, `"forkId":"production","forkId":"staging"`, 1), "forkId"},
-		{"sequenceNumber as string", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":"7"`, 1), "sequenceNumber"},
-		{"sequenceNumber 7.5", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":7.5`, 1), "sequenceNumber"},
-		{"sequenceNumber beyond int64", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":9223372036854775808`, 1), "sequenceNumber"},
-		{"hostile tenantSchema", strings.Replace(r.follow("u", "a", 1), r.tenant, `tenant_a\"; DROP TABLE x; --`, 1), "tenantSchema"},
+		{"not JSON", "this is not json", "", ""},
+		{"truncated JSON", `{"eventType":"ARTIST_FOLLOWED","entityId":`, "", ""},
+		{"tombstone", "", "", ""},
+		{"JSON null", "null", "", ""},
+		{"duplicate key", strings.Replace(r.follow("u", "a", 1), `"forkId":"production"`, `"forkId":"production","forkId":"staging"`, 1), "forkId", ""},
+		{"sequenceNumber as string", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":"7"`, 1), "sequenceNumber", ""},
+		{"sequenceNumber 7.5", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":7.5`, 1), "sequenceNumber", ""},
+		{"sequenceNumber beyond int64", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":9223372036854775808`, 1), "sequenceNumber", ""},
+		{"hostile tenantSchema", strings.Replace(r.follow("u", "a", 1), r.tenant, `tenant_a\"; DROP TABLE x; --`, 1), "tenantSchema", ""},
+		{"tenantSchema public is not a tenant", notTenant("public"), "tenantSchema", "public"},
+		{"tenantSchema pg_catalog is not a tenant", notTenant("pg_catalog"), "tenantSchema", "pg_catalog"},
+		{"tenantSchema information_schema is not a tenant", notTenant("information_schema"), "tenantSchema", "information_schema"},
+		// jq 1.6 refuses an unpaired surrogate escape: the value goes to
+		// originalValueBase64, and what is readable stays findable.
+		{"unpaired surrogate escape", r.event("ARTIST_FOLLOWED", "u", 1, `{"user_id":"u\ud800","artist_id":"a"}`), "payload.user_id", r.tenant},
+		{"nesting deeper than a dead letter embeds", r.event("ARTIST_FOLLOWED", "u", 1, `{"deep":`+strings.Repeat("[", 130)+strings.Repeat("]", 130)+`}`), "payload", r.tenant},
 	}
 	r.start(nil)
 	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
@@ -533,8 +549,8 @@ func TestWorkerPermanentInputsBetweenGoodEvents(t *testing.T) {
 						d.msg.TenantSchema, d.headers[dlq.HeaderForkID], d.headers[dlq.HeaderEventType], r.tenant)
 				}
 			}
-			if p.field == "tenantSchema" && d.msg.TenantSchema != "" {
-				t.Errorf("an invalid tenantSchema reached the dead letter: %q", d.msg.TenantSchema)
+			if (p.field == "tenantSchema" || p.tenant != "") && d.msg.TenantSchema != p.tenant {
+				t.Errorf("dead letter tenantSchema %q, want %q", d.msg.TenantSchema, p.tenant)
 			}
 			if string(d.msg.OriginalEvent) != "null" {
 				if string(d.msg.OriginalEvent) != p.value {
@@ -1095,5 +1111,36 @@ func TestWorkerBatchWithDeletesKeepsOrder(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"back", "kept"}, users); diff != "" {
 		t.Errorf("followers (-want +got):\n%s", diff)
+	}
+}
+
+// TestWorkerRefusesTenantOutsideThePattern: with Config.TenantSchemas (the
+// operator's --tenant-schema-pattern), an event for a valid tenant schema
+// that does not match is dead-lettered at once as permanent, naming
+// tenantSchema and the pattern; a matching one is applied.
+func TestWorkerRefusesTenantOutsideThePattern(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	tenants, err := projection.NewTenantSchemas(regexp.QuoteMeta(r.tenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.start(func(c *projection.Config) { c.TenantSchemas = tenants })
+	r.produce("u", []byte(strings.Replace(r.follow("u", "a", 1), r.tenant, "other_tenant", 1)))
+	r.produce("good", []byte(r.follow("good", "a", 1)))
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_followers"); n != 1 {
+		t.Errorf("artist_followers rows = %d, want 1 (the matching event)", n)
+	}
+	dls := r.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dls))
+	}
+	d := dls[0]
+	if d.msg.RetryCount != 0 || d.headers[dlq.HeaderErrorClass] != "permanent" || d.msg.TenantSchema != "other_tenant" {
+		t.Errorf("dead letter = retries %d class %q tenant %q, want 0, permanent, other_tenant", d.msg.RetryCount, d.headers[dlq.HeaderErrorClass], d.msg.TenantSchema)
+	}
+	if want := `invalid event: tenantSchema: must match the tenant schema pattern`; !strings.HasPrefix(d.msg.Error, want) {
+		t.Errorf("error %q, want it to start with %q", d.msg.Error, want)
 	}
 }

@@ -23,6 +23,18 @@ func ExampleClassify() {
 	// permanent
 }
 
+func ExampleClassifySQLState() {
+	for _, code := range []string{"57P01", "57014", "25006", "22P02", "42703"} {
+		fmt.Println(code, retry.ClassifySQLState(code))
+	}
+	// Output:
+	// 57P01 infrastructure
+	// 57014 projection
+	// 25006 infrastructure
+	// 22P02 permanent
+	// 42703 projection
+}
+
 func ExamplePolicy_Do() {
 	p := retry.DefaultPolicy()
 	p.Initial, p.MaxInterval = time.Millisecond, 5*time.Millisecond

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 )
 
 // Class is the kind of a failure. Its string form is the value of the
@@ -26,15 +27,18 @@ type Class int
 
 const (
 	// Projection is a failure that may succeed after a deploy or once other rows
-	// change: SQLSTATE classes 23 and 42, handler panics, anything unknown. It is
+	// change: SQLSTATE classes 23 and 42, statement and lock timeouts (57014,
+	// 55P03, context deadlines), handler panics, anything unknown. It is
 	// retried, then dead-lettered.
 	Projection Class = iota
 	// Permanent is a failure of the input itself: validation, value conversion,
 	// CEL evaluation, SQLSTATE class 22. It is dead-lettered at once with
 	// retryCount 0.
 	Permanent
-	// Infrastructure is a failure of the database or the network: connection
-	// refused or reset, SQLSTATE classes 08, 53, 57, 40001, 40P01, pool timeouts.
+	// Infrastructure is a failure of the database or the network, not of
+	// the event: connection refused or reset, a closed pool, SQLSTATE
+	// classes 08, 53, 57 (but 57014), 25006 read-only, 40001, 40P01 (see
+	// Rules).
 	Infrastructure
 )
 
@@ -82,20 +86,105 @@ func SQLState(err error) string {
 	return ""
 }
 
-// Classify returns the class of err. Rules (SPEC §5), first match wins:
-// errors marked permanent (PermanentError) are Permanent; a PostgreSQL error is
-// classified by SQLSTATE (22 Permanent; 08, 53, 57, 58, 40001, 40P01
-// Infrastructure; everything else Projection); connection-level failures
-// (refused, reset, timeouts, EOF, pool acquire and statement deadlines, pgconn
-// connect errors)
-// are Infrastructure; anything else is Projection. A nil err is Projection.
+// Rule maps a SQLSTATE, or a SQLSTATE class, to the Class of a PostgreSQL
+// error that carries it. Rules returns the table Classify uses.
+type Rule struct {
+	// SQLState is a five-character SQLSTATE ("57014") or a two-character
+	// SQLSTATE class ("57"), which covers every code that starts with it.
+	SQLState string
+	// Condition is PostgreSQL's name for the code or the class
+	// ("query_canceled", "operator_intervention"), from Appendix A of the
+	// PostgreSQL documentation ("PostgreSQL Error Codes").
+	Condition string
+	// Class is the class of an error with this SQLSTATE.
+	Class Class
+	// Reason says why, in a few words.
+	Reason string
+}
+
+// sqlStateRules is the table behind Rules and ClassifySQLState. It is
+// never modified: Rules hands out copies.
+var sqlStateRules = [...]Rule{
+	{"08", "connection_exception", Infrastructure, "the connection failed; no event is at fault"},
+	{"22", "data_exception", Permanent, "PostgreSQL refuses the value itself (22P02, 22003, 22P05 NUL in text); a retry sends the same value"},
+	{"23", "integrity_constraint_violation", Projection, "23505, 23502: may pass once other rows or the definitions change"},
+	{"25", "invalid_transaction_state", Projection, "an earlier statement of the transaction failed (25P02); the pair is retried on its own"},
+	{"25006", "read_only_sql_transaction", Infrastructure, "the database is read-only, as during a failover: wait for a writable primary instead of dead-lettering every event"},
+	{"25P03", "idle_in_transaction_session_timeout", Infrastructure, "the server closed the session; no event is at fault"},
+	{"28", "invalid_authorization_specification", Infrastructure, "the worker's credentials are refused; no event can pass"},
+	{"3D", "invalid_catalog_name", Infrastructure, "the database does not exist; no event can pass"},
+	{"40001", "serialization_failure", Infrastructure, "contention; the same statement passes when run again"},
+	{"40P01", "deadlock_detected", Infrastructure, "contention; the same statement passes when run again"},
+	{"42", "syntax_error_or_access_rule_violation", Projection, "42703 undefined column, 42P01 undefined table: passes once the tenant is migrated"},
+	{"53", "insufficient_resources", Infrastructure, "disk full, out of memory, too many connections"},
+	{"55P03", "lock_not_available", Projection, "a lock wait timed out (lock_timeout): usually passes on retry, but a lock held for good must end in the dead-letter topic, not pause the partition forever"},
+	{"57", "operator_intervention", Infrastructure, "57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now: wait for the database"},
+	{"57014", "query_canceled", Projection, "statement_timeout or a cancel request: a statement that always times out must end in the dead-letter topic, not pause the partition forever"},
+	{"58", "system_error", Infrastructure, "an I/O or system error on the server"},
+}
+
+// Rules returns the SQLSTATE table that Classify applies to PostgreSQL
+// errors, ordered by SQLState, as a new slice the caller may keep. The
+// most specific rule wins: a five-character SQLState over the class of its
+// first two characters. A SQLSTATE that matches no rule is Projection. The
+// classes come from SPEC §5, with the exceptions that issue 8 (finding 5)
+// settled: 57014 and 55P03 are Projection, 25006 is Infrastructure.
+func Rules() []Rule {
+	return append([]Rule(nil), sqlStateRules[:]...)
+}
+
+// ClassifySQLState returns the class of a PostgreSQL error with SQLSTATE
+// code under Rules: the rule for code, else the rule for its class (first
+// two characters), else Projection. A code that is not five characters
+// long is Projection.
+func ClassifySQLState(code string) Class {
+	if len(code) != 5 {
+		return Projection
+	}
+	class := Projection
+	for _, r := range sqlStateRules {
+		switch r.SQLState {
+		case code:
+			return r.Class
+		case code[:2]:
+			class = r.Class
+		}
+	}
+	return class
+}
+
+// Classify returns the class of err. The rules, first match wins (SPEC §5
+// and issue 8):
+//
+//  1. an error marked permanent (PermanentError, MarkPermanent) is
+//     Permanent;
+//  2. a failed connection attempt (*pgconn.ConnectError, whatever
+//     SQLSTATE it carries, such as 28P01 or 57P03) and an acquire from a
+//     closed pool (puddle.ErrClosedPool, which pgxpool returns) are
+//     Infrastructure;
+//  3. an error with a *pgconn.PgError in its chain is classified by its
+//     SQLSTATE with ClassifySQLState (the table of Rules);
+//  4. context.DeadlineExceeded (a statement or an acquire that outlived
+//     its caller's deadline) is Projection, so that a statement that
+//     always times out is retried and dead-lettered, not waited on forever;
+//  5. connection-level failures (refused, reset, broken pipe, EOF,
+//     pgconn.ErrConnClosed, a net.Error, pgconn's network timeouts and
+//     safe-to-retry errors) are Infrastructure;
+//  6. anything else, and a nil err, is Projection.
 func Classify(err error) Class {
 	var pe PermanentError
-	if errors.As(err, &pe) && pe.Permanent() {
+	var connectErr *pgconn.ConnectError
+	switch {
+	case errors.As(err, &pe) && pe.Permanent():
 		return Permanent
+	case errors.As(err, &connectErr), errors.Is(err, puddle.ErrClosedPool):
+		return Infrastructure
 	}
 	if code := SQLState(err); code != "" {
-		return classifySQLState(code)
+		return ClassifySQLState(code)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return Projection
 	}
 	if isConnectionError(err) {
 		return Infrastructure
@@ -103,34 +192,18 @@ func Classify(err error) Class {
 	return Projection
 }
 
-func classifySQLState(code string) Class {
-	if len(code) != 5 {
-		return Projection
-	}
-	switch code[:2] {
-	case "22":
-		return Permanent
-	case "08", "53", "57", "58":
-		return Infrastructure
-	}
-	switch code {
-	case "40001", "40P01":
-		return Infrastructure
-	}
-	return Projection
-}
-
+// isConnectionError reports whether err is a failure of the connection
+// rather than of a statement. Call it only after ruling out
+// context.DeadlineExceeded, which is a net.Error too.
 func isConnectionError(err error) bool {
-	var connectErr *pgconn.ConnectError
 	var netErr net.Error
 	switch {
-	case errors.As(err, &connectErr),
-		errors.Is(err, syscall.ECONNREFUSED),
+	case errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.EPIPE),
 		errors.Is(err, io.EOF),
 		errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, pgconn.ErrConnClosed),
 		errors.As(err, &netErr):
 		return true
 	}

@@ -6,11 +6,16 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 )
 
 type validationErr struct{}
@@ -46,7 +51,17 @@ func TestClassify(t *testing.T) {
 		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, Infrastructure},
 		{"connection reset", fmt.Errorf("read: %w", syscall.ECONNRESET), Infrastructure},
 		{"unexpected EOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), Infrastructure},
-		{"pool acquire deadline", fmt.Errorf("acquire: %w", context.DeadlineExceeded), Infrastructure},
+		{"statement deadline is projection", fmt.Errorf("apply: %w", context.DeadlineExceeded), Projection},
+		{"57014 statement timeout is projection", pgErr("57014"), Projection},
+		{"25006 read-only transaction is infrastructure", pgErr("25006"), Infrastructure},
+		{"closed pool is infrastructure", fmt.Errorf("acquire: %w", puddle.ErrClosedPool), Infrastructure},
+		{"55P03 lock timeout is projection", pgErr("55P03"), Projection},
+		{"57P02 crash shutdown", pgErr("57P02"), Infrastructure},
+		{"57P03 cannot connect now", pgErr("57P03"), Infrastructure},
+		{"25P02 failed transaction", pgErr("25P02"), Projection},
+		{"28P01 password refused is infrastructure", pgErr("28P01"), Infrastructure},
+		{"connect error wins over its SQLSTATE", &pgconn.ConnectError{Config: &pgconn.Config{}}, Infrastructure},
+		{"conn closed", fmt.Errorf("exec: %w", pgconn.ErrConnClosed), Infrastructure},
 		{"unknown error", errors.New("something odd"), Projection},
 		{"marked permanent wins over SQLSTATE", MarkPermanent(pgErr("08006")), Permanent},
 	}
@@ -164,4 +179,114 @@ func TestPolicyValidate(t *testing.T) {
 	if err := DefaultPolicy().Validate(); err != nil {
 		t.Errorf("DefaultPolicy().Validate() = %v", err)
 	}
+}
+
+// TestClassifySQLState checks the SQLSTATE table row by row: each code
+// against the class it must have, the most specific rule winning.
+func TestClassifySQLState(t *testing.T) {
+	tests := []struct {
+		code string
+		want Class
+	}{
+		{"08000", Infrastructure}, {"08006", Infrastructure}, {"08P01", Infrastructure},
+		{"22000", Permanent}, {"22P02", Permanent}, {"22003", Permanent}, {"22P05", Permanent}, {"22012", Permanent},
+		{"23000", Projection}, {"23505", Projection}, {"23502", Projection},
+		{"25000", Projection}, {"25P02", Projection},
+		{"25006", Infrastructure},
+		{"25P03", Infrastructure},
+		{"28000", Infrastructure}, {"28P01", Infrastructure},
+		{"3D000", Infrastructure},
+		{"40001", Infrastructure}, {"40P01", Infrastructure}, {"40000", Projection}, {"40002", Projection},
+		{"42000", Projection}, {"42703", Projection}, {"42P01", Projection}, {"42501", Projection},
+		{"53000", Infrastructure}, {"53100", Infrastructure}, {"53200", Infrastructure}, {"53300", Infrastructure},
+		{"55P03", Projection}, {"55000", Projection},
+		{"57000", Infrastructure}, {"57P01", Infrastructure}, {"57P02", Infrastructure}, {"57P03", Infrastructure}, {"57P04", Infrastructure},
+		{"57014", Projection},
+		{"58000", Infrastructure}, {"58030", Infrastructure},
+		{"XX000", Projection}, {"0A000", Projection}, {"P0001", Projection},
+		{"", Projection}, {"57", Projection}, {"570140", Projection},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code, func(t *testing.T) {
+			if got := ClassifySQLState(tt.code); got != tt.want {
+				t.Errorf("ClassifySQLState(%q) = %s, want %s", tt.code, got, tt.want)
+			}
+			if len(tt.code) == 5 {
+				if got := Classify(pgErr(tt.code)); got != tt.want {
+					t.Errorf("Classify(SQLSTATE %s) = %s, want %s", tt.code, got, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// TestRules checks the shape of the table: sorted, no rule twice, every
+// code a SQLSTATE or a class, named and explained, and each rule applied
+// by Classify to a code it covers.
+func TestRules(t *testing.T) {
+	rules := Rules()
+	if len(rules) == 0 {
+		t.Fatal("no rules")
+	}
+	for i, r := range rules {
+		t.Run(r.SQLState, func(t *testing.T) {
+			if len(r.SQLState) != 2 && len(r.SQLState) != 5 || strings.Trim(r.SQLState, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+				t.Errorf("SQLState %q is not a SQLSTATE (5 of [0-9A-Z]) or a class (2)", r.SQLState)
+			}
+			if i > 0 && rules[i-1].SQLState >= r.SQLState {
+				t.Errorf("rule %q follows %q: the table must be sorted, each code once", r.SQLState, rules[i-1].SQLState)
+			}
+			if r.Condition == "" || r.Reason == "" {
+				t.Errorf("rule %q has no condition name or reason", r.SQLState)
+			}
+			code := r.SQLState
+			if len(code) == 2 {
+				code += "000"
+			}
+			if got := Classify(pgErr(code)); got != r.Class {
+				t.Errorf("Classify(SQLSTATE %s) = %s, want the rule's %s", code, got, r.Class)
+			}
+		})
+	}
+	rules[0].Class = Permanent + 10
+	if Rules()[0] == rules[0] {
+		t.Error("Rules returned the table itself, not a copy")
+	}
+}
+
+// TestREADMEPrintsRules checks that README.md's SQLSTATE table is the
+// table Classify applies, row for row.
+func TestREADMEPrintsRules(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := rulesMarkdown(Rules())
+	lines := strings.Split(string(readme), "\n")
+	header := strings.SplitN(want, "\n", 2)[0]
+	start := slices.Index(lines, header)
+	if start < 0 {
+		t.Fatalf("README.md has no line %q; put this table in its Failure handling section:\n%s", header, want)
+	}
+	end := start
+	for end < len(lines) && strings.HasPrefix(lines[end], "|") {
+		end++
+	}
+	if got := strings.Join(lines[start:end], "\n") + "\n"; got != want {
+		t.Errorf("README.md's SQLSTATE table differs from retry.Rules (-README +code):\n%s", cmp.Diff(got, want))
+	}
+}
+
+// rulesMarkdown renders rules as README.md prints them.
+func rulesMarkdown(rules []Rule) string {
+	var b strings.Builder
+	b.WriteString("| SQLSTATE | condition | class | why |\n|---|---|---|---|\n")
+	for _, r := range rules {
+		code := "`" + r.SQLState + "`"
+		if len(r.SQLState) == 2 {
+			code = "class " + code
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", code, r.Condition, r.Class, r.Reason)
+	}
+	return b.String()
 }

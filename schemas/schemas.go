@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
 
 // File names of the embedded schemas, as found in [Files] and in the
@@ -160,7 +161,7 @@ type Violation struct {
 	// schema, e.g. "/properties/tenantSchema/pattern" or "/required".
 	KeywordLocation string
 	// Keyword is the failing keyword, the last token of KeywordLocation,
-	// e.g. "pattern", "required", "additionalProperties"; "false" for a
+	// e.g. "pattern", "required", "additionalProperties", "not"; "false" for a
 	// value the schema forbids outright (originalValueBase64 next to a
 	// non-null originalEvent).
 	Keyword string
@@ -205,12 +206,16 @@ func newValidationError(file string, verr *jsonschema.ValidationError) *Validati
 			return
 		}
 		keyword, msg := "false", "not allowed here (false schema)"
+		loc := u.KeywordLocation
 		if kw := u.Error.Kind.KeywordPath(); len(kw) > 0 {
 			keyword, msg = kw[len(kw)-1], u.Error.String()
+		} else if _, ok := u.Error.Kind.(*kind.Not); ok {
+			// The validator reports "not" without its keyword path.
+			keyword, msg, loc = "not", "is a value the schema excludes ('not')", loc+"/not"
 		}
 		e.Violations = append(e.Violations, Violation{
 			InstanceLocation: u.InstanceLocation,
-			KeywordLocation:  u.KeywordLocation,
+			KeywordLocation:  loc,
 			Keyword:          keyword,
 			Message:          msg,
 		})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -23,6 +24,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	s.registerDatabase(fs)
 	s.registerProjections(fs)
 	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
+	s.registerTenantSchemaPattern(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -35,9 +37,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if len(s.tenantSchemas) == 0 {
 		return flagenv.Usagef("--tenant-schema is required (repeat it for several tenants)")
 	}
+	tenants, err := s.tenantSchemaSet()
+	if err != nil {
+		return err
+	}
 	for _, t := range s.tenantSchemas {
-		if !projection.ValidTenantSchema(t) {
-			return flagenv.Usagef("--tenant-schema %q: must match ^[a-z_][a-z0-9_]{0,62}$", t)
+		var ve *projection.ValidationError
+		if err := tenants.Check(t); errors.As(err, &ve) {
+			return flagenv.Usagef("--tenant-schema %q: %s", t, ve.Reason)
 		}
 	}
 	defs, _, err := loadProjections(s.projections)

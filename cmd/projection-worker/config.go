@@ -49,6 +49,9 @@ type settings struct {
 	maxRetryBytes  int
 	breaker        projection.BreakerConfig
 
+	// run and migrate
+	tenantSchemaPattern string
+
 	// migrate
 	tenantSchemas []string
 }
@@ -97,6 +100,22 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.breaker.Threshold, "breaker-threshold", "BREAKER_THRESHOLD", projection.DefaultBreakerThreshold, "pairs of one failure fingerprint that exhaust their retries within --breaker-window before later ones are dead-lettered at once (-1: no breaker)")
 	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
+	s.registerTenantSchemaPattern(fs)
+}
+
+func (s *settings) registerTenantSchemaPattern(fs *flagenv.Set) {
+	fs.String(&s.tenantSchemaPattern, "tenant-schema-pattern", "TENANT_SCHEMA_PATTERN", "",
+		"Go RE2 regexp a tenant schema must match as a whole, besides ^[a-z_][a-z0-9_]{0,62}$ and not being public, information_schema or pg_* (default: none)")
+}
+
+// tenantSchemaSet returns the tenant schemas --tenant-schema-pattern
+// accepts (nil: no narrowing), or a usage error when it does not compile.
+func (s *settings) tenantSchemaSet() (*projection.TenantSchemas, error) {
+	t, err := projection.NewTenantSchemas(s.tenantSchemaPattern)
+	if err != nil {
+		return nil, flagenv.Usagef("--tenant-schema-pattern (TENANT_SCHEMA_PATTERN) %q does not compile: %v", s.tenantSchemaPattern, err)
+	}
+	return t, nil
 }
 
 // logger returns the slog logger the flags ask for.

@@ -38,7 +38,7 @@ var settingsEnv = []string{
 	"EVENTS_PARTITIONS", "LOG_FORMAT", "LOG_LEVEL", "CONSUMER_GROUP", "MAX_RETRIES",
 	"RETRY_INITIAL", "RETRY_MAX_INTERVAL", "ON_INFRA_ERROR", "SHUTDOWN_GRACE",
 	"HTTP_ADDR", "POD_NAME", "DLQ_MAX_BYTES", "DLQ_WRITE_TIMEOUT", "CREATE_TOPICS", "MAX_POLL_RECORDS",
-	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS",
+	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS", "TENANT_SCHEMA_PATTERN",
 }
 
 // clearSettingsEnv unsets (sets to "", which flagenv ignores) every
@@ -186,6 +186,18 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 1, wantStderr: []string{"/nonexistent/projections.yaml", "no such file"}},
 		{name: "migrate bad tenant schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", `bad"name`},
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `bad\"name`, "^[a-z_][a-z0-9_]{0,62}$"}},
+		{name: "migrate public", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "public"},
+			wantCode: 2, wantStderr: []string{"--tenant-schema", `"public"`, "not one of PostgreSQL's own schemas"}},
+		{name: "migrate pg_catalog", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t1", "--tenant-schema", "pg_catalog"},
+			wantCode: 2, wantStderr: []string{"--tenant-schema", `"pg_catalog"`}},
+		{name: "migrate tenant outside the pattern", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections,
+			"--tenant-schema-pattern", "acme_[a-z0-9_]+", "--tenant-schema", "acme_prod", "--tenant-schema", "t1"},
+			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1"`, "acme_[a-z0-9_]+"}},
+		{name: "migrate pattern that does not compile", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections,
+			"--tenant-schema-pattern", "acme_(", "--tenant-schema", "acme_prod"},
+			wantCode: 2, wantStderr: []string{"--tenant-schema-pattern", "acme_("}},
+		{name: "run pattern that does not compile", args: runArgs("--tenant-schema-pattern", "[z-a]", "--create-topics=false"),
+			wantCode: 2, wantStderr: []string{"--tenant-schema-pattern", "[z-a]"}},
 		{name: "migrate without tenant schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"--tenant-schema is required"}},
 		{name: "migrate without database url", args: []string{"migrate", "--projections", exampleProjections, "--tenant-schema", "t1"},
@@ -266,6 +278,7 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--max-retrying-bytes", args: []string{"--max-retrying-bytes", "-5"}},
 		{flag: "--breaker-threshold", args: []string{"--breaker-threshold", "0"}},
 		{flag: "--breaker-window", args: []string{"--breaker-window", "0s"}},
+		{flag: "--tenant-schema-pattern", args: []string{"--tenant-schema-pattern", "("}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimPrefix(tt.flag, "--"), func(t *testing.T) {

@@ -114,6 +114,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	if err := s.checkRun(); err != nil {
 		return err
 	}
+	tenants, err := s.tenantSchemaSet()
+	if err != nil {
+		return err
+	}
 	pcfg, err := poolConfig(s.databaseURL, 0)
 	if err != nil {
 		return err
@@ -213,6 +217,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		Logger:           log,
 		Metrics:          metrics,
 		Tracer:           tel.tracer,
+		TenantSchemas:    tenants,
 	}, handlers, pool, writer, kopts...)
 	if err != nil {
 		var ue *flagenv.UsageError

@@ -1,0 +1,132 @@
+package projection
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// notATenant is the reason given for a name that ReservedSchema reports.
+const notATenant = "must name a tenant, not one of PostgreSQL's own schemas (public, information_schema, pg_*)"
+
+// validIdentifier reports whether s is a PostgreSQL identifier this package
+// accepts: ^[a-z_][a-z0-9_]{0,62}$, the tenantSchema pattern of SPEC §3,
+// applied to every name that reaches SQL. It is a lowercase identifier of
+// at most 63 bytes (NAMEDATALEN-1) that never needs case folding. Names
+// that pass are still quoted with pgx.Identifier; the rule keeps wire input
+// to names an operator can type.
+func validIdentifier(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	if c := s[0]; !(c >= 'a' && c <= 'z' || c == '_') {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// ReservedSchema reports whether s is a schema name that never names a
+// tenant (SPEC §3): "public", every database's default schema;
+// "information_schema", the SQL standard's catalog views; and any name
+// starting with "pg_", which PostgreSQL reserves for its own schemas
+// (pg_catalog, pg_toast, pg_temp_N, pg_toast_temp_N; CREATE SCHEMA refuses
+// such names, see the PostgreSQL documentation of CREATE SCHEMA).
+func ReservedSchema(s string) bool {
+	return s == "public" || s == "information_schema" || strings.HasPrefix(s, "pg_")
+}
+
+// ValidTenantSchema reports whether s can name a tenant schema (SPEC §3): it
+// matches ^[a-z_][a-z0-9_]{0,62}$ and is not one of PostgreSQL's own schemas
+// (ReservedSchema). An operator may narrow the names further with
+// TenantSchemas.
+func ValidTenantSchema(s string) bool { return validIdentifier(s) && !ReservedSchema(s) }
+
+// tenantSchemaError returns nil when ValidTenantSchema(s), else an error
+// saying why: `tenant schema "Acme" is not a valid identifier (want
+// ^[a-z_][a-z0-9_]{0,62}$)` or `tenant schema "public" must name a tenant,
+// not one of PostgreSQL's own schemas (public, information_schema, pg_*)`.
+func tenantSchemaError(s string) error {
+	switch {
+	case !validIdentifier(s):
+		return fmt.Errorf("tenant schema %q is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)", s)
+	case ReservedSchema(s):
+		return fmt.Errorf("tenant schema %q %s", s, notATenant)
+	}
+	return nil
+}
+
+// TenantSchemas is the set of tenant schema names accepted: those of
+// ValidTenantSchema, narrowed by an operator's pattern
+// (`projection-worker --tenant-schema-pattern`). A nil *TenantSchemas
+// narrows nothing: it accepts every name ValidTenantSchema accepts. It is
+// safe for concurrent use.
+type TenantSchemas struct {
+	pattern string         // as given to NewTenantSchemas
+	re      *regexp.Regexp // ^(?:pattern)$
+}
+
+// NewTenantSchemas returns the set of the valid tenant schema names that
+// match pattern, a Go RE2 regular expression (package regexp) that must
+// match the whole name: it is anchored, so "acme_[a-z0-9_]+" accepts
+// acme_prod but not old_acme_prod. The pattern only narrows: PostgreSQL's
+// own schemas stay refused even when it matches them. An empty pattern
+// returns nil (no narrowing). It returns the regexp package's error when
+// pattern does not compile.
+func NewTenantSchemas(pattern string) (*TenantSchemas, error) {
+	if pattern == "" {
+		return nil, nil
+	}
+	if _, err := regexp.Compile(pattern); err != nil {
+		return nil, err
+	}
+	// pattern compiles alone, so it compiles inside a group.
+	re, err := regexp.Compile("^(?:" + pattern + ")$")
+	if err != nil {
+		return nil, err
+	}
+	return &TenantSchemas{pattern: pattern, re: re}, nil
+}
+
+// Pattern returns the pattern given to NewTenantSchemas, "" for nil.
+func (t *TenantSchemas) Pattern() string {
+	if t == nil {
+		return ""
+	}
+	return t.pattern
+}
+
+// Check returns nil when s is in the set, else a *ValidationError for field
+// tenantSchema (permanent, see retry.Classify) whose reason says why: s does
+// not match ^[a-z_][a-z0-9_]{0,62}$ or is longer than 63 bytes, is one of
+// PostgreSQL's own schemas (ReservedSchema), or does not match the
+// pattern.
+func (t *TenantSchemas) Check(s string) error {
+	reason := ""
+	switch {
+	case len(s) > 63:
+		reason = "must be at most 63 bytes (a PostgreSQL identifier), got " + strconv.Itoa(len(s))
+	case !validIdentifier(s):
+		reason = "must match ^[a-z_][a-z0-9_]{0,62}$ (a lowercase PostgreSQL identifier), got " + quoteValue(s)
+	case ReservedSchema(s):
+		reason = notATenant + ", got " + quoteValue(s)
+	case t != nil && !t.re.MatchString(s):
+		reason = fmt.Sprintf("must match the tenant schema pattern %q (the whole name), got %s", t.pattern, quoteValue(s))
+	default:
+		return nil
+	}
+	return &ValidationError{Field: "tenantSchema", Reason: reason}
+}
+
+// DecodeEvent decodes and validates value as the package-level DecodeEvent
+// does, and refuses, as a *ValidationError for field tenantSchema, an
+// event whose tenant schema is not in t (Check). A nil t applies SPEC §3
+// alone.
+func (t *TenantSchemas) DecodeEvent(value []byte) (*Event, error) {
+	return decodeEvent(value, t)
+}
