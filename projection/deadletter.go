@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/causet/projection-worker/dlq"
@@ -75,10 +76,15 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 	return nil
 }
 
-// deadLettered records an acknowledged dead letter in the metrics and log.
+// deadLettered records an acknowledged dead letter in the metrics and log
+// (WARN; DEBUG for a pair short-circuited by an open breaker).
 func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, dl.TenantSchema), dl.Class)
-	w.log.Warn("dead-lettered",
+	level := slog.LevelWarn
+	if dl.ShortCircuit != "" {
+		level = slog.LevelDebug // the breaker's ERROR line when it opened says it for all of them
+	}
+	w.log.Log(ctx, level, "dead-lettered",
 		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
 		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err)

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -115,7 +116,11 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		return &dl
 	}
 	ev := p.d.ev
-	w.log.Warn("projection failed, retrying",
+	level := slog.LevelWarn
+	if p.retries > 0 {
+		level = slog.LevelDebug // the first failure of the pair is at WARN
+	}
+	w.log.Log(context.Background(), level, "projection failed, retrying",
 		"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
 		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema,
 		"retry", p.retries+1, "wait", wait, "error", p.err)
