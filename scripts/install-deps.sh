@@ -8,6 +8,11 @@
 #                            kcat interoperability test runs those jq lines)
 #   openjdk-17-jre-headless  to run the local Kafka broker (scripts/kafka-up.sh)
 #   maven                    to fetch the broker's jars once
+#   buildah                  to build the container image without a Docker daemon (make image;
+#                            the image test in deploy/kubernetes)
+#   prometheus               for promtool: the alerting rules and a scraped /metrics are checked
+#                            with it (Debian ships promtool in this package; the server is not
+#                            started, policy-rc.d below keeps it down)
 #
 # It is idempotent: packages already present are left alone, and 'apt-get update' runs
 # once, only when something is to be installed. It prints what it did.
@@ -40,31 +45,32 @@ java_present() {
 }
 
 missing=()
+
+# want_command CMD PACKAGE adds PACKAGE to the list to install unless CMD is on
+# PATH.
+want_command() {
+	if command -v "$1" >/dev/null; then
+		log "$1: present"
+	else
+		missing+=("$2")
+	fi
+}
+
 if postgres_present && command -v psql >/dev/null; then
 	log "postgresql: present"
 else
 	missing+=(postgresql)
 fi
-if command -v kcat >/dev/null; then
-	log "kcat: present"
-else
-	missing+=(kcat)
-fi
-if command -v jq >/dev/null; then
-	log "jq: present"
-else
-	missing+=(jq)
-fi
+want_command kcat kcat
+want_command jq jq
 if java_present; then
 	log "java 17+: present"
 else
 	missing+=(openjdk-17-jre-headless)
 fi
-if command -v mvn >/dev/null; then
-	log "maven: present"
-else
-	missing+=(maven)
-fi
+want_command mvn maven
+want_command buildah buildah
+want_command promtool prometheus
 
 if ((${#missing[@]} == 0)); then
 	log "nothing to install"

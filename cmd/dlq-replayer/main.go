@@ -8,6 +8,7 @@
 //	dlq-replayer summary [filters] [--by fingerprint|projection|tenant|error] [--output table|json]
 //	dlq-replayer retry   [filters] [--dry-run] [--include-replayed] [--max-replays N] [--force] [--rate N]
 //	dlq-replayer skip    [filters] --reason TEXT --actor NAME
+//	dlq-replayer version
 //
 // Filters (AND): --fork-id, --projection, --tenant-schema, --event-type,
 // --error-contains, --fingerprint, --since, --until; --all is required when
@@ -35,9 +36,20 @@ import (
 	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/buildinfo"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
 )
+
+// version is set at build time with -ldflags "-X main.version=..." (make
+// build, the Dockerfile).
+var version = ""
+
+// buildVersion is version, else the module version of the build, else
+// "dev".
+func buildVersion() string {
+	return buildinfo.Version(version)
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -54,6 +66,7 @@ Commands:
   retry    republish dead letters to the events topic (--dry-run, --include-replayed,
            --max-replays N, --force, --rate N)
   skip     record dead letters as permanently skipped (--reason TEXT --actor NAME)
+  version  print the build version
 
 Filters (combined with AND): --fork-id, --projection, --tenant-schema, --event-type,
 --error-contains, --fingerprint, --since, --until (RFC 3339 or a duration such as 24h);
@@ -107,6 +120,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	case "list", "summary", "retry", "skip":
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
+		return 0
+	case "version", "--version":
+		fmt.Fprintln(stdout, buildVersion())
 		return 0
 	default:
 		fmt.Fprintf(stderr, "dlq-replayer: unknown command %q\n\n%s", cmd, usage)

@@ -104,6 +104,18 @@ func TestHelp(t *testing.T) {
 	}
 }
 
+// TestVersionPrintsOneLine: `version` prints the build version, one
+// non-empty line, and exits 0 (the image test runs it from the image).
+func TestVersionPrintsOneLine(t *testing.T) {
+	r := runCmd(t, env{}, "version")
+	if r.code != 0 {
+		t.Fatalf("version: exit status %d\nstderr: %s", r.code, r.stderr)
+	}
+	if lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n"); len(lines) != 1 || strings.TrimSpace(lines[0]) == "" {
+		t.Errorf("version printed %q, want one non-empty line", r.stdout)
+	}
+}
+
 // fixture is a broker with an events topic, a dead-letter topic and the
 // environment that points the command at them.
 type fixture struct {

@@ -19,13 +19,7 @@ import (
 // definitions in every --tenant-schema.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
-	fs := flagenv.New("projection-worker migrate", stderr)
-	s.registerCommon(fs)
-	s.registerDatabase(fs)
-	s.registerProjections(fs)
-	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
-	s.registerTenantSchemaPattern(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(migrateFlags(&s, stderr), args); err != nil {
 		return err
 	}
 	if err := s.requireDatabase(); err != nil {
@@ -68,10 +62,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // runTopics creates the events, dead-letter and ledger topics.
 func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
-	fs := flagenv.New("projection-worker topics", stderr)
-	s.registerCommon(fs)
-	s.registerKafka(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(topicsFlags(&s, stderr), args); err != nil {
 		return err
 	}
 	cfg, err := s.topicConfig()

@@ -118,6 +118,36 @@ func (s *settings) tenantSchemaSet() (*projection.TenantSchemas, error) {
 	return t, nil
 }
 
+// runFlags returns the flag set of `run`, bound to s.
+func runFlags(s *settings, stderr io.Writer) *flagenv.Set {
+	fs := flagenv.New("projection-worker run", stderr)
+	s.registerCommon(fs)
+	s.registerKafka(fs)
+	s.registerDatabase(fs)
+	s.registerProjections(fs)
+	s.registerRun(fs)
+	return fs
+}
+
+// migrateFlags returns the flag set of `migrate`, bound to s.
+func migrateFlags(s *settings, stderr io.Writer) *flagenv.Set {
+	fs := flagenv.New("projection-worker migrate", stderr)
+	s.registerCommon(fs)
+	s.registerDatabase(fs)
+	s.registerProjections(fs)
+	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
+	s.registerTenantSchemaPattern(fs)
+	return fs
+}
+
+// topicsFlags returns the flag set of `topics`, bound to s.
+func topicsFlags(s *settings, stderr io.Writer) *flagenv.Set {
+	fs := flagenv.New("projection-worker topics", stderr)
+	s.registerCommon(fs)
+	s.registerKafka(fs)
+	return fs
+}
+
 // logger returns the slog logger the flags ask for.
 func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	var level slog.Level

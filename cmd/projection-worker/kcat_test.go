@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -21,23 +20,15 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/internal/testtool"
 	"github.com/causet/projection-worker/schemas"
 )
 
-// requireTool returns the path of a command-line tool the test needs. It
-// skips t when the tool is missing, or fails it when CI is true
-// (scripts/install-deps.sh installs kcat and jq there).
+// requireTool returns the path of a command-line tool the test needs; see
+// testtool.Require.
 func requireTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil {
-		return path
-	}
-	if ci, _ := strconv.ParseBool(os.Getenv("CI")); ci {
-		t.Fatalf("%s is required when CI is set (scripts/install-deps.sh installs it): %v", name, err)
-	}
-	t.Skipf("%s not on PATH (apt-get install %s; with CI=true this fails): %v", name, name, err)
-	return ""
+	return testtool.Require(t, name)
 }
 
 // kcatMessage is one line of `kcat -C -J`: kcat 1.7 prints the key and

@@ -22,9 +22,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
+	"github.com/causet/projection-worker/internal/buildinfo"
 	"github.com/causet/projection-worker/internal/flagenv"
 )
 
@@ -32,13 +32,7 @@ import (
 var version = ""
 
 func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "dev"
+	return buildinfo.Version(version)
 }
 
 const usage = `projection-worker applies Causet projection events from Kafka to PostgreSQL.

@@ -24,13 +24,7 @@ import (
 
 func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	var s settings
-	fs := flagenv.New("projection-worker run", stderr)
-	s.registerCommon(fs)
-	s.registerKafka(fs)
-	s.registerDatabase(fs)
-	s.registerProjections(fs)
-	s.registerRun(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(runFlags(&s, stderr), args); err != nil {
 		return err
 	}
 	if err := s.requireDatabase(); err != nil {

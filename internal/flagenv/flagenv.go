@@ -61,6 +61,17 @@ func (s *Set) bind(name, env string) {
 	f.Usage += " (env " + env + ")"
 }
 
+// Env returns the environment variable of every flag that has one, by flag
+// name (a copy). The deployment tests check the manifests' variables
+// against it.
+func (s *Set) Env() map[string]string {
+	env := make(map[string]string, len(s.env))
+	for name, v := range s.env {
+		env[name] = v
+	}
+	return env
+}
+
 // String defines a string flag with an environment variable ("" for none).
 func (s *Set) String(p *string, name, env, def, usage string) {
 	s.StringVar(p, name, def, usage)
