@@ -1,3 +1,9 @@
+//go:build dev
+
+// The dev command links the embedded broker (kfake) and the throwaway
+// PostgreSQL (internal/pgserver), so it is built only with -tags dev
+// (make run); the production binary gets nodev.go instead.
+
 package main
 
 import (
