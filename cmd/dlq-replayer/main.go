@@ -306,7 +306,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if s.limit < 0 {
 		return flagenv.Usagef("--limit must be >= 0, got %d", s.limit)
 	}
-	lw, err := dlq.NewListWriter(stdout, s.output)
+	lw, err := newListWriter(stdout, s.output)
 	if err != nil {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
@@ -321,7 +321,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 		if dec, ok := ledger.Lookup(e.Coordinates()); ok {
 			d = &dec
 		}
-		if err := lw.Write(e, d); err != nil {
+		if err := lw.write(e, d); err != nil {
 			return err
 		}
 		if n++; s.limit > 0 && n >= s.limit {
@@ -329,7 +329,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 		}
 		return nil
 	})
-	if ferr := lw.Flush(); err == nil {
+	if ferr := lw.flush(); err == nil {
 		err = ferr
 	}
 	if err != nil {
@@ -356,9 +356,9 @@ func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filt
 		return err
 	}
 	if s.output == "json" {
-		err = sum.WriteJSON(stdout)
+		err = writeSummaryJSON(stdout, sum)
 	} else {
-		err = sum.WriteTable(stdout)
+		err = writeSummaryTable(stdout, sum)
 	}
 	if err != nil {
 		return err
@@ -391,7 +391,7 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 		Actor: s.actor, Reason: s.reason, Progress: progress.update, Logger: log,
 	}
 	if s.dryRun {
-		cfg.OnOutcome = func(o dlq.Outcome) { progress.println(stdout, o.String()) }
+		cfg.OnOutcome = func(o dlq.Outcome) { progress.println(stdout, outcomeLine(o)) }
 	}
 	r, err := dlq.NewReplayer(opts, ledger, cfg)
 	if err != nil {
