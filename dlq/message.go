@@ -15,12 +15,18 @@ import (
 	"github.com/causet/projection-worker/retry"
 )
 
-// Default topic names (SPEC §2). All are configurable.
+// Default topic names (SPEC §2). Both are configurable.
 const (
-	DefaultEventsTopic = "causet.projection-events.v1"
 	DefaultTopic       = "causet.projection-dlq.v1"
 	DefaultLedgerTopic = "causet.projection-dlq-ledger.v1"
 )
+
+// DefaultEventsTopic is the events topic's default name.
+//
+// Deprecated: the events topic belongs to the projection side: use
+// projection.DefaultEventsTopic. Nothing in package dlq uses it any more;
+// it stays only until projection.Config stops reading it from here.
+const DefaultEventsTopic = "causet.projection-events.v1"
 
 // MinRetention is the shortest retention.ms the dead-letter topic may have:
 // 30 days (2592000000 ms), from the Causet DLQ guide.

@@ -224,7 +224,8 @@ func (r *Result) count(k OutcomeKind) {
 
 // ReplayConfig configures a Replayer.
 type ReplayConfig struct {
-	// EventsTopic receives replayed events. Default DefaultEventsTopic.
+	// EventsTopic receives replayed events. Required (no default in this
+	// package: the worker's is projection.DefaultEventsTopic).
 	EventsTopic string
 	// DLQTopic is read. Default DefaultTopic.
 	DLQTopic string
@@ -268,22 +269,19 @@ type ReplayConfig struct {
 	Now func() time.Time
 }
 
-// Validate returns an error naming the first field that is out of range.
-func (c ReplayConfig) Validate() error {
+// Validate returns an error naming the first field that is out of range
+// (a missing EventsTopic, a negative MaxReplays, Rate or BatchSize), else
+// fills in the defaults of the zero fields.
+func (c *ReplayConfig) Validate() error {
 	switch {
+	case c.EventsTopic == "":
+		return errors.New("events topic: required")
 	case c.MaxReplays < 0:
 		return fmt.Errorf("max replays must be >= 0, got %d", c.MaxReplays)
 	case c.Rate < 0:
 		return fmt.Errorf("rate must be >= 0 records/s, got %g", c.Rate)
 	case c.BatchSize < 0:
 		return fmt.Errorf("batch size must be >= 0, got %d", c.BatchSize)
-	}
-	return nil
-}
-
-func (c *ReplayConfig) setDefaults() {
-	if c.EventsTopic == "" {
-		c.EventsTopic = DefaultEventsTopic
 	}
 	if c.DLQTopic == "" {
 		c.DLQTopic = DefaultTopic
@@ -309,6 +307,7 @@ func (c *ReplayConfig) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	return nil
 }
 
 // NewRunID returns 16 random hex digits identifying a run in the ledger.
@@ -328,7 +327,8 @@ type Replayer struct {
 // NewReplayer returns a Replayer that connects with opts (franz-go
 // connection options: seed brokers, TLS, SASL, logger) and records its
 // decisions in ledger, which must have been opened writable unless only dry
-// runs are made. It returns Validate's error for a bad cfg.
+// runs are made. It fills in cfg's defaults with Validate and returns its
+// error for a bad cfg.
 func NewReplayer(opts []kgo.Opt, ledger *Ledger, cfg ReplayConfig) (*Replayer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -336,7 +336,6 @@ func NewReplayer(opts []kgo.Opt, ledger *Ledger, cfg ReplayConfig) (*Replayer, e
 	if ledger == nil {
 		return nil, errors.New("replayer needs a ledger")
 	}
-	cfg.setDefaults()
 	return &Replayer{opts: opts, ledger: ledger, cfg: cfg}, nil
 }
 

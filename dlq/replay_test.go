@@ -765,15 +765,19 @@ func TestReplayConfigValidate(t *testing.T) {
 		cfg  dlq.ReplayConfig
 		want string
 	}{
-		{"zero", dlq.ReplayConfig{}, ""},
-		{"negative max replays", dlq.ReplayConfig{MaxReplays: -1}, "max replays"},
-		{"negative rate", dlq.ReplayConfig{Rate: -1}, "rate"},
+		{"zero", dlq.ReplayConfig{}, "events topic"},
+		{"events topic only", dlq.ReplayConfig{EventsTopic: "e"}, ""},
+		{"negative max replays", dlq.ReplayConfig{EventsTopic: "e", MaxReplays: -1}, "max replays"},
+		{"negative rate", dlq.ReplayConfig{EventsTopic: "e", Rate: -1}, "rate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.cfg.Validate()
 			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("Validate() = %v, want an error with %q", err, tt.want)
+			}
+			if err == nil && (tt.cfg.DLQTopic != dlq.DefaultTopic || tt.cfg.MaxReplays != dlq.DefaultMaxReplays || tt.cfg.RunID == "") {
+				t.Errorf("Validate() left defaults unset: %+v", tt.cfg)
 			}
 		})
 	}
@@ -942,7 +946,7 @@ func ExampleReplayRecord() {
 		},
 	}
 	partition, fromHeader := dlq.NewReplayPartitioner(8).Partition(e.OriginalPartition, e.Key)
-	rec := dlq.ReplayRecord(e, dlq.DefaultEventsTopic, partition)
+	rec := dlq.ReplayRecord(e, "causet.projection-events.v1", partition)
 	fmt.Printf("%s[%d] (from header: %t) key=%s\n%s\n", rec.Topic, rec.Partition, fromHeader, rec.Key, rec.Value)
 	for _, h := range rec.Headers {
 		fmt.Printf("%s: %s\n", h.Key, h.Value)

@@ -23,11 +23,11 @@ const DefaultPartitions = 8
 // entry per decision, far below what one partition handles.
 const LedgerPartitions = 1
 
-// TopicConfig names the topics EnsureTopics creates. The zero value is
-// usable: every field has a default (see WithDefaults).
+// TopicConfig names the topics EnsureTopics creates. Every field but
+// EventsTopic has a default, filled in by Validate.
 type TopicConfig struct {
-	// EventsTopic is the projection events topic. Default
-	// DefaultEventsTopic ("causet.projection-events.v1").
+	// EventsTopic is the projection events topic. Required (no default in
+	// this package: the worker's is projection.DefaultEventsTopic).
 	EventsTopic string
 	// DLQTopic is the dead-letter topic. Default DefaultTopic
 	// ("causet.projection-dlq.v1").
@@ -47,11 +47,11 @@ type TopicConfig struct {
 	ReplicationFactor int16
 }
 
-// WithDefaults returns c with every zero field set to its default.
-func (c TopicConfig) WithDefaults() TopicConfig {
-	if c.EventsTopic == "" {
-		c.EventsTopic = DefaultEventsTopic
-	}
+// Validate fills in the defaults of the zero fields and returns an error
+// naming the first field that is out of range: a missing events topic, an
+// illegal or repeated topic name, Partitions below 1, or ReplicationFactor
+// below -1.
+func (c *TopicConfig) Validate() error {
 	if c.DLQTopic == "" {
 		c.DLQTopic = DefaultTopic
 	}
@@ -64,14 +64,9 @@ func (c TopicConfig) WithDefaults() TopicConfig {
 	if c.ReplicationFactor == 0 {
 		c.ReplicationFactor = -1
 	}
-	return c
-}
-
-// Validate returns an error naming the first field of c.WithDefaults()
-// that is out of range: an illegal or repeated topic name, Partitions
-// below 1, or ReplicationFactor below -1.
-func (c TopicConfig) Validate() error {
-	c = c.WithDefaults()
+	if c.EventsTopic == "" {
+		return errors.New("events topic: required")
+	}
 	for _, t := range [...]struct{ field, name string }{
 		{"events topic", c.EventsTopic},
 		{"dead-letter topic", c.DLQTopic},
@@ -253,7 +248,6 @@ func lookUpTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (Topic
 	if err := cfg.Validate(); err != nil {
 		return cfg, nil, err
 	}
-	cfg = cfg.WithDefaults()
 	partitions, err := topicPartitions(ctx, adm, cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic)
 	return cfg, partitions, err
 }

@@ -238,7 +238,7 @@ func TestWriterRetriesUntilTheProduceIsAcknowledged(t *testing.T) {
 			for i, l := range lines {
 				want := map[string]any{
 					"level":         "WARN",
-					"topic":         DefaultEventsTopic,
+					"topic":         "causet.projection-events.v1",
 					"partition":     float64(3),
 					"offset":        float64(1891),
 					"projection":    "artist_followers",

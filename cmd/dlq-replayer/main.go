@@ -69,6 +69,11 @@ Examples:
 Run 'dlq-replayer <command> -h' for the flags of a command.
 `
 
+// defaultEventsTopic is the default of --topic: the worker's
+// projection.DefaultEventsTopic, written out so that the replayer does not
+// link the projection package (a test checks they agree).
+const defaultEventsTopic = "causet.projection-events.v1"
+
 // settings are the flags of the four commands.
 type settings struct {
 	kafka       kafkaconn.Settings
@@ -153,7 +158,7 @@ func (s *settings) register(fs *flagenv.Set, cmd string, lookupEnv func(string) 
 	aliases.add("sasl-mechanism", "kafka-sasl-mechanism")
 	aliases.add("sasl-user", "kafka-sasl-user")
 	aliases.add("sasl-password", "kafka-sasl-password")
-	fs.String(&s.topic, "topic", "EVENTS_TOPIC", dlq.DefaultEventsTopic, "events topic replayed events are written to")
+	fs.String(&s.topic, "topic", "EVENTS_TOPIC", defaultEventsTopic, "events topic replayed events are written to")
 	fs.String(&s.dlqTopic, "dlq-topic", "DLQ_TOPIC", dlq.DefaultTopic, "dead-letter topic")
 	fs.String(&s.ledgerTopic, "ledger-topic", "LEDGER_TOPIC", dlq.DefaultLedgerTopic, "replay ledger topic (compacted; created when missing)")
 	fs.String(&s.logLevel, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn or error")
@@ -206,7 +211,8 @@ var fingerprintRE = regexp.MustCompile(`^[0-9a-fA-F]{16}$`)
 // filters returns the filters of the flags, or a usage error naming the flag.
 // It checks the topic flags too, which every command uses.
 func (s *settings) filters(now time.Time) (dlq.Filters, error) {
-	if err := (dlq.TopicConfig{EventsTopic: s.topic, DLQTopic: s.dlqTopic, LedgerTopic: s.ledgerTopic}).Validate(); err != nil {
+	topics := dlq.TopicConfig{EventsTopic: s.topic, DLQTopic: s.dlqTopic, LedgerTopic: s.ledgerTopic}
+	if err := topics.Validate(); err != nil {
 		return dlq.Filters{}, flagenv.Usagef("--topic, --dlq-topic, --ledger-topic: %v", err)
 	}
 	f := dlq.Filters{
