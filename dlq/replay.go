@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	ratelimit "golang.org/x/time/rate"
 )
 
 // DefaultMaxReplays is how many times an event may be replayed from the DLQ
@@ -442,7 +443,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		pending = pending[:0]
 	}
 
-	pace := newPacer(cfg.Rate)
+	pace := newLimiter(cfg.Rate)
 	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: log}, func(e *Entry) error {
 		res.Matched++
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
@@ -464,7 +465,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 				o.Kind, o.Partition, o.FromHeader = OutcomeReplayed, p, fromHeader
 				break
 			}
-			if err := pace.wait(ctx); err != nil {
+			if err := pace.Wait(ctx); err != nil {
 				return err
 			}
 			pending = append(pending, pendingReplay{e: e, rec: ReplayRecord(e, cfg.EventsTopic, p), fromHeader: fromHeader})
@@ -569,40 +570,14 @@ func partitionCount(ctx context.Context, opts []kgo.Opt, topic string) (int32, e
 	return int32(len(td.Partitions)), nil
 }
 
-// pacer spaces calls to wait to rate per second.
-type pacer struct {
-	interval time.Duration
-	next     time.Time
-}
-
-func newPacer(rate float64) *pacer {
+// newLimiter returns the limiter pacing replays to rate per second, one
+// at a time (burst 1: a pause is not made up for by a burst afterwards);
+// rate 0 means unlimited.
+func newLimiter(rate float64) *ratelimit.Limiter {
 	if rate <= 0 {
-		return &pacer{}
+		return ratelimit.NewLimiter(ratelimit.Inf, 1)
 	}
-	return &pacer{interval: time.Duration(float64(time.Second) / rate)}
-}
-
-func (p *pacer) wait(ctx context.Context) error {
-	if p.interval == 0 {
-		return nil
-	}
-	now := time.Now()
-	if p.next.IsZero() || p.next.Before(now) {
-		p.next = now
-	}
-	d := p.next.Sub(now)
-	p.next = p.next.Add(p.interval)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return ratelimit.NewLimiter(ratelimit.Limit(rate), 1)
 }
 
 // GroupBy is how Summary groups dead letters.
