@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/google/cel-go/cel"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Definitions is a loaded projection definitions file (SPEC §4): one IR
@@ -397,7 +397,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // defParser turns the YAML node tree into Definitions, checking keys and
 // node kinds itself so that every problem names its projection and field
-// (yaml.v3's KnownFields errors name Go types and stop at the first
+// (the yaml package's KnownFields errors name Go types and stop at the first
 // document-level problem).
 type defParser struct {
 	file string
