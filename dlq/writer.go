@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -136,6 +137,11 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if timeout == 0 {
 		timeout = DefaultAttemptTimeout
 	}
+	// Write's attempts are the policy's first try and its retries.
+	bo.MaxRetries = attempts - 1
+	if attempts == -1 {
+		bo.MaxRetries = math.MaxInt
+	}
 	return &Writer{client: client, cfg: rc, backoff: bo, log: log, maxAttempts: attempts, attemptTimeout: timeout}, nil
 }
 
@@ -215,27 +221,18 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 		return err
 	}
 	src := dl.Source
-	b := w.backoff.NewBackOff()
+	// last is the latest produce error that is not the end of ctx itself.
 	var last error
-	for attempt := 1; ; attempt++ {
+	retries, err := w.backoff.Do(ctx, func(ctx context.Context) error {
 		// kgo stamps the record it is given (partition, offset, context);
 		// produce a fresh copy each time.
 		r := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp}
 		perr := w.produce(ctx, r)[0]
-		if perr == nil {
-			return nil
+		if perr != nil && (ctx.Err() == nil || !errors.Is(perr, ctx.Err())) {
+			last = perr
 		}
-		if ctx.Err() != nil {
-			if !errors.Is(perr, ctx.Err()) {
-				last = perr
-			}
-			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), last))
-		}
-		last = perr
-		if w.maxAttempts > 0 && attempt >= w.maxAttempts {
-			return fmt.Errorf("dead letter for %s not written to %s after %d attempts: %w", sourceName(src), w.cfg.Topic, attempt, perr)
-		}
-		wait := b.NextBackOff()
+		return perr
+	}, func(perr error, n int, wait time.Duration) {
 		w.log.LogAttrs(ctx, slog.LevelWarn, "dead-letter write failed, retrying",
 			slog.String("topic", src.Topic),
 			slog.Int("partition", int(src.Partition)),
@@ -243,17 +240,18 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 			slog.String("projection", dl.Projection),
 			slog.String("tenant_schema", dl.TenantSchema),
 			slog.String("dlq_topic", w.cfg.Topic),
-			slog.Int("attempt", attempt),
+			slog.Int("attempt", n), // the attempt that failed
 			slog.Duration("wait", wait),
 			slog.Any("error", perr),
 		)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), perr))
-		case <-t.C:
-		}
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), last))
+	default:
+		return fmt.Errorf("dead letter for %s not written to %s after %d attempts: %w", sourceName(src), w.cfg.Topic, retries+1, err)
 	}
 }
 
