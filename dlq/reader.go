@@ -114,7 +114,8 @@ func (e *Entry) HasOriginalEvent() bool {
 	return len(b) > 0 && string(b) != "null"
 }
 
-// ScanConfig configures Scan.
+// ScanConfig configures Scan. Zero values take the documented defaults;
+// Validate (Scan calls it) fills them in.
 type ScanConfig struct {
 	// Topic is the dead-letter topic. Default DefaultTopic.
 	Topic string
@@ -127,6 +128,19 @@ type ScanConfig struct {
 	// Logger receives warnings (undecodable dead letters, data loss).
 	// Default: discard.
 	Logger *slog.Logger
+}
+
+// Validate fills in the defaults of the zero fields. Every value is
+// valid, so it returns nil; it exists so that every Config of the project
+// is completed the same way.
+func (c *ScanConfig) Validate() error {
+	if c.Topic == "" {
+		c.Topic = DefaultTopic
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
 }
 
 // ScanStats counts what a Scan read.
@@ -161,13 +175,10 @@ type ScanStats struct {
 // returns fn's other errors, an error wrapping ErrTopicNotFound when the
 // topic does not exist, ctx's error, or a Kafka error.
 func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) error) (ScanStats, error) {
-	if cfg.Topic == "" {
-		cfg.Topic = DefaultTopic
+	if err := cfg.Validate(); err != nil {
+		return ScanStats{}, err
 	}
 	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	start := time.Now()
 	var st ScanStats
 	sel := newSelector(cfg.Filters)

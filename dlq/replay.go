@@ -223,7 +223,9 @@ func (r *Result) count(k OutcomeKind) {
 	}
 }
 
-// ReplayConfig configures a Replayer.
+// ReplayConfig configures a Replayer. Zero values take the documented
+// defaults; Validate (NewReplayer calls it) fills them in and checks the
+// rest.
 type ReplayConfig struct {
 	// EventsTopic receives replayed events. Required (no default in this
 	// package: the worker's is projection.DefaultEventsTopic).

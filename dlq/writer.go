@@ -13,7 +13,8 @@ import (
 	"github.com/causet/projection-worker/retry"
 )
 
-// WriterConfig configures a Writer. The zero value is usable.
+// WriterConfig configures a Writer. Zero values take the documented
+// defaults; Validate (NewWriter calls it) fills them in and checks the rest.
 type WriterConfig struct {
 	// RecordConfig says how records are built: topic, worker id,
 	// generation and the size limit. See its fields for defaults.
@@ -108,41 +109,49 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if client == nil {
 		return nil, errors.New("dead-letter writer: nil kafka client")
 	}
-	rc := cfg.RecordConfig.WithDefaults()
-	if err := rc.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("dead-letter writer: %w", err)
 	}
-	bo := cfg.Backoff
-	if bo == (retry.Policy{}) {
-		bo = retry.DefaultPolicy()
-	}
-	if err := bo.Validate(); err != nil {
-		return nil, fmt.Errorf("dead-letter writer backoff: %w", err)
-	}
-	if err := checkClient(client, rc); err != nil {
+	if err := checkClient(client, cfg.RecordConfig); err != nil {
 		return nil, fmt.Errorf("dead-letter writer: %w", err)
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	attempts := cfg.MaxAttempts
-	switch {
-	case attempts == 0:
-		attempts = 5
-	case attempts < -1:
-		return nil, fmt.Errorf("dead-letter writer: max attempts must be -1 (no limit) or >= 1, got %d", attempts)
-	}
-	timeout := cfg.AttemptTimeout
-	if timeout == 0 {
-		timeout = DefaultAttemptTimeout
 	}
 	// Write's attempts are the policy's first try and its retries.
-	bo.MaxRetries = attempts - 1
-	if attempts == -1 {
+	bo := cfg.Backoff
+	bo.MaxRetries = cfg.MaxAttempts - 1
+	if cfg.MaxAttempts == -1 {
 		bo.MaxRetries = math.MaxInt
 	}
-	return &Writer{client: client, cfg: rc, backoff: bo, log: log, maxAttempts: attempts, attemptTimeout: timeout}, nil
+	return &Writer{client: client, cfg: cfg.RecordConfig, backoff: bo, log: cfg.Logger, maxAttempts: cfg.MaxAttempts, attemptTimeout: cfg.AttemptTimeout}, nil
+}
+
+// Validate fills in the defaults of the zero fields (RecordConfig's with
+// RecordConfig.WithDefaults) and returns an error naming the first field
+// that is out of range: an invalid RecordConfig, an invalid Backoff, or
+// MaxAttempts below -1.
+func (c *WriterConfig) Validate() error {
+	c.RecordConfig = c.RecordConfig.WithDefaults()
+	if err := c.RecordConfig.Validate(); err != nil {
+		return err
+	}
+	if c.Backoff == (retry.Policy{}) {
+		c.Backoff = retry.DefaultPolicy()
+	}
+	if err := c.Backoff.Validate(); err != nil {
+		return fmt.Errorf("backoff: %w", err)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case c.MaxAttempts == 0:
+		c.MaxAttempts = 5
+	case c.MaxAttempts < -1:
+		return fmt.Errorf("max attempts must be -1 (no limit) or >= 1, got %d", c.MaxAttempts)
+	}
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = DefaultAttemptTimeout
+	}
+	return nil
 }
 
 // checkClient refuses a client whose producer settings could lose or

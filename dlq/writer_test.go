@@ -688,3 +688,23 @@ func TestWriterTimeoutFailsTheDeadLettersQueuedBehindAsTimeouts(t *testing.T) {
 		}
 	}
 }
+
+func TestWriterConfigValidateFillsDefaults(t *testing.T) {
+	var c WriterConfig
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.RecordConfig != (RecordConfig{}).WithDefaults() || c.Backoff != retry.DefaultPolicy() || c.Logger == nil ||
+		c.MaxAttempts != 5 || c.AttemptTimeout != DefaultAttemptTimeout {
+		t.Errorf("defaults: %+v", c)
+	}
+	for _, bad := range []WriterConfig{
+		{MaxAttempts: -2},
+		{Backoff: retry.Policy{Initial: -1}},
+		{RecordConfig: RecordConfig{Topic: "a b"}},
+	} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", bad)
+		}
+	}
+}
