@@ -1,14 +1,12 @@
 package dlq
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,88 +19,6 @@ import (
 // DefaultMaxReplays is how many times an event may be replayed from the DLQ
 // (and fail again) before Retry refuses it without Force (SPEC §7).
 const DefaultMaxReplays = 3
-
-// Filters select dead letters (SPEC §7). Every non-zero field must match
-// (AND); the zero value selects everything. String fields compare exactly
-// with the entry's context (causet.dlq.* headers, falling back to the
-// message, see Entry); "" means no filter, so entries with an empty value
-// (an input error has no projection) cannot be selected by that value.
-type Filters struct {
-	// ForkID selects dead letters of one fork (causet.dlq.fork-id).
-	ForkID string
-	// Projection selects one projection (causet.dlq.projection).
-	Projection string
-	// TenantSchema selects one tenant schema (causet.dlq.tenant-schema).
-	TenantSchema string
-	// EventType selects one event type (causet.dlq.event-type).
-	EventType string
-	// ErrorContains selects dead letters whose error message contains it,
-	// ignoring case.
-	ErrorContains string
-	// Fingerprint selects one failure group (causet.dlq.fingerprint, 16 hex
-	// digits, case ignored).
-	Fingerprint string
-	// Since and Until select dead letters by failedAt: Since ≤ failedAt <
-	// Until; a zero time is no bound.
-	Since, Until time.Time
-}
-
-// IsZero reports whether f selects everything.
-func (f Filters) IsZero() bool { return f == Filters{} }
-
-// Match reports whether e passes every filter.
-func (f Filters) Match(e *Entry) bool {
-	switch {
-	case f.ForkID != "" && e.ForkID != f.ForkID,
-		f.Projection != "" && e.Projection != f.Projection,
-		f.TenantSchema != "" && e.TenantSchema != f.TenantSchema,
-		f.EventType != "" && e.EventType != f.EventType,
-		f.Fingerprint != "" && !strings.EqualFold(e.Fingerprint, f.Fingerprint),
-		!f.Since.IsZero() && e.Message.FailedAt < f.Since.UnixMilli(),
-		!f.Until.IsZero() && e.Message.FailedAt >= f.Until.UnixMilli():
-		return false
-	case f.ErrorContains != "":
-		return strings.Contains(strings.ToLower(e.Message.Error), strings.ToLower(f.ErrorContains))
-	}
-	return true
-}
-
-// LogValue lists the filters that are set, for logs.
-func (f Filters) LogValue() slog.Value {
-	var as []slog.Attr
-	add := func(k, v string) {
-		if v != "" {
-			as = append(as, slog.String(k, v))
-		}
-	}
-	add("fork_id", f.ForkID)
-	add("projection", f.Projection)
-	add("tenant_schema", f.TenantSchema)
-	add("event_type", f.EventType)
-	add("error_contains", f.ErrorContains)
-	add("fingerprint", f.Fingerprint)
-	if !f.Since.IsZero() {
-		as = append(as, slog.Time("since", f.Since))
-	}
-	if !f.Until.IsZero() {
-		as = append(as, slog.Time("until", f.Until))
-	}
-	return slog.GroupValue(as...)
-}
-
-// ParseTimeBound parses a --since/--until value: an RFC 3339 time
-// ("2024-06-25T12:00:00Z") or a Go duration ("24h", "90m") meaning that long
-// before now.
-func ParseTimeBound(s string, now time.Time) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2024-06-25T12:00:00Z) nor a positive duration (24h)", s)
-	}
-	return now.Add(-d), nil
-}
 
 // ReplayRecord returns the record that replays e to topic at partition:
 // value originalEvent byte for byte, key the original key, and the original
@@ -143,83 +59,6 @@ func ReplayRecord(e *Entry, topic string, partition int32) *kgo.Record {
 		Key:       e.Key,
 		Value:     []byte(e.Message.OriginalEvent),
 		Headers:   hs,
-	}
-}
-
-// OutcomeKind is what happened to one selected dead letter.
-type OutcomeKind string
-
-// Outcome kinds. Their names are the counters of the summary line.
-const (
-	// OutcomeReplayed: republished and acknowledged, then recorded in the
-	// ledger (in a dry run: would be republished).
-	OutcomeReplayed OutcomeKind = "replayed"
-	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent), or the
-	// skip was recorded (Skip).
-	OutcomeSkipped OutcomeKind = "skipped"
-	// OutcomeAlreadyReplayed: the ledger says "replayed" and
-	// IncludeReplayed is off; not sent.
-	OutcomeAlreadyReplayed OutcomeKind = "already-replayed"
-	// OutcomeRefused: not sent because the event was replayed MaxReplays
-	// times already (without Force), or because originalEvent is null.
-	OutcomeRefused OutcomeKind = "refused"
-	// OutcomeFailed: the produce, or the ledger write after it, failed.
-	OutcomeFailed OutcomeKind = "failed"
-)
-
-// Outcome reports what Retry or Skip did with one selected dead letter.
-type Outcome struct {
-	Entry *Entry
-	Kind  OutcomeKind
-	// DryRun is set when nothing was sent or recorded.
-	DryRun bool
-	// Topic and Partition are where the event was (or would be, or failed
-	// to be) republished; Partition is -1 when nothing was to be sent.
-	Topic     string
-	Partition int32
-	// FromHeader reports that Partition came from the
-	// causet.dlq.original-partition header (else: murmur2 of the key).
-	FromHeader bool
-	// Reason explains a refusal, a skip or a failure.
-	Reason string
-	// Err is the produce or ledger error of a failure.
-	Err error
-}
-
-// Result counts the outcomes of a Retry or Skip run.
-type Result struct {
-	Matched         int
-	Replayed        int
-	Skipped         int
-	AlreadyReplayed int
-	Refused         int
-	Failed          int
-	// DryRun is set when nothing was sent or recorded; Replayed and Skipped
-	// then count what would have been.
-	DryRun bool
-	// Scan is what was read from the dead-letter topic.
-	Scan ScanStats
-}
-
-// String returns the summary line
-// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
-func (r Result) String() string {
-	return fmt.Sprintf("matched=%d replayed=%d skipped=%d already-replayed=%d refused=%d failed=%d",
-		r.Matched, r.Replayed, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
-}
-
-func (r *Result) count(k OutcomeKind) {
-	switch k {
-	case OutcomeReplayed:
-		r.Replayed++
-	case OutcomeSkipped:
-		r.Skipped++
-	case OutcomeAlreadyReplayed:
-		r.AlreadyReplayed++
-	case OutcomeRefused:
-		r.Refused++
-	case OutcomeFailed:
-		r.Failed++
 	}
 }
 
@@ -580,109 +419,4 @@ func newLimiter(rate float64) *ratelimit.Limiter {
 		return ratelimit.NewLimiter(ratelimit.Inf, 1)
 	}
 	return ratelimit.NewLimiter(ratelimit.Limit(rate), 1)
-}
-
-// GroupBy is how Summary groups dead letters.
-type GroupBy string
-
-// Summary groupings (dlq-replayer summary --by).
-const (
-	GroupByFingerprint GroupBy = "fingerprint"
-	GroupByProjection  GroupBy = "projection"
-	GroupByTenant      GroupBy = "tenant"
-	GroupByError       GroupBy = "error"
-)
-
-// ParseGroupBy returns the grouping named s: fingerprint, projection, tenant
-// or error.
-func ParseGroupBy(s string) (GroupBy, error) {
-	switch g := GroupBy(s); g {
-	case GroupByFingerprint, GroupByProjection, GroupByTenant, GroupByError:
-		return g, nil
-	}
-	return "", fmt.Errorf("%q is not fingerprint, projection, tenant or error", s)
-}
-
-// Group is one row of a summary.
-type Group struct {
-	// Key is the fingerprint, projection, tenant schema or first line of the
-	// error message the group shares.
-	Key string `json:"key"`
-	// Count is the number of dead letters in the group.
-	Count int `json:"count"`
-	// FirstFailedAt and LastFailedAt are the smallest and largest failedAt
-	// (epoch ms) in the group.
-	FirstFailedAt int64 `json:"firstFailedAt"`
-	LastFailedAt  int64 `json:"lastFailedAt"`
-	// Projections are the projections in the group, sorted.
-	Projections []string `json:"projections"`
-	// SampleError is the error of the group's first dead letter.
-	SampleError string `json:"sampleError"`
-}
-
-// Summary counts dead letters by group. Add entries, then read Groups.
-type Summary struct {
-	by     GroupBy
-	groups map[string]*Group
-	projs  map[string]map[string]bool
-}
-
-// NewSummary returns an empty summary grouping by by.
-func NewSummary(by GroupBy) *Summary {
-	return &Summary{by: by, groups: map[string]*Group{}, projs: map[string]map[string]bool{}}
-}
-
-// Add counts e in its group.
-func (s *Summary) Add(e *Entry) {
-	var key string
-	switch s.by {
-	case GroupByProjection:
-		key = e.Projection
-	case GroupByTenant:
-		key = e.TenantSchema
-	case GroupByError:
-		key = firstLine(e.Message.Error)
-	default:
-		key = e.Fingerprint
-	}
-	g := s.groups[key]
-	if g == nil {
-		g = &Group{Key: key, FirstFailedAt: e.Message.FailedAt, LastFailedAt: e.Message.FailedAt, SampleError: e.Message.Error}
-		s.groups[key] = g
-		s.projs[key] = map[string]bool{}
-	}
-	g.Count++
-	g.FirstFailedAt = min(g.FirstFailedAt, e.Message.FailedAt)
-	g.LastFailedAt = max(g.LastFailedAt, e.Message.FailedAt)
-	if !s.projs[key][e.Projection] {
-		s.projs[key][e.Projection] = true
-		g.Projections = append(g.Projections, e.Projection)
-	}
-}
-
-// Groups returns the groups, largest first (ties by key).
-func (s *Summary) Groups() []Group {
-	out := make([]Group, 0, len(s.groups))
-	for _, g := range s.groups {
-		c := *g
-		c.Projections = slices.Clone(g.Projections)
-		slices.Sort(c.Projections)
-		out = append(out, c)
-	}
-	slices.SortFunc(out, func(a, b Group) int {
-		if c := cmp.Compare(b.Count, a.Count); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Key, b.Key)
-	})
-	return out
-}
-
-// By returns the grouping of the summary.
-func (s *Summary) By() GroupBy { return s.by }
-
-// firstLine is the first line of s, trimmed: the key of GroupByError.
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(s, "\n")
-	return strings.TrimSpace(s)
 }
