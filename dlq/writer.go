@@ -73,9 +73,8 @@ var ErrAttemptTimeout = errors.New("kafka did not acknowledge the dead letter in
 type Writer struct {
 	client         *kgo.Client
 	cfg            RecordConfig
-	backoff        retry.Policy
+	backoff        retry.Policy // MaxRetries: WriterConfig.MaxAttempts − 1
 	log            *slog.Logger
-	maxAttempts    int
 	attemptTimeout time.Duration // <= 0: none
 }
 
@@ -121,7 +120,7 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if cfg.MaxAttempts == -1 {
 		bo.MaxRetries = math.MaxInt
 	}
-	return &Writer{client: client, cfg: cfg.RecordConfig, backoff: bo, log: cfg.Logger, maxAttempts: cfg.MaxAttempts, attemptTimeout: cfg.AttemptTimeout}, nil
+	return &Writer{client: client, cfg: cfg.RecordConfig, backoff: bo, log: cfg.Logger, attemptTimeout: cfg.AttemptTimeout}, nil
 }
 
 // Validate fills in the defaults of the zero fields (RecordConfig's with
