@@ -27,18 +27,23 @@ build:
 
 # make run ARGS='--kafka-port 29092 --http-addr 127.0.0.1:18080' changes the
 # embedded broker's port and the HTTP address (defaults 9092 and :8080).
+# The dev command links kfake and a throwaway PostgreSQL, so it exists only
+# in a build with -tags dev, kept apart from make build's bin/projection-worker.
 run:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/projection-worker ./cmd/projection-worker
-	./bin/projection-worker dev $(ARGS)
+	$(GO) build -tags dev -ldflags "$(LDFLAGS)" -o bin/projection-worker-dev ./cmd/projection-worker
+	./bin/projection-worker-dev dev $(ARGS)
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags dev ./cmd/projection-worker
 
 # make test: everything, with the race detector. Integration tests use
 # DATABASE_URL or start a throwaway PostgreSQL; with CI=true a missing
 # service fails them instead of skipping.
 test: vet
 	$(GO) test -race -count=1 -timeout 12m ./...
+	# The dev command (make run) is built only with -tags dev: its test too.
+	$(GO) test -race -count=1 -timeout 5m -tags dev -run 'TestDev' ./cmd/projection-worker
 	# The worker scenarios again with COPY off, so that the statement path
 	# is tested alone too (the suite above sends every upsert group through
 	# COPY, and through statements only when a COPY fails).

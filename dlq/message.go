@@ -15,9 +15,8 @@ import (
 	"github.com/causet/projection-worker/retry"
 )
 
-// Default topic names (SPEC §2). All are configurable.
+// Default topic names (SPEC §2). Both are configurable.
 const (
-	DefaultEventsTopic = "causet.projection-events.v1"
 	DefaultTopic       = "causet.projection-dlq.v1"
 	DefaultLedgerTopic = "causet.projection-dlq-ledger.v1"
 )

@@ -40,7 +40,7 @@ func followedAtErr() *pgconn.PgError {
 
 func testSource(value []byte) *kgo.Record {
 	return &kgo.Record{
-		Topic:     DefaultEventsTopic,
+		Topic:     "causet.projection-events.v1",
 		Partition: 3,
 		Offset:    1891,
 		Timestamp: time.UnixMilli(1719331200000),
@@ -292,7 +292,7 @@ func TestNewRecordHeaders(t *testing.T) {
 		{HeaderReplayCountOut, "2"},
 		{"dup", "1"},
 		{"dup", "2"},
-		{HeaderOriginalTopic, DefaultEventsTopic},
+		{HeaderOriginalTopic, "causet.projection-events.v1"},
 		{HeaderOriginalPartition, "3"},
 		{HeaderOriginalOffset, "1891"},
 		{HeaderOriginalTimestamp, "1719331200000"},

@@ -8,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/plugin/kotel"
 
-	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -111,7 +110,7 @@ type Config struct {
 // field.
 func (c *Config) Validate() error {
 	if c.Topic == "" {
-		c.Topic = dlq.DefaultEventsTopic
+		c.Topic = DefaultEventsTopic
 	}
 	if c.Group == "" {
 		c.Group = DefaultGroup

@@ -63,7 +63,7 @@ func (s *settings) registerCommon(fs *flagenv.Set) {
 
 func (s *settings) registerKafka(fs *flagenv.Set) {
 	s.kafka.Register(fs)
-	fs.String(&s.topic, "topic", "EVENTS_TOPIC", dlq.DefaultEventsTopic, "events topic")
+	fs.String(&s.topic, "topic", "EVENTS_TOPIC", projection.DefaultEventsTopic, "events topic")
 	fs.String(&s.dlqTopic, "dlq-topic", "DLQ_TOPIC", dlq.DefaultTopic, "dead-letter topic")
 	fs.String(&s.ledgerTopic, "ledger-topic", "LEDGER_TOPIC", dlq.DefaultLedgerTopic, "replay ledger topic (compacted)")
 	fs.Int(&s.partitions, "partitions", "EVENTS_PARTITIONS", 8, "partitions of the events topic when it has to be created")
@@ -210,7 +210,8 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 		if t.name == "" {
 			return dlq.TopicConfig{}, flagenv.Usagef("%s is empty", t.flag)
 		}
-		if err := (dlq.TopicConfig{EventsTopic: t.name, DLQTopic: t.name + ".a", LedgerTopic: t.name + ".b"}).Validate(); err != nil {
+		one := dlq.TopicConfig{EventsTopic: t.name, DLQTopic: t.name + ".a", LedgerTopic: t.name + ".b"}
+		if err := one.Validate(); err != nil {
 			return dlq.TopicConfig{}, flagenv.Usagef("%s %q: %v", t.flag, t.name, errors.Unwrap(err))
 		}
 	}
