@@ -9,14 +9,20 @@ TEST_KAFKA_BROKERS ?= 127.0.0.1:19092
 N ?= 200000
 # Events of the unmigrated-tenant scenario of make bench (non-blocking retries).
 N_TENANT ?= 1000000
+# Fault phase of make soak (make soak SOAK_DURATION=30m); SOAK_SEED,
+# SOAK_FAULTS and the rest are read from the environment (README).
+SOAK_DURATION ?= 10m
+# The short soak that make test runs.
+TEST_SOAK_DURATION ?= 75s
 
-.PHONY: help build run test test-unit test-kafka vet fuzz bench bench-replay clean image image-bin
+.PHONY: help build run test test-unit test-kafka vet fuzz bench bench-replay soak clean image image-bin
 
 help:
 	@echo "make run          the worker on an embedded Kafka (127.0.0.1:9092) and a throwaway PostgreSQL, with example events"
 	@echo "make test         every test: vet, unit and integration (in-process Kafka, real PostgreSQL)"
 	@echo "make test-kafka   the integration suite against the real broker of 'make kafka-up' ($(TEST_KAFKA_BROKERS))"
 	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
+	@echo "make soak         the fault soak: workers, faults and invariants for SOAK_DURATION=$(SOAK_DURATION) (SOAK_SEED=n reproduces a run)"
 	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events), and with 1% of N_TENANT=$(N_TENANT) events for an unmigrated tenant"
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
 	@echo "make build        binaries in bin/"
@@ -48,6 +54,15 @@ test: vet
 	# is tested alone too (the suite above sends every upsert group through
 	# COPY, and through statements only when a COPY fails).
 	TEST_NO_COPY=1 $(GO) test -count=1 -timeout 5m -run 'TestWorker' ./projection
+	# A short fault soak (make soak runs the long one); its seed is printed.
+	SOAK_DURATION=$(TEST_SOAK_DURATION) $(GO) test -race -count=1 -timeout 8m -run '^TestSoak$$' -v ./internal/soak
+
+# The fault soak (internal/soak, README "Fault soak"): several workers in one
+# consumer group against a 3-broker kfake and the test PostgreSQL behind a
+# proxy, a seeded schedule of faults, then the invariants; one table, exit 1
+# on any violation.
+soak:
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./internal/soak
 
 # The same integration scenarios against a real Apache Kafka broker. Tests
 # that need kfake fault injection are skipped by name with the reason; their
