@@ -175,8 +175,13 @@ func (pc *partition) run() {
 			if len(recs) == 0 {
 				break
 			}
-			if err := pc.processBatch(pc.ctx, recs); err != nil {
-				return // ctx is done: the unfinished records go to the next owner
+			for len(recs) > 0 {
+				n := inOrder(recs)
+				pc.rewound(recs[0])
+				if err := pc.processBatch(pc.ctx, recs[:n]); err != nil {
+					return // ctx is done: the unfinished records go to the next owner
+				}
+				recs = recs[n:]
 			}
 			pc.maybeResume()
 			if !more {
@@ -280,5 +285,46 @@ func (pc *partition) setRetrying(n int) {
 	pc.mu.Unlock()
 	if d != 0 {
 		pc.w.cfg.Metrics.addRetrying(context.Background(), int64(d))
+	}
+}
+
+// inOrder returns how many records at the head of recs have increasing
+// offsets.
+func inOrder(recs []*kgo.Record) int {
+	for i := 1; i < len(recs); i++ {
+		if recs[i].Offset <= recs[i-1].Offset {
+			return i
+		}
+	}
+	return len(recs)
+}
+
+// rewound handles records the client delivers again: first, at or below
+// the last record taken, happens when the client rewinds its fetch position
+// within an assignment (a broker reported lost records after a leader
+// change, or the offset was out of range). What was taken from there on is
+// processed again, so its open records and waiting pairs are dropped (the
+// records before first stay); re-applied records are stale no-ops, and
+// their dead letters can be written twice. A WARN line says so, with the
+// partition and both offsets.
+func (pc *partition) rewound(first *kgo.Record) {
+	if pc.lastDone == nil || first.Offset > pc.lastDone.Offset {
+		return
+	}
+	pc.w.log.Warn("records delivered again: the client rewound this partition; they are processed again (stale no-ops, and their dead letters may be written twice)",
+		"topic", pc.w.cfg.Topic, "partition", pc.partition, "offset", first.Offset, "last_offset", pc.lastDone.Offset)
+	keep := pc.open[:0]
+	for _, rs := range pc.open {
+		if rs.d.rec.Offset < first.Offset {
+			keep = append(keep, rs)
+		}
+	}
+	clear(pc.open[len(keep):])
+	pc.open = keep
+	pc.retries.dropFrom(first.Offset, pc.w.breaker)
+	pc.setRetrying(len(pc.retries.pairs))
+	pc.lastDone = nil
+	if len(pc.open) > 0 {
+		pc.lastDone = pc.open[len(pc.open)-1].d.rec
 	}
 }

@@ -86,6 +86,24 @@ func (s *retrySet) cancel(b *breaker) {
 	s.pairs, s.bytes = nil, 0
 }
 
+// dropFrom drops the waiting pairs of records at offset from and after
+// (they are delivered again), freeing their breaker probes.
+func (s *retrySet) dropFrom(from int64, b *breaker) {
+	kept := s.pairs[:0]
+	for _, p := range s.pairs {
+		if p.d.rec.Offset < from {
+			kept = append(kept, p)
+			continue
+		}
+		s.bytes -= recordBytes(p.d.rec)
+		if p.probe {
+			b.cancelled(p.fp)
+		}
+	}
+	clear(s.pairs[len(kept):])
+	s.pairs = kept
+}
+
 // schedule settles a pair whose attempt failed with a retriable error: it
 // waits in the retry set for its next attempt, unless the retries ran out
 // or the breaker of its fingerprint is open (at its first failure, or since

@@ -148,3 +148,28 @@ func TestScheduleShortCircuitsAWaitingPairWhenTheBreakerOpens(t *testing.T) {
 		t.Fatalf("dead letter = %+v, want short-circuited after 1 retry", dl)
 	}
 }
+
+func TestRewoundDropsWhatIsDeliveredAgain(t *testing.T) {
+	pc := testPartition(t, Config{})
+	for _, off := range []int64{10, 20, 30} {
+		p := failedPair(off)
+		pc.open = append(pc.open, &recordState{d: p.d, pending: map[string]time.Time{"stub": time.Now()}})
+		p.due = time.Now().Add(time.Hour)
+		pc.retries.add(p)
+	}
+	pc.lastDone = &kgo.Record{Offset: 35}
+	pc.rewound(&kgo.Record{Offset: 36}) // in order: nothing happens
+	if len(pc.open) != 3 || len(pc.retries.pairs) != 3 {
+		t.Fatalf("after records in order: open %d, waiting %d; want 3, 3", len(pc.open), len(pc.retries.pairs))
+	}
+	pc.rewound(&kgo.Record{Offset: 20})
+	if len(pc.open) != 1 || pc.open[0].d.rec.Offset != 10 || len(pc.retries.pairs) != 1 || pc.retries.pairs[0].d.rec.Offset != 10 {
+		t.Fatalf("after a rewind to 20: open %d, waiting %d; want only offset 10 left", len(pc.open), len(pc.retries.pairs))
+	}
+	if pc.lastDone.Offset != 10 {
+		t.Errorf("last taken = %d, want 10", pc.lastDone.Offset)
+	}
+	if got := inOrder([]*kgo.Record{{Offset: 5}, {Offset: 6}, {Offset: 2}, {Offset: 3}}); got != 2 {
+		t.Errorf("inOrder = %d, want 2", got)
+	}
+}

@@ -56,7 +56,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the first owner, or it gets two dead letters.
 func TestWorkerRevokeDuringRetryDeadLettersNothingTwice(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, rigOptions{})
+	for _, brokers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d brokers", brokers), func(t *testing.T) {
+			t.Parallel()
+			testRevokeDuringRetry(t, brokers)
+		})
+	}
+}
+
+func testRevokeDuringRetry(t *testing.T, brokers int) {
+	r := newRig(t, rigOptions{brokers: brokers})
 	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
 	r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", 1, `{"user_id":"user-1","artist_id":"a","stars":3}`)))
 	r.produce("poison", []byte("not json"))

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
@@ -52,6 +53,7 @@ type rigOptions struct {
 	partitions int32
 	db         *pgtest.Server // own database server (outage tests); default shared
 	fake       bool           // needs kfake fault injection
+	brokers    int            // kfake brokers (default 1); the real broker is one
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -60,10 +62,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		o.partitions = 1
 	}
 	var b *kafkatest.Broker
+	kopts := []kfake.Opt{kfake.NumBrokers(max(o.brokers, 1))}
 	if o.fake {
-		b = kafkatest.Fake(t)
+		b = kafkatest.Fake(t, kopts...)
 	} else {
-		b = kafkatest.New(t)
+		b = kafkatest.New(t, kopts...)
 	}
 	var pool *pgxpool.Pool
 	if o.db != nil {
