@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -21,6 +22,23 @@ type Model struct {
 	records map[int32]map[int64]*Record
 	count   int
 	pairs   int
+	// expectedGood are the causes a pair that must apply may still be
+	// dead-lettered with, given the faults injected (ExpectGoodDeadLetters).
+	expectedGood map[string]bool
+}
+
+// ExpectGoodDeadLetters tells the final check that pairs which must apply
+// may be dead-lettered with cause (such as "projection/57014" when the
+// database's statement_timeout was cut for longer than the retries last: a
+// statement timeout is a projection error, retried then dead-lettered, by
+// design). Such dead letters are counted apart, not as violations.
+func (m *Model) ExpectGoodDeadLetters(cause string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.expectedGood == nil {
+		m.expectedGood = map[string]bool{}
+	}
+	m.expectedGood[cause] = true
 }
 
 // NewModel returns an empty model.
@@ -338,8 +356,10 @@ type Final struct {
 	Violations []Violation
 	Lost       int
 	// GoodDeadLettered counts dead letters of pairs that must apply, by
-	// cause (a violation: an outage must not burn events into the DLQ).
-	GoodDeadLettered map[string]int
+	// cause (a violation: an outage must not burn events into the DLQ);
+	// ExpectedGoodDeadLettered those with a cause the faults explain
+	// (Model.ExpectGoodDeadLetters), not violations.
+	GoodDeadLettered, ExpectedGoodDeadLettered map[string]int
 	// Duplicates counts pairs dead-lettered more than once, by cause;
 	// InFlightDuplicates those written again after an instance that held
 	// them died abruptly (allowed).
@@ -362,7 +382,7 @@ type Final struct {
 // pair not done at or above it was never passed by a commit, so it counts
 // as unprocessed (the stall check reports why), not as lost.
 func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64, abrupt func(worker string) bool, check func(DeadLetter, []byte) error) Final {
-	f := Final{GoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, ByCause: map[string]int{}}
+	f := Final{GoodDeadLettered: map[string]int{}, ExpectedGoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, ByCause: map[string]int{}}
 	bad := func(inv int, kind, format string, args ...any) {
 		f.Violations = append(f.Violations, Violation{inv, kind, fmt.Sprintf(format, args...)})
 	}
@@ -384,10 +404,13 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64,
 		if len(copies) < 2 {
 			continue
 		}
-		// Copies come in dead-letter topic order (one key, one partition).
+		// Copies in the order they were written (failedAt): the
+		// dead-letter topic's order holds only within one of its
+		// partitions, and a keyless record's copies can land on several.
 		// They were in flight at an abrupt death when the first writer
 		// died abruptly and the others are the next owners; a worker that
 		// writes one dead letter twice is never excused.
+		sort.SliceStable(copies, func(i, j int) bool { return failedAt(copies[i]) < failedAt(copies[j]) })
 		workers := map[string]bool{}
 		inFlight := abrupt(copies[0].Worker)
 		for i, c := range copies {
@@ -435,7 +458,9 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64,
 		for _, p := range r.Pairs {
 			byKey[p.Row] = append(byKey[p.Row], keyed{r, p})
 			dl := byPair[PairID{r.Partition, r.Offset, p.Projection}]
-			if p.Expect == MustApply && len(dl) > 0 {
+			if p.Expect == MustApply && len(dl) > 0 && m.expectedGood[dl[0].Cause()] {
+				f.ExpectedGoodDeadLettered[dl[0].Cause()]++
+			} else if p.Expect == MustApply && len(dl) > 0 {
 				f.GoodDeadLettered[dl[0].Cause()]++
 				bad(1, "good pair dead-lettered", "%d@%d/%s (%s, %s seq %d): %s", r.Partition, r.Offset, p.Projection, r.Kind, p.Row, p.Seq, dl[0].Cause())
 			}
@@ -489,4 +514,13 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64,
 	}
 	sort.Slice(f.Violations, func(i, j int) bool { return f.Violations[i].String() < f.Violations[j].String() })
 	return f
+}
+
+// failedAt returns a dead letter's failedAt (epoch ms), 0 when unreadable.
+func failedAt(dl DeadLetter) int64 {
+	var m struct {
+		FailedAt int64 `json:"failedAt"`
+	}
+	_ = json.Unmarshal(dl.Value, &m)
+	return m.FailedAt
 }

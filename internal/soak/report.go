@@ -24,6 +24,7 @@ type Report struct {
 	DeadLetters              int
 	DeadLettersByCause       map[string]int
 	GoodDeadLettered         map[string]int
+	ExpectedGoodDeadLettered map[string]int // by a cause the faults explain
 	Duplicates               map[string]int
 	InFlightDuplicates       map[string]int
 	Stalls                   []string
@@ -48,6 +49,7 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("  broker answers", counts(r.Refusals))
 	row("lost (invariant 1)", fmt.Sprintf("%d (and %d pairs behind a stall, never committed)", r.Lost, r.Unprocessed))
 	row("good pairs dead-lettered", counts(r.GoodDeadLettered))
+	row("  as the faults explain", counts(r.ExpectedGoodDeadLettered))
 	row("commits checked (invariant 2)", fmt.Sprintf("%d (%d covered records produced a moment later)", r.CommitsChecked, r.CommitsLate))
 	row("commit violations", fmt.Sprint(r.CommitViolations))
 	row("dead letters", fmt.Sprintf("%d: %s", r.DeadLetters, counts(r.DeadLettersByCause)))
