@@ -25,6 +25,32 @@ type Model struct {
 	// expectedGood are the causes a pair that must apply may still be
 	// dead-lettered with, given the faults injected (ExpectGoodDeadLetters).
 	expectedGood map[string]bool
+	// rewinds are, by partition, the offsets a worker's client rewound to
+	// within an assignment (Rewound).
+	rewinds map[int32][]int64
+}
+
+// Rewound tells the final check that a worker's client delivered partition
+// p again from offset: the pairs from there on were processed again, and
+// their dead letters written twice are counted apart, not as violations.
+func (m *Model) Rewound(p int32, offset int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rewinds == nil {
+		m.rewinds = map[int32][]int64{}
+	}
+	m.rewinds[p] = append(m.rewinds[p], offset)
+}
+
+// afterRewind reports whether a rewind of id's partition went back to or
+// before id's offset.
+func (m *Model) afterRewind(id PairID) bool {
+	for _, o := range m.rewinds[id.Partition] {
+		if o <= id.Offset {
+			return true
+		}
+	}
+	return false
 }
 
 // ExpectGoodDeadLetters tells the final check that pairs which must apply
@@ -364,6 +390,9 @@ type Final struct {
 	// InFlightDuplicates those written again after an instance that held
 	// them died abruptly (allowed).
 	Duplicates, InFlightDuplicates map[string]int
+	// RewoundDuplicates counts those written again after a worker's client
+	// rewound the partition (Model.Rewound; allowed).
+	RewoundDuplicates map[string]int
 	DeadLetters                    int
 	ByCause                        map[string]int // dead letters by cause
 	// Unprocessed counts the pairs at or above their partition's final
@@ -382,7 +411,7 @@ type Final struct {
 // pair not done at or above it was never passed by a commit, so it counts
 // as unprocessed (the stall check reports why), not as lost.
 func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64, abrupt func(worker string) bool, check func(DeadLetter, []byte) error) Final {
-	f := Final{GoodDeadLettered: map[string]int{}, ExpectedGoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, ByCause: map[string]int{}}
+	f := Final{GoodDeadLettered: map[string]int{}, ExpectedGoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, RewoundDuplicates: map[string]int{}, ByCause: map[string]int{}}
 	bad := func(inv int, kind, format string, args ...any) {
 		f.Violations = append(f.Violations, Violation{inv, kind, fmt.Sprintf(format, args...)})
 	}
@@ -426,6 +455,10 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64,
 		cause := copies[0].Cause() + ", " + how
 		if inFlight {
 			f.InFlightDuplicates[cause] += len(copies) - 1
+			continue
+		}
+		if m.afterRewind(id) {
+			f.RewoundDuplicates[cause] += len(copies) - 1
 			continue
 		}
 		f.Duplicates[cause] += len(copies) - 1

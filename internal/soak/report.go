@@ -27,6 +27,7 @@ type Report struct {
 	ExpectedGoodDeadLettered map[string]int // by a cause the faults explain
 	Duplicates               map[string]int
 	InFlightDuplicates       map[string]int
+	RewoundDuplicates        map[string]int
 	Stalls                   []string
 	LongestRecovery          time.Duration
 	LongestRecoveryAfter     string // the fault kind it followed
@@ -55,6 +56,7 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("dead letters", fmt.Sprintf("%d: %s", r.DeadLetters, counts(r.DeadLettersByCause)))
 	row("duplicate dead letters (3)", counts(r.Duplicates))
 	row("  in flight at abrupt death", counts(r.InFlightDuplicates))
+	row("  after a client rewind", counts(r.RewoundDuplicates))
 	row("stalls (invariant 4)", fmt.Sprint(len(r.Stalls)))
 	row("longest recovery", fmt.Sprintf("%s (after %s)", r.LongestRecovery.Round(100*time.Millisecond), or(r.LongestRecoveryAfter, "-")))
 	byKind := map[string]int{}

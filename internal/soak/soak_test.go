@@ -237,11 +237,12 @@ func runSoak(t *testing.T, s settings) *Report {
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	model := NewModel()
 	k := &soak{
 		t: t, s: s,
 		rng:    rand.New(rand.NewPCG(s.seed, 2)),
-		log:    slog.New(slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		model:  NewModel(),
+		log:    slog.New(rewindWatcher{slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo}), model}),
+		model:  model,
 		abrupt: map[string]bool{},
 		faults: map[string]int{},
 		group:  "soak-group",
@@ -306,7 +307,7 @@ func runSoak(t *testing.T, s settings) *Report {
 		Faults: k.faults, Lost: fin.Lost, Unprocessed: fin.Unprocessed,
 		CommitsChecked: k.checker.Commits, CommitViolations: k.checker.Bad, CommitsLate: k.checker.Late,
 		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered, ExpectedGoodDeadLettered: fin.ExpectedGoodDeadLettered,
-		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates,
+		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates, RewoundDuplicates: fin.RewoundDuplicates,
 		Stalls: k.stalls, InstancesStarted: k.started, Killed: k.killed,
 	}
 	rep.Refusals = k.hooks.refused
@@ -1137,4 +1138,41 @@ func (k *soak) readDeadLetters() []DeadLetter {
 		})
 	}
 	return out
+}
+
+// rewindWatcher passes log records on and tells the model about the
+// worker's "records delivered again" lines: a client that rewinds a
+// partition within an assignment (kgo, after a broker reported lost records
+// when a leader moved) makes the worker process those records again, and
+// their dead letters can be written twice (README, Failure handling).
+type rewindWatcher struct {
+	slog.Handler
+	m *Model
+}
+
+func (h rewindWatcher) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "records delivered again") {
+		var p, o int64 = -1, -1
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "partition":
+				p = a.Value.Int64()
+			case "offset":
+				o = a.Value.Int64()
+			}
+			return true
+		})
+		if p >= 0 && o >= 0 {
+			h.m.Rewound(int32(p), o)
+		}
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h rewindWatcher) WithAttrs(as []slog.Attr) slog.Handler {
+	return rewindWatcher{h.Handler.WithAttrs(as), h.m}
+}
+
+func (h rewindWatcher) WithGroup(name string) slog.Handler {
+	return rewindWatcher{h.Handler.WithGroup(name), h.m}
 }
