@@ -393,8 +393,8 @@ type Final struct {
 	// RewoundDuplicates counts those written again after a worker's client
 	// rewound the partition (Model.Rewound; allowed).
 	RewoundDuplicates map[string]int
-	DeadLetters                    int
-	ByCause                        map[string]int // dead letters by cause
+	DeadLetters       int
+	ByCause           map[string]int // dead letters by cause
 	// Unprocessed counts the pairs at or above their partition's final
 	// committed offset that are neither applied nor dead-lettered: not
 	// lost, but left behind by a stall (reported as such).
