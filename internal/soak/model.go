@@ -28,6 +28,22 @@ type Model struct {
 	// rewinds are, by partition, the offsets a worker's client rewound to
 	// within an assignment (Rewound).
 	rewinds map[int32][]int64
+	// timedOut are the pairs a dead-letter write attempt of timed out
+	// (WriteTimedOut).
+	timedOut map[PairID]bool
+}
+
+// WriteTimedOut tells the final check that an attempt to write id's dead
+// letter timed out (dlq.ErrAttemptTimeout): Kafka may have stored it all
+// the same, and the writer's next attempt writes it again (at least once,
+// as documented), so its copies are counted apart, not as violations.
+func (m *Model) WriteTimedOut(id PairID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.timedOut == nil {
+		m.timedOut = map[PairID]bool{}
+	}
+	m.timedOut[id] = true
 }
 
 // Rewound tells the final check that a worker's client delivered partition
@@ -393,8 +409,11 @@ type Final struct {
 	// RewoundDuplicates counts those written again after a worker's client
 	// rewound the partition (Model.Rewound; allowed).
 	RewoundDuplicates map[string]int
-	DeadLetters       int
-	ByCause           map[string]int // dead letters by cause
+	// TimedOutDuplicates counts those written again after a write attempt
+	// of theirs timed out (Model.WriteTimedOut; allowed).
+	TimedOutDuplicates map[string]int
+	DeadLetters        int
+	ByCause            map[string]int // dead letters by cause
 	// Unprocessed counts the pairs at or above their partition's final
 	// committed offset that are neither applied nor dead-lettered: not
 	// lost, but left behind by a stall (reported as such).
@@ -411,7 +430,7 @@ type Final struct {
 // pair not done at or above it was never passed by a commit, so it counts
 // as unprocessed (the stall check reports why), not as lost.
 func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64, abrupt func(worker string) bool, check func(DeadLetter, []byte) error) Final {
-	f := Final{GoodDeadLettered: map[string]int{}, ExpectedGoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, RewoundDuplicates: map[string]int{}, ByCause: map[string]int{}}
+	f := Final{GoodDeadLettered: map[string]int{}, ExpectedGoodDeadLettered: map[string]int{}, Duplicates: map[string]int{}, InFlightDuplicates: map[string]int{}, RewoundDuplicates: map[string]int{}, TimedOutDuplicates: map[string]int{}, ByCause: map[string]int{}}
 	bad := func(inv int, kind, format string, args ...any) {
 		f.Violations = append(f.Violations, Violation{inv, kind, fmt.Sprintf(format, args...)})
 	}
@@ -459,6 +478,10 @@ func CheckFinal(m *Model, st State, dls []DeadLetter, committed map[int32]int64,
 		}
 		if m.afterRewind(id) {
 			f.RewoundDuplicates[cause] += len(copies) - 1
+			continue
+		}
+		if m.timedOut[id] {
+			f.TimedOutDuplicates[cause] += len(copies) - 1
 			continue
 		}
 		f.Duplicates[cause] += len(copies) - 1

@@ -28,6 +28,7 @@ type Report struct {
 	Duplicates               map[string]int
 	InFlightDuplicates       map[string]int
 	RewoundDuplicates        map[string]int
+	TimedOutDuplicates       map[string]int
 	Stalls                   []string
 	LongestRecovery          time.Duration
 	LongestRecoveryAfter     string // the fault kind it followed
@@ -57,6 +58,7 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("duplicate dead letters (3)", counts(r.Duplicates))
 	row("  in flight at abrupt death", counts(r.InFlightDuplicates))
 	row("  after a client rewind", counts(r.RewoundDuplicates))
+	row("  after a write timed out", counts(r.TimedOutDuplicates))
 	row("stalls (invariant 4)", fmt.Sprint(len(r.Stalls)))
 	row("longest recovery", fmt.Sprintf("%s (after %s)", r.LongestRecovery.Round(100*time.Millisecond), or(r.LongestRecoveryAfter, "-")))
 	byKind := map[string]int{}

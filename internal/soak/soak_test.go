@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -307,7 +308,7 @@ func runSoak(t *testing.T, s settings) *Report {
 		Faults: k.faults, Lost: fin.Lost, Unprocessed: fin.Unprocessed,
 		CommitsChecked: k.checker.Commits, CommitViolations: k.checker.Bad, CommitsLate: k.checker.Late,
 		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered, ExpectedGoodDeadLettered: fin.ExpectedGoodDeadLettered,
-		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates, RewoundDuplicates: fin.RewoundDuplicates,
+		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates, RewoundDuplicates: fin.RewoundDuplicates, TimedOutDuplicates: fin.TimedOutDuplicates,
 		Stalls: k.stalls, InstancesStarted: k.started, Killed: k.killed,
 	}
 	rep.Refusals = k.hooks.refused
@@ -1140,17 +1141,38 @@ func (k *soak) readDeadLetters() []DeadLetter {
 	return out
 }
 
-// rewindWatcher passes log records on and tells the model about the
-// worker's "records delivered again" lines: a client that rewinds a
-// partition within an assignment (kgo, after a broker reported lost records
-// when a leader moved) makes the worker process those records again, and
-// their dead letters can be written twice (README, Failure handling).
+// rewindWatcher passes log records on and tells the model about the lines
+// that explain a dead letter written twice (README, Failure handling): the
+// worker's "records delivered again" (a client that rewinds a partition
+// within an assignment, as kgo does after a broker reported lost records
+// when a leader moved, makes the worker process those records again) and
+// the writer's "dead-letter write failed" with dlq.ErrAttemptTimeout (an
+// attempt Kafka did not acknowledge in time may still have been stored).
 type rewindWatcher struct {
 	slog.Handler
 	m *Model
 }
 
 func (h rewindWatcher) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "dead-letter write failed") {
+		id, timedOut := PairID{Partition: -1, Offset: -1}, false
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "partition":
+				id.Partition = int32(a.Value.Int64())
+			case "offset":
+				id.Offset = a.Value.Int64()
+			case "projection":
+				id.Projection = a.Value.String()
+			case "error":
+				timedOut = errors.Is(asError(a.Value), dlq.ErrAttemptTimeout)
+			}
+			return true
+		})
+		if timedOut && id.Partition >= 0 && id.Offset >= 0 {
+			h.m.WriteTimedOut(id)
+		}
+	}
 	if strings.HasPrefix(r.Message, "records delivered again") {
 		var p, o int64 = -1, -1
 		r.Attrs(func(a slog.Attr) bool {
@@ -1175,4 +1197,13 @@ func (h rewindWatcher) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h rewindWatcher) WithGroup(name string) slog.Handler {
 	return rewindWatcher{h.Handler.WithGroup(name), h.m}
+}
+
+// asError returns the error a log attribute holds, nil if none.
+func asError(v slog.Value) error {
+	if v.Kind() != slog.KindAny {
+		return nil
+	}
+	err, _ := v.Any().(error)
+	return err
 }
