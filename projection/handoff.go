@@ -199,6 +199,10 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck
 	if err != nil {
 		w.log.Warn("hand-off not committed; the next owner processes the open records again and dates their failures anew",
 			"topic", w.cfg.Topic, "error", err)
+		return
+	}
+	for _, p := range t.Partitions {
+		w.log.Info("hand-off committed", "topic", w.cfg.Topic, "partition", p.Partition, "offset", p.Offset, "metadata_bytes", len(*p.Metadata))
 	}
 }
 
@@ -241,6 +245,9 @@ func (w *Worker) receiveHandoffs(ctx context.Context, cl *kgo.Client, assigned [
 			pc.mu.Lock()
 			pc.received = &h
 			pc.mu.Unlock()
+			w.log.Info("hand-off received", "topic", w.cfg.Topic, "partition", pc.partition, "offset", h.Offset, "up_to", h.UpTo, "open_records", len(h.Open))
+		} else if strings.HasPrefix(o.Metadata, handoffPrefix) {
+			w.log.Warn("hand-off ignored: it is not for the committed offset", "topic", w.cfg.Topic, "partition", pc.partition, "offset", o.At)
 		}
 	}
 }
