@@ -25,6 +25,11 @@ func (pc *partition) writeDeadLetters(ctx context.Context, dls []dlq.DeadLetter)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			if errs != nil {
+				pc.w.log.Warn("dead-letter write failed, retrying",
+					"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
+					"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", errs[i])
+			}
 			pc.advance()
 			if err := pc.deadLetter(ctx, dl); err != nil {
 				return err
