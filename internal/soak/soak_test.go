@@ -105,7 +105,8 @@ func loadSettings(t *testing.T) settings {
 	}
 	s.logPath = env("SOAK_LOG")
 	if s.logPath == "" {
-		s.logPath = filepath.Join(os.TempDir(), fmt.Sprintf("soak-%d.log", s.seed))
+		// The pid keeps concurrent runs of one seed apart.
+		s.logPath = filepath.Join(os.TempDir(), fmt.Sprintf("soak-%d-%d.log", s.seed, os.Getpid()))
 	}
 	return s
 }
@@ -299,7 +300,8 @@ func runSoak(t *testing.T, s settings) *Report {
 	k.db.Pool.Close()
 	k.dropDB()
 	if err := goleak.Find(leaks); err != nil {
-		k.stalls = append(k.stalls, "goroutines leaked: "+firstLines(err.Error(), 30))
+		k.log.Error("soak: goroutines leaked", "goroutines", err.Error())
+		k.stalls = append(k.stalls, "goroutines leaked (all of them in the log): "+firstLines(err.Error(), 30))
 	}
 
 	events, pairs := k.model.Counts()
@@ -343,9 +345,11 @@ func (k *soak) violate(vs []Violation) {
 }
 
 func (k *soak) stall(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
 	k.mu.Lock()
-	k.stalls = append(k.stalls, fmt.Sprintf(format, args...))
+	k.stalls = append(k.stalls, msg)
 	k.mu.Unlock()
+	k.log.Error("soak: stall", "stall", msg)
 }
 
 // setupDB creates the soak's own database (so that making it read-only or
@@ -623,6 +627,7 @@ func (k *soak) stopInstance(in *instance, abrupt bool) {
 		in.prod.Close()
 	}
 	in.cancel()
+	stopped := time.Now()
 	bound := 10*time.Second + 15*time.Second
 	select {
 	case <-in.done:
@@ -630,8 +635,15 @@ func (k *soak) stopInstance(in *instance, abrupt bool) {
 			k.log.Warn("soak: instance stopped with an error", "instance", in.name, "error", in.err)
 		}
 	case <-time.After(bound):
-		k.stall("instance %s (abrupt %v) did not return from Run within %s of its stop (shutdown grace 10s)", in.name, abrupt, bound)
-		return // leave it: the leak check reports its goroutines
+		select {
+		case <-in.done:
+			k.stall("instance %s (abrupt %v) returned from Run %s after its stop (shutdown grace 10s): %v",
+				in.name, abrupt, time.Since(stopped).Round(time.Second), in.err)
+		case <-time.After(90 * time.Second):
+			k.stall("instance %s (abrupt %v) did not return from Run within %s of its stop (shutdown grace 10s)",
+				in.name, abrupt, time.Since(stopped).Round(time.Second))
+			return // leave it: the leak check reports its goroutines
+		}
 	}
 	in.prod.Close()
 	in.proxy.Close()
