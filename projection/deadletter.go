@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/causet/projection-worker/dlq"
@@ -18,7 +19,9 @@ import (
 func (pc *partition) writeDeadLetters(ctx context.Context, dls []dlq.DeadLetter) error {
 	var errs []error
 	if len(dls) > 1 {
-		errs = pc.w.dead.WriteBatch(ctx, dls)
+		wctx, done := pc.writeContext(ctx)
+		errs = pc.w.dead.WriteBatch(wctx, dls)
+		done()
 	}
 	for i, dl := range dls {
 		if errs == nil || errs[i] != nil {
@@ -50,7 +53,9 @@ func (pc *partition) writeDeadLetters(ctx context.Context, dls []dlq.DeadLetter)
 func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 	b := pc.w.cfg.InfraRetry.NewBackOff()
 	for {
-		err := pc.w.dead.Write(ctx, dl)
+		wctx, done := pc.writeContext(ctx)
+		err := pc.w.dead.Write(wctx, dl)
+		done()
 		if err == nil {
 			break
 		}
@@ -141,4 +146,31 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 	// A replay to a projection this worker does not have: a projection
 	// error, not retried (no retry can add a projection).
 	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt)
+}
+
+// writeContext returns the context of one dead-letter write: ctx, except
+// that a revoke or shutdown (ctx done) lets a write in flight go on for up
+// to half the shutdown grace. Cut at once, a write whose request was
+// already sent may be stored all the same while its pair stays unfinished,
+// and the next owner writes the dead letter again; let finish, the pair is
+// finished and handed off as such. Call the returned function when the
+// write returns.
+func (pc *partition) writeContext(ctx context.Context) (context.Context, func()) {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var timer *time.Timer
+	var mu sync.Mutex
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(pc.w.cfg.ShutdownGrace/2, cancel)
+	})
+	return wctx, func() {
+		stop()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
