@@ -261,7 +261,9 @@ func (w *Worker) deadLetterAll(ctx context.Context, pc *partition, recs []*kgo.R
 		for i, x := range dls {
 			plain[i] = x.dl
 		}
-		errs = bw.WriteBatch(ctx, plain)
+		wctx, done := pc.writeContext(ctx)
+		errs = bw.WriteBatch(wctx, plain)
+		done()
 	}
 	for i, x := range dls {
 		if errs != nil && errs[i] == nil {

@@ -873,7 +873,9 @@ func (w *Worker) deadLetter(ctx context.Context, pc *partition, dl dlq.DeadLette
 	// reports not-ready, logs an error and the write is tried again.
 	b := w.cfg.InfraRetry.NewBackOff()
 	for {
-		err := w.dead.Write(ctx, dl)
+		wctx, done := pc.writeContext(ctx)
+		err := w.dead.Write(wctx, dl)
+		done()
 		if err == nil {
 			break
 		}
@@ -941,4 +943,31 @@ func (pc *partition) noticeRewind(recs []*kgo.Record) {
 		last = r.Offset
 	}
 	pc.lastTaken = last
+}
+
+// writeContext returns the context of one dead-letter write: ctx, except
+// that a revoke or shutdown (ctx done) lets a write in flight go on for up
+// to half the shutdown grace. Cut at once, a write whose request was
+// already sent may be stored all the same while its record stays
+// unfinished, and the next owner writes the dead letter again; let finish,
+// the record is finished and committed with the others. Call the returned
+// function when the write returns.
+func (pc *partition) writeContext(ctx context.Context) (context.Context, func()) {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var timer *time.Timer
+	var mu sync.Mutex
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(pc.w.cfg.ShutdownGrace/2, cancel)
+	})
+	return wctx, func() {
+		stop()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
 }
