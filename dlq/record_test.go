@@ -604,3 +604,60 @@ func TestDeadLetterParsesWithStrictParsersWhateverTheValue(t *testing.T) {
 		})
 	}
 }
+
+// TestNewRecordFollowsTheCallersValueShape: a dead letter whose caller has
+// decoded the value (DeadLetter.ValueShape) is built from that verdict,
+// without reading the value again; an unchecked one is read.
+func TestNewRecordFollowsTheCallersValueShape(t *testing.T) {
+	dup := `{"a":1,"a":2}`
+	tests := []struct {
+		name     string
+		value    string
+		shape    ValueShape
+		verbatim bool
+	}{
+		{"strict object, unchecked", testEvent, ValueUnchecked, true},
+		{"strict object, said so", testEvent, ValueStrictObject, true},
+		{"object the caller refused", testEvent, ValueNotStrictObject, false},
+		{"duplicate key, unchecked", dup, ValueUnchecked, false},
+		{"duplicate key, said so", dup, ValueNotStrictObject, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dl := testDeadLetter([]byte(tt.value))
+			dl.ValueShape = tt.shape
+			m := decodeMessage(t, newRecord(t, dl, RecordConfig{}).Value)
+			if tt.verbatim {
+				if string(m.OriginalEvent) != tt.value || m.OriginalValueBase64 != "" {
+					t.Errorf("originalEvent %s, originalValueBase64 %q; want the value verbatim", m.OriginalEvent, m.OriginalValueBase64)
+				}
+				return
+			}
+			raw, err := base64.StdEncoding.DecodeString(m.OriginalValueBase64)
+			if string(m.OriginalEvent) != "null" || err != nil || string(raw) != tt.value {
+				t.Errorf("originalEvent %s, originalValueBase64 %q; want null and the value in base64", m.OriginalEvent, m.OriginalValueBase64)
+			}
+		})
+	}
+}
+
+// BenchmarkNewRecord builds the dead letter of the SPEC's example event,
+// with the value's shape known (as the worker hands it over) and unchecked
+// (NewRecord reads the value).
+func BenchmarkNewRecord(b *testing.B) {
+	for _, bb := range []struct {
+		name  string
+		shape ValueShape
+	}{{"shape=known", ValueStrictObject}, {"shape=unchecked", ValueUnchecked}} {
+		b.Run(bb.name, func(b *testing.B) {
+			dl := testDeadLetter([]byte(testEvent))
+			dl.ValueShape = bb.shape
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := NewRecord(dl, RecordConfig{}, testNow); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
