@@ -114,6 +114,7 @@ func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class,
 		Retries:       retries,
 		FirstFailedAt: firstFailedAt(d.replay, firstAt),
 		ReplayCount:   d.replay.count,
+		ValueShape:    dlq.ValueStrictObject, // d.ev: DecodeEvent accepted it
 	}
 }
 
@@ -140,6 +141,10 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 		var ve *ValidationError
 		if errors.As(f.err, &ve) {
 			dl.TenantSchema, dl.ForkID, dl.EventType = ve.TenantSchema, ve.ForkID, ve.EventType
+			dl.ValueShape = dlq.ValueNotStrictObject
+			if ve.StrictObject {
+				dl.ValueShape = dlq.ValueStrictObject
+			}
 		}
 		return dl
 	}
