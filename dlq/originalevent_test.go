@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/causet/projection-worker/internal/strictjson"
+	"github.com/causet/projection-worker/internal/jqcheck"
 )
 
 func TestNewRecordValueThatIsNotAJSONObject(t *testing.T) {
@@ -111,7 +111,7 @@ func TestDeadLetterParsesWithStrictParsersWhateverTheValue(t *testing.T) {
 			if m.TenantSchema != "acme_concertapp_production" {
 				t.Errorf("tenantSchema = %q, want the dead letter's", m.TenantSchema)
 			}
-			strictjson.Check(t, rec.Value)
+			jqcheck.Check(t, rec.Value)
 		})
 	}
 }

@@ -23,7 +23,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
-	"github.com/causet/projection-worker/internal/strictjson"
+	"github.com/causet/projection-worker/internal/jqcheck"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
@@ -256,7 +256,7 @@ type deadLetter struct {
 
 // deadLetters reads the whole dead-letter topic, validates every value
 // against schemas/projection-dlq.v1.schema.json and checks that strict JSON
-// parsers read it (jq and encoding/json, strictjson.Check).
+// parsers read it (jq and encoding/json, jqcheck.Check).
 func (r *rig) deadLetters() []deadLetter {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -291,7 +291,7 @@ func (r *rig) deadLetters() []deadLetter {
 			if err := r.validator.ValidateDeadLetter(rec.Value); err != nil {
 				r.t.Errorf("dead letter at %d:%d does not validate against the schema: %v\n%s", rec.Partition, rec.Offset, err, rec.Value)
 			}
-			strictjson.Check(r.t, rec.Value)
+			jqcheck.Check(r.t, rec.Value)
 			d := deadLetter{key: string(rec.Key), headers: map[string]string{}, raw: rec.Value}
 			for _, h := range rec.Headers {
 				d.headers[h.Key] = string(h.Value)

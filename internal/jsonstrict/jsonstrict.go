@@ -13,7 +13,7 @@
 // exact text (json.Number) and never converted to float64; JSON sets them
 // no range (RFC 8259 §6), so any valid number is strict.
 //
-// Not to be confused with internal/strictjson, a test helper that runs jq
+// Not to be confused with internal/jqcheck, a test helper that runs jq
 // and encoding/json over a finished document.
 package jsonstrict
 

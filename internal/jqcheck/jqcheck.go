@@ -4,7 +4,7 @@
 // levels of nesting. jq 1.6 refuses both an unpaired high surrogate escape
 // and nesting deeper than 256 levels, so a dead letter it cannot read
 // empties a whole `kcat ... | jq` pipeline.
-package strictjson
+package jqcheck
 
 import (
 	"bytes"
