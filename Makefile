@@ -7,6 +7,8 @@ LDFLAGS   := -X main.version=$(VERSION)
 TEST_KAFKA_BROKERS ?= 127.0.0.1:19092
 # Events in the throughput benchmark (make bench N=1000000).
 N ?= 200000
+# Events of the unmigrated-tenant scenario of make bench (non-blocking retries).
+N_TENANT ?= 1000000
 # Fault phase of make soak (make soak SOAK_DURATION=30m); SOAK_SEED,
 # SOAK_FAULTS and the rest are read from the environment (README).
 SOAK_DURATION ?= 10m
@@ -24,7 +26,7 @@ help:
 	@echo "make soak-kafka   3 worker processes killed and restarted on a real broker of its own, restarted once (SOAK_DURATION=5m SOAK_SEED=n)"
 	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
 	@echo "make soak         the fault soak: workers, faults and invariants for SOAK_DURATION=$(SOAK_DURATION) (SOAK_SEED=n reproduces a run)"
-	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events)"
+	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events), and with 1% of N_TENANT=$(N_TENANT) events for an unmigrated tenant"
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
 	@echo "make build        binaries in bin/"
 	@echo "make image        the container image $(IMAGE) with buildah (BINARIES=prebuilt RUNTIME_IMAGE=scratch: no image pulled)"
@@ -34,18 +36,23 @@ build:
 
 # make run ARGS='--kafka-port 29092 --http-addr 127.0.0.1:18080' changes the
 # embedded broker's port and the HTTP address (defaults 9092 and :8080).
+# The dev command links kfake and a throwaway PostgreSQL, so it exists only
+# in a build with -tags dev, kept apart from make build's bin/projection-worker.
 run:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/projection-worker ./cmd/projection-worker
-	./bin/projection-worker dev $(ARGS)
+	$(GO) build -tags dev -ldflags "$(LDFLAGS)" -o bin/projection-worker-dev ./cmd/projection-worker
+	./bin/projection-worker-dev dev $(ARGS)
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags dev ./cmd/projection-worker
 
 # make test: everything, with the race detector. Integration tests use
 # DATABASE_URL or start a throwaway PostgreSQL; with CI=true a missing
 # service fails them instead of skipping.
 test: vet
 	$(GO) test -race -count=1 -timeout 12m ./...
+	# The dev command (make run) is built only with -tags dev: its test too.
+	$(GO) test -race -count=1 -timeout 5m -tags dev -run 'TestDev' ./cmd/projection-worker
 	# The worker scenarios again with COPY off, so that the statement path
 	# is tested alone too (the suite above sends every upsert group through
 	# COPY, and through statements only when a COPY fails).
@@ -88,7 +95,7 @@ fuzz:
 	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s
 
 bench:
-	BENCH_EVENTS=$(N) $(GO) test ./internal/bench -run '^$$' -bench BenchmarkWorkerThroughput -benchtime 1x -timeout 60m -v
+	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant' -benchtime 1x -timeout 60m -v
 
 bench-replay:
 	$(GO) test ./dlq -run '^$$' -bench BenchmarkScan -benchtime 1x -timeout 30m -v

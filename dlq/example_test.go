@@ -30,7 +30,7 @@ func ExampleFingerprint() {
 
 func ExampleNewRecord() {
 	source := &kgo.Record{
-		Topic:     dlq.DefaultEventsTopic,
+		Topic:     "causet.projection-events.v1",
 		Partition: 3,
 		Offset:    1891,
 		Timestamp: time.UnixMilli(1719331200000),

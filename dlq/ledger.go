@@ -54,7 +54,8 @@ type Decision struct {
 // AtTime returns At as a time.
 func (d Decision) AtTime() time.Time { return time.UnixMilli(d.At) }
 
-// LedgerConfig configures OpenLedger.
+// LedgerConfig configures OpenLedger. Zero values take the documented
+// defaults; Validate (OpenLedger calls it) fills them in.
 type LedgerConfig struct {
 	// Topic is the ledger topic. Default DefaultLedgerTopic.
 	Topic string
@@ -64,7 +65,8 @@ type LedgerConfig struct {
 	// compacted (cleanup.policy=compact), with Partitions partitions.
 	ReadOnly bool
 	// Partitions is the partition count of a ledger topic created by
-	// OpenLedger. Default LedgerPartitions (1), as EnsureTopics creates it.
+	// OpenLedger. Default (also for a negative value) LedgerPartitions (1),
+	// as EnsureTopics creates it.
 	Partitions int32
 	// ReplicationFactor of a created ledger topic. Default -1: the broker's
 	// default.replication.factor.
@@ -72,6 +74,27 @@ type LedgerConfig struct {
 	// Logger receives warnings about undecodable ledger records. Default:
 	// discard.
 	Logger *slog.Logger
+}
+
+// Validate fills in the defaults of the zero fields. It returns an error
+// for a ReplicationFactor below -1.
+func (c *LedgerConfig) Validate() error {
+	if c.Topic == "" {
+		c.Topic = DefaultLedgerTopic
+	}
+	if c.Partitions <= 0 {
+		c.Partitions = LedgerPartitions
+	}
+	if c.ReplicationFactor == 0 {
+		c.ReplicationFactor = -1
+	}
+	if c.ReplicationFactor < -1 {
+		return fmt.Errorf("replication factor must be -1 (broker default) or >= 1, got %d", c.ReplicationFactor)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
 }
 
 // Ledger is the replay ledger (SPEC §2, §7): the newest decision for every
@@ -93,19 +116,10 @@ type Ledger struct {
 // records whose key is not "<partition>:<offset>" or whose value is not a
 // decision are logged and ignored. Close the ledger when done.
 func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (*Ledger, error) {
-	if cfg.Topic == "" {
-		cfg.Topic = DefaultLedgerTopic
-	}
-	if cfg.Partitions <= 0 {
-		cfg.Partitions = LedgerPartitions
-	}
-	if cfg.ReplicationFactor == 0 {
-		cfg.ReplicationFactor = -1
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("open ledger: %w", err)
 	}
 	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	l := &Ledger{topic: cfg.Topic, readOnly: cfg.ReadOnly, decisions: map[Coordinates]Decision{}}
 	var created bool
 	if !cfg.ReadOnly {

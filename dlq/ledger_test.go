@@ -121,3 +121,17 @@ func TestLedgerReadOnlyWithoutTopicIsEmpty(t *testing.T) {
 		t.Error("a read-only ledger created its topic")
 	}
 }
+
+func TestLedgerConfigValidateFillsDefaults(t *testing.T) {
+	var c dlq.LedgerConfig
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Topic != dlq.DefaultLedgerTopic || c.Partitions != dlq.LedgerPartitions || c.ReplicationFactor != -1 || c.Logger == nil {
+		t.Errorf("defaults: %+v", c)
+	}
+	bad := dlq.LedgerConfig{ReplicationFactor: -2}
+	if err := bad.Validate(); err == nil {
+		t.Error("replication factor -2: no error")
+	}
+}

@@ -7,31 +7,35 @@
 package dlq
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/retry"
 )
 
-// Default topic names (SPEC §2). All are configurable.
+// Default topic names (SPEC §2). Both are configurable.
 const (
-	DefaultEventsTopic = "causet.projection-events.v1"
 	DefaultTopic       = "causet.projection-dlq.v1"
 	DefaultLedgerTopic = "causet.projection-dlq-ledger.v1"
 )
 
 // MaxOriginalEventDepth is the deepest nesting of objects and arrays, the
 // event object itself counting as level 1, that a dead letter embeds
-// verbatim in originalEvent; a deeper value is kept in originalValueBase64.
-// The dead letter adds one level, and 127 levels are what serde_json's
-// default recursion limit (128) accepts, the smallest among common strict
-// parsers (jq 1.6 stops after 256, Python's json near 1000, encoding/json
-// after 10000). The worker refuses deeper events (projection.DecodeEvent),
-// so that every event it accepts can be dead-lettered verbatim and
-// replayed.
-const MaxOriginalEventDepth = 126
+// verbatim in originalEvent: 126; a deeper value is kept in
+// originalValueBase64. The dead letter adds one level, and 127 levels are
+// what serde_json's default recursion limit (128) accepts, the smallest
+// among common strict parsers (jq 1.6 stops after 256, Python's json near
+// 1000, encoding/json after 10000). The worker refuses deeper events
+// (projection.DecodeEvent), so that every event it accepts can be
+// dead-lettered verbatim and replayed.
+const MaxOriginalEventDepth = jsonstrict.MaxDepth
 
 // MinRetention is the shortest retention.ms the dead-letter topic may have:
 // 30 days (2592000000 ms), from the Causet DLQ guide.
@@ -57,6 +61,9 @@ const (
 	// HeaderTruncated lists, comma-separated, the message fields that were
 	// shortened to fit the topic's size limit ("stackTrace", "error").
 	HeaderTruncated = "causet.dlq.truncated"
+	// HeaderShortCircuit is the fingerprint whose breaker dead-lettered the
+	// pair without retries (SPEC §5); absent otherwise.
+	HeaderShortCircuit = "causet.dlq.short-circuit"
 )
 
 // Headers the replayer adds to a republished event (SPEC §7).
@@ -126,4 +133,107 @@ type DeadLetter struct {
 	// ReplayCount is how many times the event has been replayed from the DLQ
 	// (header causet.replay.count), 0 for a first failure.
 	ReplayCount int
+	// ValueShape is what the caller learnt of Source.Value when it decoded
+	// it, so that NewRecord does not read the value again to choose between
+	// originalEvent and originalValueBase64. Default ValueUnchecked:
+	// NewRecord reads the value itself. Trap: set it only from a strict
+	// read of these very bytes (projection.DecodeEvent's); a value
+	// wrongly marked ValueStrictObject is embedded as it is, and the dead
+	// letter may then not be JSON.
+	ValueShape ValueShape
+	// ShortCircuit is the fingerprint of the open breaker that dead-lettered
+	// the pair at once, "" when the pair was not short-circuited (header
+	// causet.dlq.short-circuit).
+	ShortCircuit string
+}
+
+// ValueShape is what is known of a source record's value: whether a dead
+// letter can embed it verbatim in originalEvent (SPEC §6).
+type ValueShape uint8
+
+const (
+	// ValueUnchecked: nothing is known; NewRecord reads the value.
+	ValueUnchecked ValueShape = iota
+	// ValueStrictObject: the value is a JSON object that every strict JSON
+	// parser reads as the same document (see NewRecord); it is embedded
+	// verbatim in originalEvent. projection.DecodeEvent accepted it, or
+	// refused it only for its fields (projection.ValidationError's
+	// StrictObject).
+	ValueStrictObject
+	// ValueNotStrictObject: anything else (empty, not valid UTF-8, not
+	// JSON, not an object, a duplicate key, an unpaired surrogate escape,
+	// deeper than MaxOriginalEventDepth); it is kept in
+	// originalValueBase64.
+	ValueNotStrictObject
+)
+
+// Fingerprint returns the dead letter's failure group, as NewRecord writes
+// it in the causet.dlq.fingerprint header: Fingerprint of its projection,
+// class, SQLSTATE and error text.
+func (dl DeadLetter) Fingerprint() string {
+	return Fingerprint(dl.Projection, dl.Class, retry.SQLState(dl.Err), errorText(dl.Err))
+}
+
+// MarshalJSON returns the dead-letter JSON of m: its fields in the order
+// of the schema, OriginalEvent copied byte for byte (an empty
+// OriginalEvent is written as null), originalValueBase64 written if and
+// only if OriginalEvent is null (even when "", as the schema requires),
+// and strings escaped without HTML escaping, so '<', '>' and '&' stay as
+// they are.
+//
+// It returns an error when OriginalEvent is neither null nor a valid JSON
+// object. Unlike NewRecord it does not insist on an object every strict
+// parser reads, so that dead letters written before that rule still list.
+// Note that json.Marshal and json.Encoder re-compact (and by
+// default HTML-escape) what a MarshalJSON method returns, which would
+// change the original event's bytes: call m.MarshalJSON directly to keep
+// them, as NewRecord does.
+func (m Message) MarshalJSON() ([]byte, error) {
+	event := bytes.TrimSpace(m.OriginalEvent)
+	if !isNullEvent(event) && (event[0] != '{' || !utf8.Valid(event) || !json.Valid(event)) {
+		return nil, errors.New("originalEvent is neither null nor a JSON object")
+	}
+	return m.encode(), nil
+}
+
+func isNullEvent(event []byte) bool {
+	event = bytes.TrimSpace(event)
+	return len(event) == 0 || string(event) == "null"
+}
+
+// encode is MarshalJSON without checking OriginalEvent, which the caller
+// has checked.
+func (m Message) encode() []byte {
+	isNull := isNullEvent(m.OriginalEvent)
+	var b bytes.Buffer
+	b.Grow(len(m.OriginalEvent) + len(m.OriginalValueBase64) + len(m.Error) + len(m.StackTrace) + 256)
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	str := func(s string) {
+		_ = enc.Encode(s) // encoding a string cannot fail; invalid UTF-8 becomes U+FFFD
+		b.Truncate(b.Len() - 1)
+	}
+	b.WriteString(`{"originalEvent":`)
+	if isNull {
+		b.WriteString(`null,"originalValueBase64":`)
+		str(m.OriginalValueBase64)
+	} else {
+		b.Write(m.OriginalEvent)
+	}
+	b.WriteString(`,"projectionName":`)
+	str(m.ProjectionName)
+	b.WriteString(`,"tenantSchema":`)
+	str(m.TenantSchema)
+	b.WriteString(`,"error":`)
+	str(m.Error)
+	b.WriteString(`,"stackTrace":`)
+	str(m.StackTrace)
+	b.WriteString(`,"retryCount":`)
+	b.WriteString(strconv.Itoa(m.RetryCount))
+	b.WriteString(`,"firstFailedAt":`)
+	b.WriteString(strconv.FormatInt(m.FirstFailedAt, 10))
+	b.WriteString(`,"failedAt":`)
+	b.WriteString(strconv.FormatInt(m.FailedAt, 10))
+	b.WriteString("}")
+	return b.Bytes()
 }

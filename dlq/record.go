@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -118,12 +115,15 @@ func validTopicName(t string) error {
 //     (nil stays nil);
 //   - Value the JSON of a Message: OriginalEvent is the source value byte
 //     for byte when it is a JSON object that every strict JSON parser
-//     reads (jq 1.6 included): valid UTF-8, valid JSON, an object (first
-//     non-space byte '{'), no duplicate key at any level, no unpaired
-//     UTF-16 surrogate escape, at most MaxOriginalEventDepth levels deep;
-//     otherwise it is null and OriginalValueBase64 holds the value in
-//     standard base64 ("" for an empty value or a tombstone). Either way
-//     the dead letter parses with every strict parser. Error is, for a
+//     reads (jq 1.6 included): valid UTF-8, valid JSON, an object, no
+//     duplicate key at any level, no unpaired UTF-16 surrogate escape, at
+//     most MaxOriginalEventDepth levels deep; otherwise it is null and
+//     OriginalValueBase64 holds the value in standard base64 ("" for an
+//     empty value or a tombstone). Either way the dead letter parses with
+//     every strict parser. dl.ValueShape says which, when the caller has
+//     decoded the value already; when it is ValueUnchecked, NewRecord
+//     reads the value with the reader the worker's event decoder uses
+//     (projection.DecodeEvent), so both apply the same rules. Error is, for a
 //     *pgconn.PgError in dl.Err's chain, that error's Error() ("ERROR: ...
 //     (SQLSTATE 42703)"), else dl.Err.Error(). StackTrace is the wrapped
 //     error chain, one level a line, indented two spaces a level, each
@@ -196,7 +196,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		FirstFailedAt:  firstFailedAt,
 		FailedAt:       failedAt,
 	}
-	if isEventObject(src.Value) {
+	if embedsVerbatim(dl) {
 		msg.OriginalEvent = json.RawMessage(src.Value)
 	} else {
 		msg.OriginalEvent = json.RawMessage("null")
@@ -231,6 +231,9 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	} {
 		headers = append(headers, kgo.RecordHeader{Key: h.k, Value: []byte(h.v)})
 	}
+	if dl.ShortCircuit != "" {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderShortCircuit, Value: []byte(dl.ShortCircuit)})
+	}
 
 	rec := &kgo.Record{
 		Topic:     cfg.Topic,
@@ -244,7 +247,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	// a few passes per field; the bound only guards against a bug.
 	for range 64 {
 		msg.StackTrace, msg.Error = stack.value(), errField.value()
-		rec.Value = msg.encode() // OriginalEvent checked by isEventObject
+		rec.Value = msg.encode() // OriginalEvent checked by embedsVerbatim
 		rec.Headers = headers
 		if cut := truncatedFields(&stack, &errField); cut != "" {
 			rec.Headers = append(headers[:len(headers):len(headers)], kgo.RecordHeader{Key: HeaderTruncated, Value: []byte(cut)})
@@ -259,6 +262,19 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		}
 	}
 	return nil, fmt.Errorf("dead letter for %s: could not fit %d bytes: %w", sourceName(src), cfg.MaxBytes, ErrTooLarge)
+}
+
+// embedsVerbatim reports whether dl's source value goes into originalEvent
+// as it is: what the caller learnt when it decoded the value
+// (dl.ValueShape), else what jsonstrict reads.
+func embedsVerbatim(dl DeadLetter) bool {
+	switch dl.ValueShape {
+	case ValueStrictObject:
+		return true
+	case ValueNotStrictObject:
+		return false
+	}
+	return jsonstrict.IsObject(dl.Source.Value)
 }
 
 // dlqHeaderPrefix is the prefix of the headers NewRecord writes.
@@ -281,342 +297,4 @@ func validSchemaName(s string) bool {
 		}
 	}
 	return true
-}
-
-// errorText is the Message.Error of err: a PostgreSQL error as PostgreSQL
-// prints it, anything else as err.Error().
-func errorText(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Error()
-	}
-	return err.Error()
-}
-
-// stackTrace is the Message.StackTrace of err: the wrapped error chain,
-// one level a line, indented two spaces per level and followed by its Go
-// type ("apply x: ERROR: ... [*fmt.wrapError]"; the branches of an
-// errors.Join or a multi-%w error in order); then, for the first
-// *pgconn.PgError in the chain, its Detail, Hint, Where, SchemaName,
-// TableName, ColumnName, DataTypeName and ConstraintName when set
-// ("Detail: Key (id)=(5) already exists."); then "goroutine stack:" and
-// stack when stack is not "". Sections are separated by a blank line.
-func stackTrace(err error, stack string) string {
-	var b strings.Builder
-	writeChain(&b, err, 0)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		first := true
-		for _, f := range [...]struct{ name, v string }{
-			{"Detail", pgErr.Detail},
-			{"Hint", pgErr.Hint},
-			{"Where", pgErr.Where},
-			{"Schema", pgErr.SchemaName},
-			{"Table", pgErr.TableName},
-			{"Column", pgErr.ColumnName},
-			{"Data type", pgErr.DataTypeName},
-			{"Constraint", pgErr.ConstraintName},
-		} {
-			if f.v == "" {
-				continue
-			}
-			if first {
-				b.WriteString("\n")
-				first = false
-			}
-			fmt.Fprintf(&b, "\n%s: %s", f.name, f.v)
-		}
-	}
-	if stack != "" {
-		b.WriteString("\n\ngoroutine stack:\n")
-		b.WriteString(stack)
-	}
-	return b.String()
-}
-
-// maxChainDepth bounds writeChain against a pathological Unwrap.
-const maxChainDepth = 64
-
-func writeChain(b *strings.Builder, err error, depth int) {
-	if err == nil || depth >= maxChainDepth {
-		return
-	}
-	if depth > 0 {
-		b.WriteString("\n")
-	}
-	indent := strings.Repeat("  ", depth)
-	b.WriteString(indent)
-	// A multi-line message (errors.Join) keeps its indentation.
-	b.WriteString(strings.ReplaceAll(err.Error(), "\n", "\n"+indent))
-	fmt.Fprintf(b, " [%T]", err)
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		writeChain(b, u.Unwrap(), depth+1)
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			writeChain(b, e, depth+1)
-		}
-	}
-}
-
-// isEventObject reports whether v can be embedded as originalEvent: a JSON
-// object that every strict parser reads as the same document (SPEC §6).
-// That is valid UTF-8, one valid JSON value that is an object, no
-// duplicate key at any level (the schema's rule: an ambiguous object is
-// kept as base64), no unpaired UTF-16 surrogate escape (jq 1.6 refuses
-// "\ud800"; encoding/json silently reads it as U+FFFD) and at most
-// MaxOriginalEventDepth levels of nesting. Numbers are not checked: JSON
-// sets no range (RFC 8259 §6), jq reads 1e400, and readers keep them
-// exact with json.Number.
-func isEventObject(v []byte) bool {
-	if !utf8.Valid(v) || !json.Valid(v) {
-		return false
-	}
-	if t := bytes.TrimLeft(v, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return false
-	}
-	depth, unpaired := scanValidJSON(v)
-	return !unpaired && depth <= MaxOriginalEventDepth && !hasDuplicateKeys(v)
-}
-
-// scanValidJSON returns the deepest nesting of objects and arrays in the
-// valid JSON document v (0 for a scalar) and whether a string in it has an
-// unpaired UTF-16 surrogate escape: a high one (\ud800-\udbff) not
-// followed by an escaped low one (\udc00-\udfff), or a low one alone.
-func scanValidJSON(v []byte) (depth int, unpaired bool) {
-	level, inString := 0, false
-	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if inString {
-			switch {
-			case c == '"':
-				inString = false
-			case c == '\\' && v[i+1] != 'u':
-				i++ // a one-character escape; it may be \" or \\
-			case c == '\\':
-				// v is valid JSON: \u is followed by four hex digits.
-				r := hex4(v[i+2 : i+6])
-				i += 5
-				if r >= 0xdc00 && r <= 0xdfff {
-					return depth, true
-				}
-				if r >= 0xd800 && r <= 0xdbff {
-					if i+7 >= len(v) || v[i+1] != '\\' || v[i+2] != 'u' {
-						return depth, true
-					}
-					if r2 := hex4(v[i+3 : i+7]); r2 < 0xdc00 || r2 > 0xdfff {
-						return depth, true
-					}
-					i += 6
-				}
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-		case '{', '[':
-			level++
-			depth = max(depth, level)
-		case '}', ']':
-			level--
-		}
-	}
-	return depth, false
-}
-
-// hex4 decodes four hex digits.
-func hex4(b []byte) rune {
-	n, _ := strconv.ParseUint(string(b), 16, 32)
-	return rune(n)
-}
-
-// hasDuplicateKeys reports whether the valid JSON document v has an object
-// with the same key twice (after unescaping). Numbers are not decoded.
-func hasDuplicateKeys(v []byte) bool {
-	type frame struct {
-		keys      map[string]struct{} // nil for an array
-		expectKey bool
-	}
-	dec := json.NewDecoder(bytes.NewReader(v))
-	dec.UseNumber()
-	var stack []frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return false
-		}
-		if err != nil {
-			return true // not reached for valid JSON; refuse to embed
-		}
-		top := len(stack) - 1
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{':
-				stack = append(stack, frame{keys: map[string]struct{}{}, expectKey: true})
-			case '[':
-				stack = append(stack, frame{})
-			default:
-				stack = stack[:top]
-				if top > 0 && stack[top-1].keys != nil {
-					stack[top-1].expectKey = true
-				}
-			}
-			continue
-		}
-		if top < 0 || stack[top].keys == nil {
-			continue
-		}
-		if stack[top].expectKey {
-			k, _ := tok.(string)
-			if _, dup := stack[top].keys[k]; dup {
-				return true
-			}
-			stack[top].keys[k] = struct{}{}
-			stack[top].expectKey = false
-		} else {
-			stack[top].expectKey = true
-		}
-	}
-}
-
-// recordSize is the size kgo counts for rec alone in a record batch, which
-// is what it compares with ProducerBatchMaxBytes and what the broker
-// compares with max.message.bytes (within kgo's 4 extra bytes): the batch
-// framing plus the record's length-prefixed encoding.
-func recordSize(rec *kgo.Record) int {
-	l := 1 + // attributes
-		kbin.VarlongLen(0) + // timestamp delta
-		kbin.VarintLen(0) + // offset delta
-		kbin.VarintLen(int32(len(rec.Key))) + len(rec.Key) +
-		kbin.VarintLen(int32(len(rec.Value))) + len(rec.Value) +
-		kbin.VarintLen(int32(len(rec.Headers)))
-	for _, h := range rec.Headers {
-		l += kbin.VarintLen(int32(len(h.Key))) + len(h.Key) +
-			kbin.VarintLen(int32(len(h.Value))) + len(h.Value)
-	}
-	return recordBatchOverhead + kbin.VarintLen(int32(l)) + l
-}
-
-// cutter shortens one message field step by step: whole, then a prefix
-// with a marker, then the marker alone, then "".
-type cutter struct {
-	full  string
-	keep  int  // bytes of full kept while cut
-	cut   bool // a prefix (possibly empty) and the marker
-	empty bool
-}
-
-func (c *cutter) value() string {
-	switch {
-	case c.empty:
-		return ""
-	case c.cut:
-		return truncate(c.full, c.keep)
-	}
-	return c.full
-}
-
-// shrink cuts at least excess more bytes, reporting false when the field
-// is already "" and nothing more can be cut.
-func (c *cutter) shrink(excess int) bool {
-	switch {
-	case c.empty || c.full == "":
-		return false
-	case c.cut && c.keep == 0:
-		c.empty = true
-	case c.cut:
-		c.keep = max(0, c.keep-excess)
-	default:
-		c.cut = true
-		c.keep = max(0, len(c.full)-excess)
-	}
-	return true
-}
-
-// truncatedFields is the causet.dlq.truncated value: the names of the
-// fields cut so far, or "".
-func truncatedFields(stack, errField *cutter) string {
-	var names []string
-	if stack.cut || stack.empty {
-		names = append(names, "stackTrace")
-	}
-	if errField.cut || errField.empty {
-		names = append(names, "error")
-	}
-	return strings.Join(names, ",")
-}
-
-// truncate returns s cut to at most keep bytes on a rune boundary,
-// followed by "…[truncated N bytes]" with N the number of bytes cut.
-func truncate(s string, keep int) string {
-	keep = max(0, min(keep, len(s)))
-	for keep > 0 && keep < len(s) && !utf8.RuneStart(s[keep]) {
-		keep--
-	}
-	return s[:keep] + "…[truncated " + strconv.Itoa(len(s)-keep) + " bytes]"
-}
-
-// MarshalJSON returns the dead-letter JSON of m: its fields in the order
-// of the schema, OriginalEvent copied byte for byte (an empty
-// OriginalEvent is written as null), originalValueBase64 written if and
-// only if OriginalEvent is null (even when "", as the schema requires),
-// and strings escaped without HTML escaping, so '<', '>' and '&' stay as
-// they are.
-//
-// It returns an error when OriginalEvent is neither null nor a valid JSON
-// object. Unlike NewRecord it does not insist on an object every strict
-// parser reads, so that dead letters written before that rule still list.
-// Note that json.Marshal and json.Encoder re-compact (and by
-// default HTML-escape) what a MarshalJSON method returns, which would
-// change the original event's bytes: call m.MarshalJSON directly to keep
-// them, as NewRecord does.
-func (m Message) MarshalJSON() ([]byte, error) {
-	event := bytes.TrimSpace(m.OriginalEvent)
-	if !isNullEvent(event) && (event[0] != '{' || !utf8.Valid(event) || !json.Valid(event)) {
-		return nil, errors.New("originalEvent is neither null nor a JSON object")
-	}
-	return m.encode(), nil
-}
-
-func isNullEvent(event []byte) bool {
-	event = bytes.TrimSpace(event)
-	return len(event) == 0 || string(event) == "null"
-}
-
-// encode is MarshalJSON without checking OriginalEvent, which the caller
-// has checked.
-func (m Message) encode() []byte {
-	isNull := isNullEvent(m.OriginalEvent)
-	var b bytes.Buffer
-	b.Grow(len(m.OriginalEvent) + len(m.OriginalValueBase64) + len(m.Error) + len(m.StackTrace) + 256)
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	str := func(s string) {
-		_ = enc.Encode(s) // encoding a string cannot fail; invalid UTF-8 becomes U+FFFD
-		b.Truncate(b.Len() - 1)
-	}
-	b.WriteString(`{"originalEvent":`)
-	if isNull {
-		b.WriteString(`null,"originalValueBase64":`)
-		str(m.OriginalValueBase64)
-	} else {
-		b.Write(m.OriginalEvent)
-	}
-	b.WriteString(`,"projectionName":`)
-	str(m.ProjectionName)
-	b.WriteString(`,"tenantSchema":`)
-	str(m.TenantSchema)
-	b.WriteString(`,"error":`)
-	str(m.Error)
-	b.WriteString(`,"stackTrace":`)
-	str(m.StackTrace)
-	b.WriteString(`,"retryCount":`)
-	b.WriteString(strconv.Itoa(m.RetryCount))
-	b.WriteString(`,"firstFailedAt":`)
-	b.WriteString(strconv.FormatInt(m.FirstFailedAt, 10))
-	b.WriteString(`,"failedAt":`)
-	b.WriteString(strconv.FormatInt(m.FailedAt, 10))
-	b.WriteString("}")
-	return b.Bytes()
 }

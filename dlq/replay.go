@@ -1,111 +1,24 @@
 package dlq
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	ratelimit "golang.org/x/time/rate"
 )
 
 // DefaultMaxReplays is how many times an event may be replayed from the DLQ
 // (and fail again) before Retry refuses it without Force (SPEC §7).
 const DefaultMaxReplays = 3
-
-// Filters select dead letters (SPEC §7). Every non-zero field must match
-// (AND); the zero value selects everything. String fields compare exactly
-// with the entry's context (causet.dlq.* headers, falling back to the
-// message, see Entry); "" means no filter, so entries with an empty value
-// (an input error has no projection) cannot be selected by that value.
-type Filters struct {
-	// ForkID selects dead letters of one fork (causet.dlq.fork-id).
-	ForkID string
-	// Projection selects one projection (causet.dlq.projection).
-	Projection string
-	// TenantSchema selects one tenant schema (causet.dlq.tenant-schema).
-	TenantSchema string
-	// EventType selects one event type (causet.dlq.event-type).
-	EventType string
-	// ErrorContains selects dead letters whose error message contains it,
-	// ignoring case.
-	ErrorContains string
-	// Fingerprint selects one failure group (causet.dlq.fingerprint, 16 hex
-	// digits, case ignored).
-	Fingerprint string
-	// Since and Until select dead letters by failedAt: Since ≤ failedAt <
-	// Until; a zero time is no bound.
-	Since, Until time.Time
-}
-
-// IsZero reports whether f selects everything.
-func (f Filters) IsZero() bool { return f == Filters{} }
-
-// Match reports whether e passes every filter.
-func (f Filters) Match(e *Entry) bool {
-	switch {
-	case f.ForkID != "" && e.ForkID != f.ForkID,
-		f.Projection != "" && e.Projection != f.Projection,
-		f.TenantSchema != "" && e.TenantSchema != f.TenantSchema,
-		f.EventType != "" && e.EventType != f.EventType,
-		f.Fingerprint != "" && !strings.EqualFold(e.Fingerprint, f.Fingerprint),
-		!f.Since.IsZero() && e.Message.FailedAt < f.Since.UnixMilli(),
-		!f.Until.IsZero() && e.Message.FailedAt >= f.Until.UnixMilli():
-		return false
-	case f.ErrorContains != "":
-		return strings.Contains(strings.ToLower(e.Message.Error), strings.ToLower(f.ErrorContains))
-	}
-	return true
-}
-
-// LogValue lists the filters that are set, for logs.
-func (f Filters) LogValue() slog.Value {
-	var as []slog.Attr
-	add := func(k, v string) {
-		if v != "" {
-			as = append(as, slog.String(k, v))
-		}
-	}
-	add("fork_id", f.ForkID)
-	add("projection", f.Projection)
-	add("tenant_schema", f.TenantSchema)
-	add("event_type", f.EventType)
-	add("error_contains", f.ErrorContains)
-	add("fingerprint", f.Fingerprint)
-	if !f.Since.IsZero() {
-		as = append(as, slog.Time("since", f.Since))
-	}
-	if !f.Until.IsZero() {
-		as = append(as, slog.Time("until", f.Until))
-	}
-	return slog.GroupValue(as...)
-}
-
-// ParseTimeBound parses a --since/--until value: an RFC 3339 time
-// ("2024-06-25T12:00:00Z") or a Go duration ("24h", "90m") meaning that long
-// before now.
-func ParseTimeBound(s string, now time.Time) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2024-06-25T12:00:00Z) nor a positive duration (24h)", s)
-	}
-	return now.Add(-d), nil
-}
 
 // ReplayRecord returns the record that replays e to topic at partition:
 // value originalEvent byte for byte, key the original key, and the original
@@ -149,114 +62,12 @@ func ReplayRecord(e *Entry, topic string, partition int32) *kgo.Record {
 	}
 }
 
-// OutcomeKind is what happened to one selected dead letter.
-type OutcomeKind string
-
-// Outcome kinds. Their names are the counters of the summary line.
-const (
-	// OutcomeReplayed: republished and acknowledged, then recorded in the
-	// ledger (in a dry run: would be republished).
-	OutcomeReplayed OutcomeKind = "replayed"
-	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent), or the
-	// skip was recorded (Skip).
-	OutcomeSkipped OutcomeKind = "skipped"
-	// OutcomeAlreadyReplayed: the ledger says "replayed" and
-	// IncludeReplayed is off; not sent.
-	OutcomeAlreadyReplayed OutcomeKind = "already-replayed"
-	// OutcomeRefused: not sent because the event was replayed MaxReplays
-	// times already (without Force), or because originalEvent is null.
-	OutcomeRefused OutcomeKind = "refused"
-	// OutcomeFailed: the produce, or the ledger write after it, failed.
-	OutcomeFailed OutcomeKind = "failed"
-)
-
-// Outcome reports what Retry or Skip did with one selected dead letter.
-type Outcome struct {
-	Entry *Entry
-	Kind  OutcomeKind
-	// DryRun is set when nothing was sent or recorded.
-	DryRun bool
-	// Topic and Partition are where the event was (or would be, or failed
-	// to be) republished; Partition is -1 when nothing was to be sent.
-	Topic     string
-	Partition int32
-	// FromHeader reports that Partition came from the
-	// causet.dlq.original-partition header (else: murmur2 of the key).
-	FromHeader bool
-	// Reason explains a refusal, a skip or a failure.
-	Reason string
-	// Err is the produce or ledger error of a failure.
-	Err error
-}
-
-// String describes the outcome on one line, as dry runs print it.
-func (o Outcome) String() string {
-	var b strings.Builder
-	verb := string(o.Kind)
-	if o.DryRun {
-		switch o.Kind {
-		case OutcomeReplayed:
-			verb = "would replay"
-		case OutcomeSkipped:
-			verb = "would skip"
-		}
-	}
-	fmt.Fprintf(&b, "%s %s", verb, o.Entry.Coordinates())
-	if o.Partition >= 0 {
-		src := "murmur2(key)"
-		if o.FromHeader {
-			src = "original partition"
-		}
-		fmt.Fprintf(&b, " -> %s[%d] (%s)", o.Topic, o.Partition, src)
-	}
-	fmt.Fprintf(&b, " key=%q projection=%q tenant=%q event=%q replay-count=%d",
-		o.Entry.Key, o.Entry.Message.ProjectionName, o.Entry.TenantSchema, o.Entry.EventType, o.Entry.ReplayCount)
-	if o.Reason != "" {
-		fmt.Fprintf(&b, ": %s", o.Reason)
-	}
-	return b.String()
-}
-
-// Result counts the outcomes of a Retry or Skip run.
-type Result struct {
-	Matched         int
-	Replayed        int
-	Skipped         int
-	AlreadyReplayed int
-	Refused         int
-	Failed          int
-	// DryRun is set when nothing was sent or recorded; Replayed and Skipped
-	// then count what would have been.
-	DryRun bool
-	// Scan is what was read from the dead-letter topic.
-	Scan ScanStats
-}
-
-// String returns the summary line
-// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
-func (r Result) String() string {
-	return fmt.Sprintf("matched=%d replayed=%d skipped=%d already-replayed=%d refused=%d failed=%d",
-		r.Matched, r.Replayed, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
-}
-
-func (r *Result) count(k OutcomeKind) {
-	switch k {
-	case OutcomeReplayed:
-		r.Replayed++
-	case OutcomeSkipped:
-		r.Skipped++
-	case OutcomeAlreadyReplayed:
-		r.AlreadyReplayed++
-	case OutcomeRefused:
-		r.Refused++
-	case OutcomeFailed:
-		r.Failed++
-	}
-}
-
-// ReplayConfig configures a Replayer.
+// ReplayConfig configures a Replayer. Zero values take the documented
+// defaults; Validate (NewReplayer calls it) fills them in and checks the
+// rest.
 type ReplayConfig struct {
-	// EventsTopic receives replayed events. Default DefaultEventsTopic.
+	// EventsTopic receives replayed events. Required (no default in this
+	// package: the worker's is projection.DefaultEventsTopic).
 	EventsTopic string
 	// DLQTopic is read. Default DefaultTopic.
 	DLQTopic string
@@ -300,22 +111,19 @@ type ReplayConfig struct {
 	Now func() time.Time
 }
 
-// Validate returns an error naming the first field that is out of range.
-func (c ReplayConfig) Validate() error {
+// Validate returns an error naming the first field that is out of range
+// (a missing EventsTopic, a negative MaxReplays, Rate or BatchSize), else
+// fills in the defaults of the zero fields.
+func (c *ReplayConfig) Validate() error {
 	switch {
+	case c.EventsTopic == "":
+		return errors.New("events topic: required")
 	case c.MaxReplays < 0:
 		return fmt.Errorf("max replays must be >= 0, got %d", c.MaxReplays)
 	case c.Rate < 0:
 		return fmt.Errorf("rate must be >= 0 records/s, got %g", c.Rate)
 	case c.BatchSize < 0:
 		return fmt.Errorf("batch size must be >= 0, got %d", c.BatchSize)
-	}
-	return nil
-}
-
-func (c *ReplayConfig) setDefaults() {
-	if c.EventsTopic == "" {
-		c.EventsTopic = DefaultEventsTopic
 	}
 	if c.DLQTopic == "" {
 		c.DLQTopic = DefaultTopic
@@ -341,6 +149,7 @@ func (c *ReplayConfig) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	return nil
 }
 
 // NewRunID returns 16 random hex digits identifying a run in the ledger.
@@ -360,7 +169,8 @@ type Replayer struct {
 // NewReplayer returns a Replayer that connects with opts (franz-go
 // connection options: seed brokers, TLS, SASL, logger) and records its
 // decisions in ledger, which must have been opened writable unless only dry
-// runs are made. It returns Validate's error for a bad cfg.
+// runs are made. It fills in cfg's defaults with Validate and returns its
+// error for a bad cfg.
 func NewReplayer(opts []kgo.Opt, ledger *Ledger, cfg ReplayConfig) (*Replayer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -368,7 +178,6 @@ func NewReplayer(opts []kgo.Opt, ledger *Ledger, cfg ReplayConfig) (*Replayer, e
 	if ledger == nil {
 		return nil, errors.New("replayer needs a ledger")
 	}
-	cfg.setDefaults()
 	return &Replayer{opts: opts, ledger: ledger, cfg: cfg}, nil
 }
 
@@ -475,7 +284,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		pending = pending[:0]
 	}
 
-	pace := newPacer(cfg.Rate)
+	pace := newLimiter(cfg.Rate)
 	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: log}, func(e *Entry) error {
 		res.Matched++
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
@@ -497,7 +306,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 				o.Kind, o.Partition, o.FromHeader = OutcomeReplayed, p, fromHeader
 				break
 			}
-			if err := pace.wait(ctx); err != nil {
+			if err := pace.Wait(ctx); err != nil {
 				return err
 			}
 			pending = append(pending, pendingReplay{e: e, rec: ReplayRecord(e, cfg.EventsTopic, p), fromHeader: fromHeader})
@@ -602,301 +411,12 @@ func partitionCount(ctx context.Context, opts []kgo.Opt, topic string) (int32, e
 	return int32(len(td.Partitions)), nil
 }
 
-// pacer spaces calls to wait to rate per second.
-type pacer struct {
-	interval time.Duration
-	next     time.Time
-}
-
-func newPacer(rate float64) *pacer {
+// newLimiter returns the limiter pacing replays to rate per second, one
+// at a time (burst 1: a pause is not made up for by a burst afterwards);
+// rate 0 means unlimited.
+func newLimiter(rate float64) *ratelimit.Limiter {
 	if rate <= 0 {
-		return &pacer{}
+		return ratelimit.NewLimiter(ratelimit.Inf, 1)
 	}
-	return &pacer{interval: time.Duration(float64(time.Second) / rate)}
-}
-
-func (p *pacer) wait(ctx context.Context) error {
-	if p.interval == 0 {
-		return nil
-	}
-	now := time.Now()
-	if p.next.IsZero() || p.next.Before(now) {
-		p.next = now
-	}
-	d := p.next.Sub(now)
-	p.next = p.next.Add(p.interval)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// GroupBy is how Summary groups dead letters.
-type GroupBy string
-
-// Summary groupings (dlq-replayer summary --by).
-const (
-	GroupByFingerprint GroupBy = "fingerprint"
-	GroupByProjection  GroupBy = "projection"
-	GroupByTenant      GroupBy = "tenant"
-	GroupByError       GroupBy = "error"
-)
-
-// ParseGroupBy returns the grouping named s: fingerprint, projection, tenant
-// or error.
-func ParseGroupBy(s string) (GroupBy, error) {
-	switch g := GroupBy(s); g {
-	case GroupByFingerprint, GroupByProjection, GroupByTenant, GroupByError:
-		return g, nil
-	}
-	return "", fmt.Errorf("%q is not fingerprint, projection, tenant or error", s)
-}
-
-// Group is one row of a summary.
-type Group struct {
-	// Key is the fingerprint, projection, tenant schema or first line of the
-	// error message the group shares.
-	Key string `json:"key"`
-	// Count is the number of dead letters in the group.
-	Count int `json:"count"`
-	// FirstFailedAt and LastFailedAt are the smallest and largest failedAt
-	// (epoch ms) in the group.
-	FirstFailedAt int64 `json:"firstFailedAt"`
-	LastFailedAt  int64 `json:"lastFailedAt"`
-	// Projections are the projections in the group, sorted.
-	Projections []string `json:"projections"`
-	// SampleError is the error of the group's first dead letter.
-	SampleError string `json:"sampleError"`
-}
-
-// Summary counts dead letters by group. Add entries, then read Groups.
-type Summary struct {
-	by     GroupBy
-	groups map[string]*Group
-	projs  map[string]map[string]bool
-}
-
-// NewSummary returns an empty summary grouping by by.
-func NewSummary(by GroupBy) *Summary {
-	return &Summary{by: by, groups: map[string]*Group{}, projs: map[string]map[string]bool{}}
-}
-
-// Add counts e in its group.
-func (s *Summary) Add(e *Entry) {
-	var key string
-	switch s.by {
-	case GroupByProjection:
-		key = e.Projection
-	case GroupByTenant:
-		key = e.TenantSchema
-	case GroupByError:
-		key = firstLine(e.Message.Error)
-	default:
-		key = e.Fingerprint
-	}
-	g := s.groups[key]
-	if g == nil {
-		g = &Group{Key: key, FirstFailedAt: e.Message.FailedAt, LastFailedAt: e.Message.FailedAt, SampleError: e.Message.Error}
-		s.groups[key] = g
-		s.projs[key] = map[string]bool{}
-	}
-	g.Count++
-	g.FirstFailedAt = min(g.FirstFailedAt, e.Message.FailedAt)
-	g.LastFailedAt = max(g.LastFailedAt, e.Message.FailedAt)
-	if !s.projs[key][e.Projection] {
-		s.projs[key][e.Projection] = true
-		g.Projections = append(g.Projections, e.Projection)
-	}
-}
-
-// Groups returns the groups, largest first (ties by key).
-func (s *Summary) Groups() []Group {
-	out := make([]Group, 0, len(s.groups))
-	for _, g := range s.groups {
-		c := *g
-		c.Projections = slices.Clone(g.Projections)
-		slices.Sort(c.Projections)
-		out = append(out, c)
-	}
-	slices.SortFunc(out, func(a, b Group) int {
-		if c := cmp.Compare(b.Count, a.Count); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Key, b.Key)
-	})
-	return out
-}
-
-// WriteTable writes the groups as an aligned table: COUNT, FIRST FAILED,
-// LAST FAILED (UTC, RFC 3339), the grouping key, PROJECTIONS and the first
-// line of a SAMPLE ERROR.
-func (s *Summary) WriteTable(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "COUNT\tFIRST FAILED\tLAST FAILED\t%s\tPROJECTIONS\tSAMPLE ERROR\n", strings.ToUpper(string(s.by)))
-	for _, g := range s.Groups() {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", g.Count, fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
-			cell(orDash(g.Key), 80), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))
-	}
-	return tw.Flush()
-}
-
-// WriteJSON writes one JSON object per group per line, largest first.
-func (s *Summary) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	for _, g := range s.Groups() {
-		g.Projections = append(make([]string, 0, len(g.Projections)), g.Projections...)
-		if err := enc.Encode(struct {
-			By GroupBy `json:"by"`
-			Group
-		}{s.by, g}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// ListWriter writes dead letters for dlq-replayer list, as a table or as JSON
-// lines.
-type ListWriter struct {
-	json bool
-	w    io.Writer
-	tw   *tabwriter.Writer
-}
-
-// NewListWriter returns a writer of format "table" or "json" to w.
-//
-// Table columns: DLQ (partition:offset), FAILED AT (UTC), PROJECTION,
-// TENANT, EVENT TYPE, ENTITY (the record key), RETRIES (retryCount),
-// REPLAYS (replay count), LEDGER (replayed, skipped or —) and the first line
-// of the ERROR. JSON: one object per line, the dead-letter message's fields
-// plus dlqPartition, dlqOffset, key, forkId, eventType, fingerprint,
-// errorClass, sqlstate, originalPartition (-1 when unknown), replayCount,
-// ledgerStatus ("replayed", "skipped" or "") and ledger (the decision, or
-// null), for jq.
-func NewListWriter(w io.Writer, format string) (*ListWriter, error) {
-	switch format {
-	case "json":
-		return &ListWriter{json: true, w: w}, nil
-	case "table", "":
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "DLQ\tFAILED AT\tPROJECTION\tTENANT\tEVENT TYPE\tENTITY\tRETRIES\tREPLAYS\tLEDGER\tERROR")
-		return &ListWriter{tw: tw}, nil
-	}
-	return nil, fmt.Errorf("output format %q is not table or json", format)
-}
-
-// Write writes one entry with its ledger decision (nil when it has none).
-func (lw *ListWriter) Write(e *Entry, d *Decision) error {
-	status := ""
-	if d != nil {
-		status = d.Action
-	}
-	if lw.json {
-		var key *string
-		if e.Key != nil {
-			k := string(e.Key)
-			key = &k
-		}
-		// Message has its own MarshalJSON (which keeps originalEvent byte
-		// for byte); the list fields are written first and the message's
-		// fields spliced in after them.
-		msg, err := e.Message.MarshalJSON()
-		if err != nil {
-			return fmt.Errorf("encode dead letter %s: %w", e.Coordinates(), err)
-		}
-		head, err := json.Marshal(struct {
-			DLQPartition      int32     `json:"dlqPartition"`
-			DLQOffset         int64     `json:"dlqOffset"`
-			Key               *string   `json:"key"`
-			ForkID            string    `json:"forkId"`
-			EventType         string    `json:"eventType"`
-			Fingerprint       string    `json:"fingerprint"`
-			ErrorClass        string    `json:"errorClass"`
-			SQLState          string    `json:"sqlstate"`
-			OriginalPartition int32     `json:"originalPartition"`
-			ReplayCount       int       `json:"replayCount"`
-			LedgerStatus      string    `json:"ledgerStatus"`
-			Ledger            *Decision `json:"ledger"`
-		}{e.Partition, e.Offset, key, e.ForkID, e.EventType, e.Fingerprint, e.ErrorClass, e.SQLState,
-			e.OriginalPartition, e.ReplayCount, status, d})
-		if err != nil {
-			return err
-		}
-		line := make([]byte, 0, len(head)+len(msg)+1)
-		line = append(line, head[:len(head)-1]...)
-		line = append(line, ',')
-		line = append(line, msg[1:]...)
-		line = append(line, '\n')
-		_, err = lw.w.Write(line)
-		return err
-	}
-	entity := "—"
-	if e.Key != nil {
-		entity = string(e.Key)
-	}
-	_, err := fmt.Fprintf(lw.tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n",
-		e.Coordinates(), fmtMillis(e.Message.FailedAt), cell(orDash(e.Projection), 60), cell(orDash(e.TenantSchema), 63),
-		cell(orDash(e.EventType), 60), cell(entity, 60), e.Message.RetryCount, e.ReplayCount, orDash(status),
-		cell(firstLine(e.Message.Error), 160))
-	return err
-}
-
-// Flush writes out a table; JSON lines are written as they come.
-func (lw *ListWriter) Flush() error {
-	if lw.tw != nil {
-		return lw.tw.Flush()
-	}
-	return nil
-}
-
-func fmtMillis(ms int64) string {
-	if ms == 0 {
-		return "—"
-	}
-	return time.UnixMilli(ms).UTC().Format(time.RFC3339)
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "—"
-	}
-	return s
-}
-
-// joinDash joins names with commas, "" written as —.
-func joinDash(names []string) string {
-	out := make([]string, len(names))
-	for i, n := range names {
-		out[i] = orDash(n)
-	}
-	return strings.Join(out, ",")
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(s, "\n")
-	return strings.TrimSpace(s)
-}
-
-// cell makes s fit a table cell: no tabs or control characters, at most n
-// runes (an ellipsis marks a cut).
-func cell(s string, n int) string {
-	s = strings.Map(func(r rune) rune {
-		if r < ' ' || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	r := []rune(s)
-	return string(r[:n-1]) + "…"
+	return ratelimit.NewLimiter(ratelimit.Limit(rate), 1)
 }

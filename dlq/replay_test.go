@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -619,8 +618,8 @@ func TestRetryDryRunSendsAndRecordsNothing(t *testing.T) {
 		t.Fatalf("dry run: %s (dry %t), want %s", got, res.DryRun, want)
 	}
 	for _, o := range outs {
-		if o.Kind == dlq.OutcomeReplayed && !strings.HasPrefix(o.String(), "would replay ") {
-			t.Errorf("dry-run line %q", o)
+		if o.Kind == dlq.OutcomeReplayed && (!o.DryRun || o.Partition < 0) {
+			t.Errorf("dry-run outcome %+v: want DryRun and the partition it would go to", o)
 		}
 	}
 	if n := len(readTopic(t, b, f.events)); n != 0 {
@@ -766,15 +765,19 @@ func TestReplayConfigValidate(t *testing.T) {
 		cfg  dlq.ReplayConfig
 		want string
 	}{
-		{"zero", dlq.ReplayConfig{}, ""},
-		{"negative max replays", dlq.ReplayConfig{MaxReplays: -1}, "max replays"},
-		{"negative rate", dlq.ReplayConfig{Rate: -1}, "rate"},
+		{"zero", dlq.ReplayConfig{}, "events topic"},
+		{"events topic only", dlq.ReplayConfig{EventsTopic: "e"}, ""},
+		{"negative max replays", dlq.ReplayConfig{EventsTopic: "e", MaxReplays: -1}, "max replays"},
+		{"negative rate", dlq.ReplayConfig{EventsTopic: "e", Rate: -1}, "rate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.cfg.Validate()
 			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("Validate() = %v, want an error with %q", err, tt.want)
+			}
+			if err == nil && (tt.cfg.DLQTopic != dlq.DefaultTopic || tt.cfg.MaxReplays != dlq.DefaultMaxReplays || tt.cfg.RunID == "") {
+				t.Errorf("Validate() left defaults unset: %+v", tt.cfg)
 			}
 		})
 	}
@@ -943,7 +946,7 @@ func ExampleReplayRecord() {
 		},
 	}
 	partition, fromHeader := dlq.NewReplayPartitioner(8).Partition(e.OriginalPartition, e.Key)
-	rec := dlq.ReplayRecord(e, dlq.DefaultEventsTopic, partition)
+	rec := dlq.ReplayRecord(e, "causet.projection-events.v1", partition)
 	fmt.Printf("%s[%d] (from header: %t) key=%s\n%s\n", rec.Topic, rec.Partition, fromHeader, rec.Key, rec.Value)
 	for _, h := range rec.Headers {
 		fmt.Printf("%s: %s\n", h.Key, h.Value)
@@ -991,11 +994,12 @@ func ExampleSummary() {
 	} {
 		s.Add(e)
 	}
-	_ = s.WriteTable(os.Stdout)
+	for _, g := range s.Groups() {
+		fmt.Println(g.Count, g.Key, g.FirstFailedAt, g.LastFailedAt, g.SampleError)
+	}
 	// Output:
-	// COUNT  FIRST FAILED          LAST FAILED           PROJECTION        PROJECTIONS       SAMPLE ERROR
-	// 2      2024-06-25T16:00:00Z  2024-06-25T17:00:00Z  artist_followers  artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42703)
-	// 1      2024-06-25T18:00:00Z  2024-06-25T18:00:00Z  artist_ratings    artist_ratings    derive stars: division by zero
+	// 2 artist_followers 1719331200000 1719334800000 ERROR: column "followed_at" does not exist (SQLSTATE 42703)
+	// 1 artist_ratings 1719338400000 1719338400000 derive stars: division by zero
 }
 
 // A dlq-replayer run in code: open the ledger, then retry what a filter

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/causet/projection-worker/internal/topicready"
+	"github.com/causet/projection-worker/retry"
 )
 
 // DefaultPartitions is the default TopicConfig.Partitions.
@@ -23,11 +24,11 @@ const DefaultPartitions = 8
 // entry per decision, far below what one partition handles.
 const LedgerPartitions = 1
 
-// TopicConfig names the topics EnsureTopics creates. The zero value is
-// usable: every field has a default (see WithDefaults).
+// TopicConfig names the topics EnsureTopics creates. Every field but
+// EventsTopic has a default, filled in by Validate.
 type TopicConfig struct {
-	// EventsTopic is the projection events topic. Default
-	// DefaultEventsTopic ("causet.projection-events.v1").
+	// EventsTopic is the projection events topic. Required (no default in
+	// this package: the worker's is projection.DefaultEventsTopic).
 	EventsTopic string
 	// DLQTopic is the dead-letter topic. Default DefaultTopic
 	// ("causet.projection-dlq.v1").
@@ -47,11 +48,11 @@ type TopicConfig struct {
 	ReplicationFactor int16
 }
 
-// WithDefaults returns c with every zero field set to its default.
-func (c TopicConfig) WithDefaults() TopicConfig {
-	if c.EventsTopic == "" {
-		c.EventsTopic = DefaultEventsTopic
-	}
+// Validate fills in the defaults of the zero fields and returns an error
+// naming the first field that is out of range: a missing events topic, an
+// illegal or repeated topic name, Partitions below 1, or ReplicationFactor
+// below -1.
+func (c *TopicConfig) Validate() error {
 	if c.DLQTopic == "" {
 		c.DLQTopic = DefaultTopic
 	}
@@ -64,14 +65,9 @@ func (c TopicConfig) WithDefaults() TopicConfig {
 	if c.ReplicationFactor == 0 {
 		c.ReplicationFactor = -1
 	}
-	return c
-}
-
-// Validate returns an error naming the first field of c.WithDefaults()
-// that is out of range: an illegal or repeated topic name, Partitions
-// below 1, or ReplicationFactor below -1.
-func (c TopicConfig) Validate() error {
-	c = c.WithDefaults()
+	if c.EventsTopic == "" {
+		return errors.New("events topic: required")
+	}
 	for _, t := range [...]struct{ field, name string }{
 		{"events topic", c.EventsTopic},
 		{"dead-letter topic", c.DLQTopic},
@@ -253,7 +249,6 @@ func lookUpTopics(ctx context.Context, adm *kadm.Client, cfg TopicConfig) (Topic
 	if err := cfg.Validate(); err != nil {
 		return cfg, nil, err
 	}
-	cfg = cfg.WithDefaults()
 	partitions, err := topicPartitions(ctx, adm, cfg.EventsTopic, cfg.DLQTopic, cfg.LedgerTopic)
 	return cfg, partitions, err
 }
@@ -285,7 +280,7 @@ func topicPartitions(ctx context.Context, adm *kadm.Client, topics ...string) (m
 
 // createTopic creates topic and returns its partition count and whether
 // this call created it. When another client created it first, it looks
-// the topic up until its partitions show (at most about 5 s).
+// the topic up until its partitions show (at most about 6 s).
 func createTopic(ctx context.Context, adm *kadm.Client, topic string, partitions int32, rf int16, configs map[string]*string) (int, bool, error) {
 	resp, err := adm.CreateTopic(ctx, partitions, rf, configs, topic)
 	switch {
@@ -300,25 +295,39 @@ func createTopic(ctx context.Context, adm *kadm.Client, topic string, partitions
 		}
 		return 0, false, fmt.Errorf("create topic %s: %w", topic, err)
 	}
-	wait := 50 * time.Millisecond
-	for range 8 {
+	var n int
+	_, err = topicLookupRetry(8).Do(ctx, func(ctx context.Context) error {
 		found, err := topicPartitions(ctx, adm, topic)
 		if err != nil {
-			return 0, false, fmt.Errorf("create topic %s: already exists: %w", topic, err)
+			return retry.MarkPermanent(err)
 		}
-		if n, ok := found[topic]; ok {
-			return n, false, nil
+		var ok bool
+		if n, ok = found[topic]; ok {
+			return nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return 0, false, fmt.Errorf("create topic %s: already exists, waiting for its partitions: %w", topic, ctx.Err())
-		case <-t.C:
-		}
-		wait *= 2
+		return errNoPartitionsYet
+	}, nil)
+	switch {
+	case err == nil:
+		return n, false, nil
+	case ctx.Err() != nil:
+		return 0, false, fmt.Errorf("create topic %s: already exists, waiting for its partitions: %w", topic, ctx.Err())
+	case errors.Is(err, errNoPartitionsYet):
+		return 0, false, fmt.Errorf("create topic %s: already exists but reports no partitions", topic)
+	default:
+		return 0, false, fmt.Errorf("create topic %s: already exists: %w", topic, err)
 	}
-	return 0, false, fmt.Errorf("create topic %s: already exists but reports no partitions", topic)
+}
+
+// errNoPartitionsYet is createTopic's lookup of a topic that another client
+// created and whose partitions do not show yet.
+var errNoPartitionsYet = errors.New("no partitions yet")
+
+// topicLookupRetry paces the lookups of a topic just created, which a
+// broker may not know yet: tries attempts, waiting 50 ms, then twice as
+// long each time (8 tries: about 6 s of waits), without jitter.
+func topicLookupRetry(tries int) retry.Policy {
+	return retry.Policy{Initial: 50 * time.Millisecond, Multiplier: 2, MaxInterval: 10 * time.Second, MaxRetries: tries - 1}
 }
 
 // describeDLQ reads retention.ms and max.message.bytes of topic into rep,
@@ -332,29 +341,25 @@ func describeDLQ(ctx context.Context, adm *kadm.Client, topic string, created bo
 		tries = 8
 	}
 	var rc kadm.ResourceConfig
-	wait := 50 * time.Millisecond
-	for try := 1; ; try++ {
+	_, err := topicLookupRetry(tries).Do(ctx, func(ctx context.Context) error {
 		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err == nil {
+			rc, err = rcs.On(topic, nil)
+		}
 		if err != nil {
-			return fmt.Errorf("describe configs of %s: %w", topic, err)
+			return retry.MarkPermanent(err)
 		}
-		if rc, err = rcs.On(topic, nil); err != nil {
-			return fmt.Errorf("describe configs of %s: %w", topic, err)
+		if rc.Err != nil && !errors.Is(rc.Err, kerr.UnknownTopicOrPartition) {
+			return retry.MarkPermanent(rc.Err)
 		}
-		if rc.Err == nil {
-			break
-		}
-		if !errors.Is(rc.Err, kerr.UnknownTopicOrPartition) || try == tries {
-			return fmt.Errorf("describe configs of %s: %w", topic, rc.Err)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("describe configs of %s: %w", topic, ctx.Err())
-		case <-t.C:
-		}
-		wait *= 2
+		return rc.Err
+	}, nil)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return fmt.Errorf("describe configs of %s: %w", topic, ctx.Err())
+	default:
+		return fmt.Errorf("describe configs of %s: %w", topic, err)
 	}
 	for _, c := range rc.Configs {
 		if c.Value == nil {

@@ -285,13 +285,14 @@ func TestTopicConfigValidate(t *testing.T) {
 		cfg     TopicConfig
 		wantErr bool
 	}{
-		{"zero value", TopicConfig{}, false},
+		{"zero value", TopicConfig{}, true},
+		{"events topic only", TopicConfig{EventsTopic: "e"}, false},
 		{"custom", TopicConfig{EventsTopic: "e", DLQTopic: "d", LedgerTopic: "l", Partitions: 1, ReplicationFactor: 3}, false},
 		{"same events and dead-letter topic", TopicConfig{EventsTopic: DefaultTopic}, true},
-		{"same dead-letter and ledger topic", TopicConfig{LedgerTopic: DefaultTopic}, true},
-		{"illegal name", TopicConfig{LedgerTopic: "ledger!"}, true},
-		{"negative partitions", TopicConfig{Partitions: -1}, true},
-		{"replication factor below -1", TopicConfig{ReplicationFactor: -2}, true},
+		{"same dead-letter and ledger topic", TopicConfig{EventsTopic: "e", LedgerTopic: DefaultTopic}, true},
+		{"illegal name", TopicConfig{EventsTopic: "e", LedgerTopic: "ledger!"}, true},
+		{"negative partitions", TopicConfig{EventsTopic: "e", Partitions: -1}, true},
+		{"replication factor below -1", TopicConfig{EventsTopic: "e", ReplicationFactor: -2}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -300,8 +301,12 @@ func TestTopicConfigValidate(t *testing.T) {
 			}
 		})
 	}
-	want := TopicConfig{EventsTopic: DefaultEventsTopic, DLQTopic: DefaultTopic, LedgerTopic: DefaultLedgerTopic, Partitions: 8, ReplicationFactor: -1}
-	if diff := cmp.Diff(want, TopicConfig{}.WithDefaults()); diff != "" {
+	want := TopicConfig{EventsTopic: "e", DLQTopic: DefaultTopic, LedgerTopic: DefaultLedgerTopic, Partitions: 8, ReplicationFactor: -1}
+	got := TopicConfig{EventsTopic: "e"}
+	if err := got.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 }

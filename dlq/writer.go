@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -12,7 +13,8 @@ import (
 	"github.com/causet/projection-worker/retry"
 )
 
-// WriterConfig configures a Writer. The zero value is usable.
+// WriterConfig configures a Writer. Zero values take the documented
+// defaults; Validate (NewWriter calls it) fills them in and checks the rest.
 type WriterConfig struct {
 	// RecordConfig says how records are built: topic, worker id,
 	// generation and the size limit. See its fields for defaults.
@@ -71,9 +73,8 @@ var ErrAttemptTimeout = errors.New("kafka did not acknowledge the dead letter in
 type Writer struct {
 	client         *kgo.Client
 	cfg            RecordConfig
-	backoff        retry.Policy
+	backoff        retry.Policy // MaxRetries: WriterConfig.MaxAttempts − 1
 	log            *slog.Logger
-	maxAttempts    int
 	attemptTimeout time.Duration // <= 0: none
 }
 
@@ -107,36 +108,49 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if client == nil {
 		return nil, errors.New("dead-letter writer: nil kafka client")
 	}
-	rc := cfg.RecordConfig.WithDefaults()
-	if err := rc.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("dead-letter writer: %w", err)
 	}
+	if err := checkClient(client, cfg.RecordConfig); err != nil {
+		return nil, fmt.Errorf("dead-letter writer: %w", err)
+	}
+	// Write's attempts are the policy's first try and its retries.
 	bo := cfg.Backoff
-	if bo == (retry.Policy{}) {
-		bo = retry.DefaultPolicy()
+	bo.MaxRetries = cfg.MaxAttempts - 1
+	if cfg.MaxAttempts == -1 {
+		bo.MaxRetries = math.MaxInt
 	}
-	if err := bo.Validate(); err != nil {
-		return nil, fmt.Errorf("dead-letter writer backoff: %w", err)
+	return &Writer{client: client, cfg: cfg.RecordConfig, backoff: bo, log: cfg.Logger, attemptTimeout: cfg.AttemptTimeout}, nil
+}
+
+// Validate fills in the defaults of the zero fields (RecordConfig's with
+// RecordConfig.WithDefaults) and returns an error naming the first field
+// that is out of range: an invalid RecordConfig, an invalid Backoff, or
+// MaxAttempts below -1.
+func (c *WriterConfig) Validate() error {
+	c.RecordConfig = c.RecordConfig.WithDefaults()
+	if err := c.RecordConfig.Validate(); err != nil {
+		return err
 	}
-	if err := checkClient(client, rc); err != nil {
-		return nil, fmt.Errorf("dead-letter writer: %w", err)
+	if c.Backoff == (retry.Policy{}) {
+		c.Backoff = retry.DefaultPolicy()
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if err := c.Backoff.Validate(); err != nil {
+		return fmt.Errorf("backoff: %w", err)
 	}
-	attempts := cfg.MaxAttempts
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
 	switch {
-	case attempts == 0:
-		attempts = 5
-	case attempts < -1:
-		return nil, fmt.Errorf("dead-letter writer: max attempts must be -1 (no limit) or >= 1, got %d", attempts)
+	case c.MaxAttempts == 0:
+		c.MaxAttempts = 5
+	case c.MaxAttempts < -1:
+		return fmt.Errorf("max attempts must be -1 (no limit) or >= 1, got %d", c.MaxAttempts)
 	}
-	timeout := cfg.AttemptTimeout
-	if timeout == 0 {
-		timeout = DefaultAttemptTimeout
+	if c.AttemptTimeout == 0 {
+		c.AttemptTimeout = DefaultAttemptTimeout
 	}
-	return &Writer{client: client, cfg: rc, backoff: bo, log: log, maxAttempts: attempts, attemptTimeout: timeout}, nil
+	return nil
 }
 
 // checkClient refuses a client whose producer settings could lose or
@@ -215,27 +229,18 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 		return err
 	}
 	src := dl.Source
-	b := w.backoff.NewBackOff()
+	// last is the latest produce error that is not the end of ctx itself.
 	var last error
-	for attempt := 1; ; attempt++ {
+	retries, err := w.backoff.Do(ctx, func(ctx context.Context) error {
 		// kgo stamps the record it is given (partition, offset, context);
 		// produce a fresh copy each time.
 		r := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp}
 		perr := w.produce(ctx, r)[0]
-		if perr == nil {
-			return nil
+		if perr != nil && (ctx.Err() == nil || !errors.Is(perr, ctx.Err())) {
+			last = perr
 		}
-		if ctx.Err() != nil {
-			if !errors.Is(perr, ctx.Err()) {
-				last = perr
-			}
-			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), last))
-		}
-		last = perr
-		if w.maxAttempts > 0 && attempt >= w.maxAttempts {
-			return fmt.Errorf("dead letter for %s not written to %s after %d attempts: %w", sourceName(src), w.cfg.Topic, attempt, perr)
-		}
-		wait := b.NextBackOff()
+		return perr
+	}, func(perr error, n int, wait time.Duration) {
 		w.log.LogAttrs(ctx, slog.LevelWarn, "dead-letter write failed, retrying",
 			slog.String("topic", src.Topic),
 			slog.Int("partition", int(src.Partition)),
@@ -243,17 +248,18 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 			slog.String("projection", dl.Projection),
 			slog.String("tenant_schema", dl.TenantSchema),
 			slog.String("dlq_topic", w.cfg.Topic),
-			slog.Int("attempt", attempt),
+			slog.Int("attempt", n), // the attempt that failed
 			slog.Duration("wait", wait),
 			slog.Any("error", perr),
 		)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), perr))
-		case <-t.C:
-		}
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(src), w.cfg.Topic, errors.Join(ctx.Err(), last))
+	default:
+		return fmt.Errorf("dead letter for %s not written to %s after %d attempts: %w", sourceName(src), w.cfg.Topic, retries+1, err)
 	}
 }
 

@@ -238,7 +238,7 @@ func TestWriterRetriesUntilTheProduceIsAcknowledged(t *testing.T) {
 			for i, l := range lines {
 				want := map[string]any{
 					"level":         "WARN",
-					"topic":         DefaultEventsTopic,
+					"topic":         "causet.projection-events.v1",
 					"partition":     float64(3),
 					"offset":        float64(1891),
 					"projection":    "artist_followers",
@@ -685,6 +685,26 @@ func TestWriterTimeoutFailsTheDeadLettersQueuedBehindAsTimeouts(t *testing.T) {
 	for i, err := range []error{<-first, second} {
 		if !errors.Is(err, ErrAttemptTimeout) || errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Write %d = %v, want ErrAttemptTimeout and no context error", i+1, err)
+		}
+	}
+}
+
+func TestWriterConfigValidateFillsDefaults(t *testing.T) {
+	var c WriterConfig
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.RecordConfig != (RecordConfig{}).WithDefaults() || c.Backoff != retry.DefaultPolicy() || c.Logger == nil ||
+		c.MaxAttempts != 5 || c.AttemptTimeout != DefaultAttemptTimeout {
+		t.Errorf("defaults: %+v", c)
+	}
+	for _, bad := range []WriterConfig{
+		{MaxAttempts: -2},
+		{Backoff: retry.Policy{Initial: -1}},
+		{RecordConfig: RecordConfig{Topic: "a b"}},
+	} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", bad)
 		}
 	}
 }

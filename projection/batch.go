@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -40,6 +41,15 @@ type decoded struct {
 	replay replayInfo
 }
 
+// pairFailure is one (event, projection) pair whose first attempt failed.
+type pairFailure struct {
+	d       *decoded
+	h       Handler // nil: the record reached no projection (immediateDeadLetter)
+	err     error
+	stack   string
+	firstAt time.Time
+}
+
 // pair is one (record, projection) pair of a batch.
 type pair struct {
 	d    *decoded
@@ -49,11 +59,12 @@ type pair struct {
 
 // processBatch applies recs (consecutive records of one partition) to every
 // projection that handles them: planned statements in one transaction per
-// batch, the other handlers one by one. Failing pairs are isolated, retried
-// and dead-lettered on their own; the rest are applied once. It returns a
-// non-nil error only when ctx is done before every pair was applied or
-// dead-lettered; then no record of the batch may be marked for commit.
-func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Record) error {
+// batch (the fast path: COPY and pipelined statements), the other handlers
+// one by one, each pair once. It then settles each failing pair on its own
+// (settle) and advances the watermark. It returns a non-nil error only when
+// ctx is done first.
+func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error {
+	w := pc.w
 	batch := make([]decoded, len(recs))
 	for i, rec := range recs {
 		d := &batch[i]
@@ -74,8 +85,12 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 	var failures []pairFailure
 	for i := range batch {
 		d := &batch[i]
+		only, skip := pc.handedOff(d)
+		if skip {
+			continue // finished by the previous owner
+		}
 		if d.err != nil {
-			// No projection saw it: dead-lettered in record order below,
+			// No projection saw it: dead-lettered with the batch's failures,
 			// after the rest of the batch is applied.
 			failures = append(failures, pairFailure{d: d, err: d.err, firstAt: time.Now()})
 			continue
@@ -86,15 +101,18 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 				continue
 			}
 			matched++
+			if only != nil && !only[h.Name()] {
+				continue // applied or dead-lettered by the previous owner
+			}
 			p, ok := h.(Planner)
 			if !ok || w.begin == nil {
 				single = append(single, pair{d: d, h: h})
 				continue
 			}
-			st, stack, err := plan(p, h.Name(), d.ev)
+			st, err := plan(p, h.Name(), d.ev)
 			if err != nil {
 				w.cfg.Metrics.failed(ctx, pairAttrs(h.Name(), d.ev.TenantSchema), retry.Classify(err))
-				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: stack, firstAt: time.Now()})
+				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: stackOf(err), firstAt: time.Now()})
 				continue
 			}
 			planned = append(planned, pair{d: d, h: h, stmt: st})
@@ -108,205 +126,124 @@ func (w *Worker) processBatch(ctx context.Context, pc *partition, recs []*kgo.Re
 	rest := planned
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
-		if groups, rest = copyGroups(planned, w.cfg.CopyMinRows); len(groups) > 0 {
-			if err := w.execCopy(ctx, groups); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				// The statements find the failing pairs (or wait for the
-				// database) and apply the rest.
+		groups, rest = copyGroups(planned, w.cfg.CopyMinRows)
+		for len(groups) > 0 {
+			failed, err := w.execCopy(ctx, groups)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if failed < 0 || retry.IsInfrastructure(err) {
+				// Not one group's fault: the statements wait for the
+				// database or find the failing pairs.
 				w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
 				rest = planned
+				break
 			}
+			// One group failed (a tenant without the table, a constraint):
+			// its pairs go as statements, which isolate the failing ones;
+			// the other groups are copied again.
+			w.log.Debug("copy group failed; applying it as statements", "partition", pc.partition,
+				"projection", groups[failed].p.Name(), "tenant_schema", groups[failed].schema, "error", err)
+			rest = append(rest, groups[failed].all...)
+			groups = slices.Delete(groups, failed, failed+1)
 		}
 	}
-	f, err := w.applyPlanned(ctx, pc, rest)
+	f, err := pc.applyPlanned(ctx, rest)
 	if err != nil {
 		return err
 	}
 	failures = append(failures, f...)
 	for _, p := range single {
-		if stack, err := w.attempt(ctx, pc, p.h, p.d.ev); err != nil {
+		if _, err := pc.attempt(ctx, p.h, p.d.ev); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stack, firstAt: time.Now()})
+			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stackOf(err), firstAt: time.Now()})
 		}
 	}
-	return w.finishFailures(ctx, pc, recs, failures)
+	return pc.settle(ctx, batch, failures)
+}
+
+// settle registers the batch's records with the watermark, then settles
+// each failed pair on its own: a failure that needs no retry (an invalid
+// record, a permanent error) and a pair whose fingerprint's breaker is open
+// are dead-lettered at once, together in one round trip; a pair that
+// failed with a retriable error waits in the retry set while later records
+// go on (retryset.go). It returns an error only when ctx is done first.
+func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pairFailure) error {
+	// Dead letters go out in record order.
+	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
+	// What outlives the batch (open records, waiting pairs) must not hold
+	// the batch's array nor the fetch buffers its records' bytes share.
+	detached := make(map[int]*decoded)
+	for i := range failures {
+		d := detached[failures[i].d.idx]
+		if d == nil {
+			d = detach(failures[i].d)
+			detached[d.idx] = d
+		}
+		failures[i].d = d
+	}
+	pending := make(map[int]map[string]time.Time)
+	for i, f := range failures {
+		if t, ok := pc.receivedFirstFailedAt(f.d.rec.Offset, f.projectionName()); ok {
+			failures[i].firstAt = t
+		}
+		if pending[f.d.idx] == nil {
+			pending[f.d.idx] = make(map[string]time.Time)
+		}
+		pending[f.d.idx][f.projectionName()] = failures[i].firstAt
+	}
+	pc.track(batch, pending, detached)
+	var dead []dlq.DeadLetter
+	for _, f := range failures {
+		if !needsRetry(f) {
+			dead = append(dead, pc.w.immediateDeadLetter(f))
+			continue
+		}
+		if dl := pc.schedule(&retryPair{d: f.d, h: f.h, err: f.err, stack: f.stack, firstAt: f.firstAt}); dl != nil {
+			dead = append(dead, *dl)
+		}
+	}
+	pc.setRetrying(len(pc.retries.pairs))
+	if err := pc.writeDeadLetters(ctx, dead); err != nil {
+		return err
+	}
+	pc.advance()
+	return nil
 }
 
 // plan calls p.Plan, turning a panic into a *PanicError (a projection
-// error, like a panic in Apply). It returns the Go stack where Plan failed
-// or panicked with the error.
-func plan(p Planner, projection string, ev *Event) (st Statement, stack string, err error) {
+// error, like a panic in Apply).
+func plan(p Planner, projection string, ev *Event) (st Statement, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			st, stack, err = Statement{}, string(debug.Stack()), &PanicError{Projection: projection, Value: r}
+			st, err = Statement{}, &PanicError{Projection: projection, Value: r, Stack: string(debug.Stack())}
 		}
 	}()
-	st, err = p.Plan(ev)
-	if err != nil {
-		stack = string(debug.Stack())
-	}
-	return st, stack, err
+	return p.Plan(ev)
 }
 
-// finishFailures retries and dead-letters the failed pairs of a batch, in
-// record order, so that a revoke or shutdown at any point leaves nothing
-// dead-lettered twice and commits what is finished:
-//
-//   - the dead letters of failures that need no retry (invalid records,
-//     permanent errors) are written together, in one round trip, but only
-//     up to the next record that has a pair to retry: a record after it may
-//     be processed again by the next owner, and must not have a dead letter
-//     already;
-//   - before a record's pairs are retried, the records before it are
-//     marked for commit;
-//   - a record's dead letters, retried or not, are written only once all of
-//     its failing pairs are resolved, so a record interrupted half way has
-//     none;
-//   - before waiting on a dead letter the topic refuses, the records before
-//     it are marked for commit (deadLetterAll).
-//
-// It returns a non-nil error only when ctx is done first.
-func (w *Worker) finishFailures(ctx context.Context, pc *partition, recs []*kgo.Record, failures []pairFailure) error {
-	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
-	var pending []indexedDeadLetter
-	for len(failures) > 0 {
-		n := 1
-		for n < len(failures) && failures[n].d.idx == failures[0].d.idx {
-			n++
-		}
-		group := failures[:n]
-		failures = failures[n:]
-		idx := group[0].d.idx
-		for i, f := range group {
-			if t, ok := pc.receivedFirstFailedAt(f.d.rec.Offset, f.projectionName()); ok {
-				group[i].firstAt = t
-			}
-		}
-		if !slices.ContainsFunc(group, needsRetry) {
-			for _, f := range group {
-				pending = append(pending, indexedDeadLetter{idx, w.immediateDeadLetter(f)})
-			}
-			continue
-		}
-		if err := w.deadLetterAll(ctx, pc, recs, pending); err != nil {
-			return err
-		}
-		pending = nil
-		if idx > 0 {
-			w.cl.MarkCommitRecords(recs[idx-1])
-		}
-		firstAt := make(map[string]time.Time, len(group))
-		for _, f := range group {
-			firstAt[f.projectionName()] = f.firstAt
-		}
-		pc.retrying(recs[idx], firstAt)
-		for _, f := range group {
-			if !needsRetry(f) {
-				pending = append(pending, indexedDeadLetter{idx, w.immediateDeadLetter(f)})
-				continue
-			}
-			dl, err := w.retryPair(ctx, pc, f)
-			if err != nil {
-				return err
-			}
-			if dl != nil {
-				pending = append(pending, indexedDeadLetter{idx, *dl})
-			}
-		}
-		pc.retrying(nil, nil)
-	}
-	return w.deadLetterAll(ctx, pc, recs, pending)
-}
-
-// projectionName is the name of the projection the pair failed in: "" for
-// a record that reached none.
+// projectionName is the projection of a failed pair as its dead letter
+// names it: "" for a record that reached no projection, the projection a
+// replay named when this worker does not have it.
 func (f pairFailure) projectionName() string {
-	if f.h == nil {
+	switch {
+	case f.h != nil:
+		return f.h.Name()
+	case f.d.ev == nil:
+		return ""
+	default:
 		return f.d.replay.projection
 	}
-	return f.h.Name()
 }
 
 // needsRetry reports whether a failed pair is retried before it may be
 // dead-lettered: it reached a projection and its error is not permanent.
 func needsRetry(f pairFailure) bool { return f.h != nil && !retry.IsPermanent(f.err) }
-
-// indexedDeadLetter is a dead letter with the index, in its batch, of the
-// record it is for.
-type indexedDeadLetter struct {
-	idx int
-	dl  dlq.DeadLetter
-}
-
-// batchWriter is implemented by dead-letter writers that can write several
-// dead letters in one round trip (*dlq.Writer).
-type batchWriter interface {
-	WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error
-}
-
-// deadLetterAll writes dls (in record order): in one round trip when the
-// writer supports it, then one by one, with the stuck handling of
-// deadLetter, those that were not written. Before writing one by one, it
-// marks the record before that dead letter's record for commit: every
-// earlier record is finished, and the partition commits them even while the
-// dead-letter topic keeps refusing this one.
-func (w *Worker) deadLetterAll(ctx context.Context, pc *partition, recs []*kgo.Record, dls []indexedDeadLetter) error {
-	var errs []error
-	if bw, ok := w.dead.(batchWriter); ok && len(dls) > 1 {
-		plain := make([]dlq.DeadLetter, len(dls))
-		for i, x := range dls {
-			plain[i] = x.dl
-		}
-		errs = bw.WriteBatch(ctx, plain)
-	}
-	for i, x := range dls {
-		if errs != nil && errs[i] == nil {
-			w.deadLettered(ctx, x.dl)
-			continue
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errs != nil {
-			w.log.Warn("dead-letter write failed, retrying",
-				"topic", x.dl.Source.Topic, "partition", x.dl.Source.Partition, "offset", x.dl.Source.Offset,
-				"projection", x.dl.Projection, "tenant_schema", x.dl.TenantSchema, "error", errs[i])
-		}
-		if x.idx > 0 {
-			w.cl.MarkCommitRecords(recs[x.idx-1])
-		}
-		if err := w.deadLetter(ctx, pc, x.dl); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// immediateDeadLetter is the dead letter of a failure that needs no retry:
-// a record that reached no projection, or a permanent error of a pair.
-func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
-	if f.h != nil {
-		return w.newDeadLetter(f.d, f.h.Name(), retry.Permanent, f.err, f.stack, 0, f.firstAt)
-	}
-	if f.d.ev == nil {
-		dl := dlq.DeadLetter{
-			Source: f.d.rec, Class: retry.Permanent, Err: f.err,
-			FirstFailedAt: firstFailedAt(f.d.replay, f.firstAt), ReplayCount: f.d.replay.count,
-		}
-		var ve *ValidationError
-		if errors.As(f.err, &ve) {
-			dl.TenantSchema, dl.ForkID, dl.EventType = ve.TenantSchema, ve.ForkID, ve.EventType
-		}
-		return dl
-	}
-	// A replay to a projection this worker does not have: a projection
-	// error, not retried (no retry can add a projection).
-	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt)
-}
 
 // applyPlanned applies the planned pairs in transactions of pipelined
 // statements. When a statement fails, the statements before it are applied
@@ -315,7 +252,8 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 // good statement runs at most twice and commits once. Infrastructure errors
 // wait for the database (InfraPause) or send the batch's pairs one by one
 // to the retry path (InfraDeadLetter).
-func (w *Worker) applyPlanned(ctx context.Context, pc *partition, planned []pair) ([]pairFailure, error) {
+func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFailure, error) {
+	w := pc.w
 	var failures []pairFailure
 	todo := [][]pair{planned} // a stack of segments, next on top
 	for len(todo) > 0 {
@@ -332,11 +270,7 @@ func (w *Worker) applyPlanned(ctx context.Context, pc *partition, planned []pair
 		}
 		var err error
 		if w.cfg.OnInfraError == InfraPause {
-			err = w.cfg.InfraRetry.UntilAvailable(ctx, exec, func(err error, n int, wait time.Duration) {
-				pc.setDBWait(true)
-				w.log.Warn("database unavailable, waiting", "partition", pc.partition, "attempt", n, "wait", wait, "error", err)
-			})
-			pc.setDBWait(false)
+			err = pc.untilAvailable(ctx, exec)
 		} else {
 			err = exec(ctx)
 		}
@@ -421,4 +355,24 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
 		w.cfg.Metrics.applied(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), outcomes[i])
 	}
 	return -1, nil
+}
+
+// detach returns a copy of d that shares no memory with its batch nor with
+// the fetch its record came from: a record waiting for a retry otherwise
+// keeps its whole batch of decoded events and fetched bytes alive.
+func detach(d *decoded) *decoded {
+	c := *d
+	r := *d.rec
+	r.Key, r.Value = bytes.Clone(d.rec.Key), bytes.Clone(d.rec.Value)
+	r.Headers = make([]kgo.RecordHeader, len(d.rec.Headers))
+	for i, h := range d.rec.Headers {
+		r.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)}
+	}
+	c.rec = &r
+	if d.ev != nil {
+		ev := *d.ev
+		ev.Raw = r.Value
+		c.ev = &ev
+	}
+	return &c
 }

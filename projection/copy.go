@@ -20,6 +20,7 @@ type copyGroup struct {
 	rows   map[string]int // primary key → index into pairs of the newest
 	pairs  []pair         // one per primary key
 	n      int            // upserts in the group, before deduplication
+	all    []pair         // every upsert of the group, in batch order
 }
 
 // copyGroups splits planned into groups applied with COPY and the pairs left
@@ -59,6 +60,7 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 			order = append(order, g)
 		}
 		g.n++
+		g.all = append(g.all, pr)
 		if i, ok := g.rows[k]; ok {
 			// Last sequence wins; on a tie, the later record (as applying
 			// them in order would).
@@ -121,13 +123,15 @@ func upsertKey(tp *TableProjection, pr pair) string {
 }
 
 // execCopy applies the groups in one transaction. Any error rolls all of
-// them back; the caller then applies their pairs as statements, which
-// isolate the failing ones.
-func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) error {
+// them back and is returned with the index of the group that failed (−1
+// when the failure is not one group's: begin, commit); the caller applies
+// that group's pairs as statements, which isolate the failing ones, and
+// the other groups again.
+func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int, err error) {
 	start := time.Now()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
-		return err
+		return -1, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	affected := make([]int64, len(groups))
@@ -135,7 +139,7 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) error {
 	for gi, g := range groups {
 		tmp := g.p.copyTable()
 		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp)); err != nil {
-			return err
+			return gi, err
 		}
 		cols := make([]string, 0, len(g.p.cols)+1)
 		for _, c := range g.p.cols {
@@ -147,22 +151,22 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) error {
 			rows[i] = pr.stmt.Args[:len(g.p.cols)+1] // column values, then the sequence number
 		}
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
-			return err
+			return gi, err
 		}
 		tag, err := tx.Exec(ctx, g.p.copyInsertSQL(g.schema, tmp), g.p.def.Table)
 		if err != nil {
-			return err
+			return gi, err
 		}
 		affected[gi] = tag.RowsAffected()
 		// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
 		// a catalog update, at every batch.
 		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
-			return err
+			return gi, err
 		}
 		total += len(g.pairs)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return err
+		return -1, err
 	}
 	w.cfg.Metrics.observeBatch(ctx, total, time.Since(start))
 	for gi, g := range groups {
@@ -175,7 +179,7 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) error {
 			w.cfg.Metrics.applied(ctx, attrs, out)
 		}
 	}
-	return nil
+	return -1, nil
 }
 
 // copyTable returns the name of the projection's temporary COPY table (one

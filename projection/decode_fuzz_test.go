@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -123,6 +124,15 @@ func checkDecodeRejected(t *testing.T, value []byte, ev *Event, err error) {
 	}
 	if strings.HasPrefix(ve.Reason, "duplicate key") && json.Valid(value) && !hasDuplicateKey(value) {
 		t.Fatalf("rejected %q for a duplicate key it does not have: %v", value, err)
+	}
+	// The verdict the worker hands to dlq (DeadLetter.ValueShape) is what
+	// dlq reads itself without it, and an object by encoding/json's
+	// judgement without a duplicate key.
+	if ve.StrictObject != jsonstrict.IsObject(value) {
+		t.Fatalf("StrictObject = %v for %q, but jsonstrict.IsObject says %v (%v)", ve.StrictObject, value, !ve.StrictObject, err)
+	}
+	if ve.StrictObject && (!json.Valid(value) || bytes.TrimLeft(value, " \t\r\n")[0] != '{' || hasDuplicateKey(value)) {
+		t.Fatalf("StrictObject for %q, which is not a JSON object without duplicate keys (%v)", value, err)
 	}
 }
 

@@ -227,7 +227,7 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"byte order mark", "\ufeff" + testEventJSON(nil), "", "not valid JSON"},
 		{"too deep for a dead letter", `{"a":` + strings.Repeat("[", maxEventDepth) + strings.Repeat("]", maxEventDepth) + `}`, "a",
 			"nests deeper than 126 levels (what every strict JSON parser reads inside a dead letter) at byte 131"},
-		{"too deep for encoding/json", `{"a":` + strings.Repeat("[", maxParseDepth) + strings.Repeat("]", maxParseDepth) + `}`, "", "not valid JSON: invalid character '[' exceeded max depth at byte 10005"},
+		{"too deep for encoding/json", `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`, "", "not valid JSON: invalid character '[' exceeded max depth at byte 10005"},
 		{"invalid UTF-8 in a string", strings.Replace(testEventJSON(nil), "user-123", "user-\xff", 1), "",
 			"record value is not valid UTF-8: invalid byte 0xff at byte 49"},
 		{"invalid UTF-8 outside strings", "\xc3" + testEventJSON(nil), "", "record value is not valid UTF-8"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,31 +14,74 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// A hand-off carries, from a partition's owner to the next one, when the
-// failing pairs of the record it stopped at first failed, so that their
-// dead letters keep the original firstFailedAt (SPEC §6) across a
-// rebalance or a restart. It travels in the metadata of the partition's
-// committed offset, the one place Kafka keeps per partition and group: the
-// owner commits the metadata when it stops a partition in the middle of a
-// record's retries (revoke or shutdown), and the next owner reads it when
-// the partition is assigned. An owner that dies abruptly leaves none; the
-// next owner then dates the first failure from its own.
+// A hand-off tells a partition's next owner what its previous owner
+// finished past the watermark, so that a rebalance or a graceful restart
+// neither applies those records again nor writes their dead letters twice,
+// and when the pairs it leaves unfinished first failed, so that their dead
+// letters keep the original firstFailedAt (SPEC §6). With non-blocking
+// retries the committed offset is the watermark (the lowest record with an
+// unfinished pair) while the records after it go on; as Confluent's
+// Parallel Consumer does, the unfinished ones above it travel in the
+// metadata of the committed offset, the one place Kafka keeps per partition
+// and group. The owner commits it when it stops a partition (revoke or
+// shutdown), and the next owner reads it when the partition is assigned. An
+// owner that dies abruptly leaves none: the next owner then processes
+// everything from the watermark again (re-applied records are no-ops under
+// the sequence guard; dead letters of that span can appear twice).
 
 // handoffPrefix starts the metadata of a hand-off; other metadata (kgo
 // commits the member id) is ignored.
 const handoffPrefix = "causet.handoff.v1:"
 
+// maxHandoffBytes keeps a hand-off within Kafka's default
+// offset.metadata.max.bytes (4096).
+const maxHandoffBytes = 4000
+
 // handoff is the JSON after handoffPrefix.
 type handoff struct {
-	// Offset is the record the hand-off is for: the committed offset.
+	// Offset is the watermark: the committed offset, the first open record.
 	Offset int64 `json:"offset"`
-	// FirstFailedAt maps a projection name to the epoch ms of its pair's
-	// first failure.
-	FirstFailedAt map[string]int64 `json:"firstFailedAt"`
+	// UpTo is the last record the owner took: every record in
+	// (Offset, UpTo] that Open does not list is finished.
+	UpTo int64 `json:"upTo"`
+	// Open maps the offset (decimal) of each record with unfinished pairs
+	// to those pairs' projections ("" for the record itself) and the epoch
+	// ms of their first failure.
+	Open map[string]map[string]int64 `json:"open"`
+}
+
+// newHandoff describes a stopped partition's open records, or returns nil
+// when it has nothing to hand off. Past maxHandoffBytes it hands off a
+// prefix: UpTo stops before the first open record that does not fit, and
+// the next owner processes the rest again.
+func newHandoff(open []*recordState, last *kgo.Record) *handoff {
+	if len(open) == 0 || last == nil {
+		return nil
+	}
+	h := &handoff{Offset: open[0].d.rec.Offset, UpTo: last.Offset, Open: make(map[string]map[string]int64, len(open))}
+	size := len(handoffPrefix) + 64
+	for _, rs := range open {
+		if len(rs.pending) == 0 {
+			continue
+		}
+		entry := make(map[string]int64, len(rs.pending))
+		n := 24
+		for name, t := range rs.pending {
+			entry[name] = t.UnixMilli()
+			n += len(name) + 24
+		}
+		if size+n > maxHandoffBytes {
+			h.UpTo = rs.d.rec.Offset - 1
+			break
+		}
+		size += n
+		h.Open[strconv.FormatInt(rs.d.rec.Offset, 10)] = entry
+	}
+	return h
 }
 
 func (h handoff) metadata() string {
-	b, _ := json.Marshal(h) // a map of strings to integers always encodes
+	b, _ := json.Marshal(h) // maps of strings to integers always encode
 	return handoffPrefix + string(b)
 }
 
@@ -49,26 +93,42 @@ func parseHandoff(metadata string, at int64) (handoff, bool) {
 		return handoff{}, false
 	}
 	var h handoff
-	if err := json.Unmarshal([]byte(rest), &h); err != nil || h.Offset != at || len(h.FirstFailedAt) == 0 {
+	if err := json.Unmarshal([]byte(rest), &h); err != nil || h.Offset != at || h.UpTo < h.Offset {
 		return handoff{}, false
 	}
 	return h, true
 }
 
-// retrying records that the partition is retrying the failing pairs of rec,
-// first failed at the given times (by projection); nil rec clears it.
-func (pc *partition) retrying(rec *kgo.Record, firstAt map[string]time.Time) {
+// handedOff says what is left of record d after the previous owner's
+// hand-off: skip true when the record is finished; else only, when not nil,
+// names the projections still to apply (nil: all of them).
+func (pc *partition) handedOff(d *decoded) (only map[string]bool, skip bool) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	if rec == nil {
-		pc.inRetry = nil
-		return
+	h := pc.received
+	if h == nil {
+		return nil, false
 	}
-	h := &handoff{Offset: rec.Offset, FirstFailedAt: make(map[string]int64, len(firstAt))}
-	for name, t := range firstAt {
-		h.FirstFailedAt[name] = t.UnixMilli()
+	off := d.rec.Offset
+	if off > h.UpTo {
+		pc.received = nil // past the hand-off
+		return nil, false
 	}
-	pc.inRetry = h
+	if off < h.Offset {
+		return nil, false
+	}
+	entry, ok := h.Open[strconv.FormatInt(off, 10)]
+	if !ok {
+		return nil, true
+	}
+	only = make(map[string]bool, len(entry))
+	for name := range entry {
+		if name == "" || !pc.w.hasHandler(name) {
+			return nil, false // the whole record again
+		}
+		only[name] = true
+	}
+	return only, false
 }
 
 // receivedFirstFailedAt returns when the pair (offset, projection) first
@@ -76,20 +136,20 @@ func (pc *partition) retrying(rec *kgo.Record, firstAt map[string]time.Time) {
 func (pc *partition) receivedFirstFailedAt(offset int64, projection string) (time.Time, bool) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	if pc.received == nil || pc.received.Offset != offset {
+	if pc.received == nil {
 		return time.Time{}, false
 	}
-	ms, ok := pc.received.FirstFailedAt[projection]
+	ms, ok := pc.received.Open[strconv.FormatInt(offset, 10)][projection]
 	return time.UnixMilli(ms), ok
 }
 
-// commitHandoffs commits, for each stopped partition that was in the middle
-// of a record's retries, that record's offset with the hand-off as
-// metadata. Call it after the
-// marked offsets are committed, while the member still owns the
-// partitions. Failures are logged: a lost hand-off only dates a dead
-// letter's first failure later.
-func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition) {
+// commitHandoffs commits, for each stopped partition with open records, its
+// watermark with the hand-off as metadata. Call it after the marked offsets
+// are committed, while the member still owns the partitions, with the
+// partitions' goroutines stopped (stuck lists those that did not stop; they
+// are left out). Failures are logged: a lost hand-off costs the next owner
+// work done again, never a record.
+func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck []int32) {
 	committed := w.cl.CommittedOffsets()[w.cfg.Topic]
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Group = w.cfg.Group
@@ -100,16 +160,16 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition) {
 	t := kmsg.NewOffsetCommitRequestTopic()
 	t.Topic = w.cfg.Topic
 	for _, pc := range stopped {
-		pc.mu.Lock()
-		h := pc.inRetry
-		pc.mu.Unlock()
+		if containsPartition(stuck, pc.partition) {
+			continue
+		}
+		h := newHandoff(pc.open, pc.lastDone)
 		if h == nil {
 			continue
 		}
-		// Every record before h.Offset is finished (it is marked before its
-		// retries start), so committing h.Offset is right even when the
-		// marks had not reached it; a committed offset past it (never
-		// expected) is not rewound.
+		// Every record before h.Offset is finished, so committing it is
+		// right even when the marks had not reached it; a committed offset
+		// past it (never expected) is not rewound.
 		c, ok := committed[pc.partition]
 		if ok && c.Offset > h.Offset {
 			continue
@@ -117,10 +177,7 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition) {
 		p := kmsg.NewOffsetCommitRequestTopicPartition()
 		p.Partition = pc.partition
 		p.Offset = h.Offset
-		p.LeaderEpoch = -1
-		if ok && c.Offset == h.Offset {
-			p.LeaderEpoch = c.Epoch
-		}
+		p.LeaderEpoch = pc.open[0].d.rec.LeaderEpoch
 		meta := h.metadata()
 		p.Metadata = &meta
 		t.Partitions = append(t.Partitions, p)
@@ -140,9 +197,22 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition) {
 		}
 	}
 	if err != nil {
-		w.log.Warn("hand-off of first-failure times not committed; the next owner dates them from its own failures",
+		w.log.Warn("hand-off not committed; the next owner processes the open records again and dates their failures anew",
 			"topic", w.cfg.Topic, "error", err)
+		return
 	}
+	for _, p := range t.Partitions {
+		w.log.Info("hand-off committed", "topic", w.cfg.Topic, "partition", p.Partition, "offset", p.Offset, "metadata_bytes", len(*p.Metadata))
+	}
+}
+
+func containsPartition(ps []int32, p int32) bool {
+	for _, q := range ps {
+		if q == p {
+			return true
+		}
+	}
+	return false
 }
 
 // commitError returns the first partition error of an OffsetCommit
@@ -175,6 +245,9 @@ func (w *Worker) receiveHandoffs(ctx context.Context, cl *kgo.Client, assigned [
 			pc.mu.Lock()
 			pc.received = &h
 			pc.mu.Unlock()
+			w.log.Info("hand-off received", "topic", w.cfg.Topic, "partition", pc.partition, "offset", h.Offset, "up_to", h.UpTo, "open_records", len(h.Open))
+		} else if strings.HasPrefix(o.Metadata, handoffPrefix) {
+			w.log.Warn("hand-off ignored: it is not for the committed offset", "topic", w.cfg.Topic, "partition", pc.partition, "offset", o.At)
 		}
 	}
 }

@@ -28,6 +28,8 @@ import (
 //   - causet.projection.partitions.paused, {partition}: partitions waiting for the database
 //   - causet.projection.partitions.stuck, {partition}: partitions held by a dead letter that
 //     cannot be written
+//   - causet.projection.pairs.retrying, {pair}: pairs waiting for a retry
+//   - causet.projection.breakers.open, {fingerprint}: fingerprints whose breaker is open
 type Metrics struct {
 	meter        metric.Meter
 	appliedC     metric.Int64Counter
@@ -40,6 +42,8 @@ type Metrics struct {
 	stuckC       metric.Int64UpDownCounter
 	batchLatency metric.Float64Histogram
 	batchSize    metric.Int64Histogram
+	retryingC    metric.Int64UpDownCounter
+	breakersC    metric.Int64UpDownCounter
 }
 
 // NewMetrics creates the instruments on meter. It returns the first
@@ -91,9 +95,20 @@ func NewMetrics(meter metric.Meter) (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Export both at 0 from the start, so alerts can tell 0 from absent.
-	m.pausedC.Add(context.Background(), 0)
-	m.stuckC.Add(context.Background(), 0)
+	m.retryingC, err = meter.Int64UpDownCounter("causet.projection.pairs.retrying", metric.WithUnit("{pair}"),
+		metric.WithDescription("(event, projection) pairs waiting for a retry while their partitions go on."))
+	if err != nil {
+		return nil, err
+	}
+	m.breakersC, err = meter.Int64UpDownCounter("causet.projection.breakers.open", metric.WithUnit("{fingerprint}"),
+		metric.WithDescription("Failure fingerprints whose breaker is open: their pairs are dead-lettered without retries."))
+	if err != nil {
+		return nil, err
+	}
+	// Export them at 0 from the start, so alerts can tell 0 from absent.
+	for _, c := range []metric.Int64UpDownCounter{m.pausedC, m.stuckC, m.retryingC, m.breakersC} {
+		c.Add(context.Background(), 0)
+	}
 	return m, nil
 }
 
@@ -149,6 +164,18 @@ func (m *Metrics) observeBatch(ctx context.Context, n int, d time.Duration) {
 func (m *Metrics) addStuck(ctx context.Context, n int64) {
 	if m.stuckC != nil {
 		m.stuckC.Add(ctx, n)
+	}
+}
+
+func (m *Metrics) addRetrying(ctx context.Context, n int64) {
+	if m.retryingC != nil {
+		m.retryingC.Add(ctx, n)
+	}
+}
+
+func (m *Metrics) addBreakersOpen(ctx context.Context, n int64) {
+	if m.breakersC != nil {
+		m.breakersC.Add(ctx, n)
 	}
 }
 

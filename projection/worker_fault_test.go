@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/pgtest"
@@ -56,7 +58,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the first owner, or it gets two dead letters.
 func TestWorkerRevokeDuringRetryDeadLettersNothingTwice(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, rigOptions{})
+	for _, brokers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d brokers", brokers), func(t *testing.T) {
+			t.Parallel()
+			testRevokeDuringRetry(t, brokers)
+		})
+	}
+}
+
+func testRevokeDuringRetry(t *testing.T, brokers int) {
+	r := newRig(t, rigOptions{brokers: brokers})
 	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
 	r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", 1, `{"user_id":"user-1","artist_id":"a","stars":3}`)))
 	r.produce("poison", []byte("not json"))
@@ -320,5 +331,76 @@ func TestWorkerNextOwnerKeepsFirstFailedAt(t *testing.T) {
 	}
 	if got := dls[0].msg.FirstFailedAt; got < before || got >= secondStart {
 		t.Errorf("firstFailedAt = %d, want the first owner's failure in [%d, %d)", got, before, secondStart)
+	}
+}
+
+// TestWorkerShutdownLetsADeadLetterWriteInFlightFinish: a worker stopped
+// while Kafka has not yet answered a dead-letter write lets the write
+// finish (within half the shutdown grace) and commits its record, instead
+// of cutting it: a write cut after its request was sent can be stored all
+// the same, and the next owner then writes the dead letter a second time.
+func TestWorkerShutdownLetsADeadLetterWriteInFlightFinish(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{fake: true})
+	var slow atomic.Bool
+	slow.Store(true)
+	sent := make(chan struct{}, 1)
+	topics, err := kadm.NewClient(r.broker.Client(t)).ListTopics(context.Background(), r.dlqTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlqID := topics[r.dlqTopic].ID
+	r.broker.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r.broker.Fake.KeepControl()
+		pr := req.(*kmsg.ProduceRequest)
+		if len(pr.Topics) == 0 || pr.Topics[0].Topic != r.dlqTopic && pr.Topics[0].TopicID != dlqID || !slow.Load() {
+			return nil, nil, false
+		}
+		select {
+		case sent <- struct{}{}:
+		default:
+		}
+		r.broker.Fake.SleepControl(func() { time.Sleep(time.Second) })
+		return nil, nil, false
+	})
+	start := func() *running {
+		prod := r.broker.Client(t, kgo.ProducerLinger(0), kgo.AllowIdempotentProduceCancellation())
+		writer, err := dlq.NewWriter(prod, dlq.WriterConfig{RecordConfig: dlq.RecordConfig{Topic: r.dlqTopic, Worker: "test-worker", Generation: "test/v42"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := projection.NewWorker(projection.Config{
+			Topic: r.topic, Group: r.group, Retry: fastRetry, CommitInterval: time.Hour, ShutdownGrace: 10 * time.Second,
+		}, r.handlers, r.pool, writer, r.broker.Opts()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		rn := &running{w: w, cancel: cancel, done: make(chan struct{})}
+		go func() {
+			defer close(rn.done)
+			rn.err = w.Run(ctx)
+		}()
+		return rn
+	}
+	r.produce("poison", []byte("not json"))
+	first := start()
+	select {
+	case <-sent:
+	case <-time.After(testTimeout):
+		t.Fatal("the dead letter was never sent")
+	}
+	if err := first.stop(t); err != nil { // while Kafka has not answered
+		t.Fatalf("first worker Run = %v", err)
+	}
+	if got := r.committed(); got != 1 {
+		t.Errorf("committed offset after the first worker = %d, want 1: its dead letter was written", got)
+	}
+	slow.Store(false)
+	r.start(nil)
+	r.produce("good", []byte(r.follow("good", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	if dls := r.deadLetters(); len(dls) != 1 {
+		t.Errorf("dead letters = %d, want 1", len(dls))
 	}
 }

@@ -17,12 +17,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
-	"github.com/causet/projection-worker/internal/strictjson"
+	"github.com/causet/projection-worker/internal/jqcheck"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
@@ -52,6 +53,7 @@ type rigOptions struct {
 	partitions int32
 	db         *pgtest.Server // own database server (outage tests); default shared
 	fake       bool           // needs kfake fault injection
+	brokers    int            // kfake brokers (default 1); the real broker is one
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -60,10 +62,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		o.partitions = 1
 	}
 	var b *kafkatest.Broker
+	kopts := []kfake.Opt{kfake.NumBrokers(max(o.brokers, 1))}
 	if o.fake {
-		b = kafkatest.Fake(t)
+		b = kafkatest.Fake(t, kopts...)
 	} else {
-		b = kafkatest.New(t)
+		b = kafkatest.New(t, kopts...)
 	}
 	var pool *pgxpool.Pool
 	if o.db != nil {
@@ -253,7 +256,7 @@ type deadLetter struct {
 
 // deadLetters reads the whole dead-letter topic, validates every value
 // against schemas/projection-dlq.v1.schema.json and checks that strict JSON
-// parsers read it (jq and encoding/json, strictjson.Check).
+// parsers read it (jq and encoding/json, jqcheck.Check).
 func (r *rig) deadLetters() []deadLetter {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -288,7 +291,7 @@ func (r *rig) deadLetters() []deadLetter {
 			if err := r.validator.ValidateDeadLetter(rec.Value); err != nil {
 				r.t.Errorf("dead letter at %d:%d does not validate against the schema: %v\n%s", rec.Partition, rec.Offset, err, rec.Value)
 			}
-			strictjson.Check(r.t, rec.Value)
+			jqcheck.Check(r.t, rec.Value)
 			d := deadLetter{key: string(rec.Key), headers: map[string]string{}, raw: rec.Value}
 			for _, h := range rec.Headers {
 				d.headers[h.Key] = string(h.Value)
@@ -1001,6 +1004,19 @@ func (w *refusingWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
 		return dlq.ErrTooLarge
 	}
 	return w.DeadLetterWriter.Write(ctx, dl)
+}
+
+// WriteBatch refuses every dead letter while Write would, so that they all
+// take the one-by-one path.
+func (w *refusingWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error {
+	if w.n.Load() > 0 {
+		errs := make([]error, len(dls))
+		for i := range errs {
+			errs[i] = dlq.ErrTooLarge
+		}
+		return errs
+	}
+	return w.DeadLetterWriter.WriteBatch(ctx, dls)
 }
 
 // startRefusing runs a worker whose dead-letter writer refuses every write

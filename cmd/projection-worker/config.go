@@ -45,6 +45,9 @@ type settings struct {
 	maxBatch       int
 	maxQueuedBytes int
 	copyMinRows    int
+	maxRetrying    int
+	maxRetryBytes  int
+	breaker        projection.BreakerConfig
 
 	// run and migrate
 	tenantSchemaPattern string
@@ -60,7 +63,7 @@ func (s *settings) registerCommon(fs *flagenv.Set) {
 
 func (s *settings) registerKafka(fs *flagenv.Set) {
 	s.kafka.Register(fs)
-	fs.String(&s.topic, "topic", "EVENTS_TOPIC", dlq.DefaultEventsTopic, "events topic")
+	fs.String(&s.topic, "topic", "EVENTS_TOPIC", projection.DefaultEventsTopic, "events topic")
 	fs.String(&s.dlqTopic, "dlq-topic", "DLQ_TOPIC", dlq.DefaultTopic, "dead-letter topic")
 	fs.String(&s.ledgerTopic, "ledger-topic", "LEDGER_TOPIC", dlq.DefaultLedgerTopic, "replay ledger topic (compacted)")
 	fs.Int(&s.partitions, "partitions", "EVENTS_PARTITIONS", 8, "partitions of the events topic when it has to be created")
@@ -92,6 +95,11 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
 	fs.Int(&s.copyMinRows, "copy-min-rows", "COPY_MIN_ROWS", 32, "apply a batch's upserts of one table and tenant with COPY when there are at least this many (-1: never)")
 	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
+	fs.Int(&s.maxRetrying, "max-retrying", "MAX_RETRYING", projection.DefaultMaxRetrying, "failed pairs of one partition that wait for a retry while later records go on; at the bound the partition pauses")
+	fs.Int(&s.maxRetryBytes, "max-retrying-bytes", "MAX_RETRYING_BYTES", projection.DefaultMaxRetryingByte, "record bytes held by one partition's pairs waiting for a retry; at the bound the partition pauses")
+	fs.Int(&s.breaker.Threshold, "breaker-threshold", "BREAKER_THRESHOLD", projection.DefaultBreakerThreshold, "pairs of one failure fingerprint that exhaust their retries within --breaker-window before later ones are dead-lettered at once (-1: no breaker)")
+	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
+	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
 	s.registerTenantSchemaPattern(fs)
 }
 
@@ -202,7 +210,8 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 		if t.name == "" {
 			return dlq.TopicConfig{}, flagenv.Usagef("%s is empty", t.flag)
 		}
-		if err := (dlq.TopicConfig{EventsTopic: t.name, DLQTopic: t.name + ".a", LedgerTopic: t.name + ".b"}).Validate(); err != nil {
+		one := dlq.TopicConfig{EventsTopic: t.name, DLQTopic: t.name + ".a", LedgerTopic: t.name + ".b"}
+		if err := one.Validate(); err != nil {
 			return dlq.TopicConfig{}, flagenv.Usagef("%s %q: %v", t.flag, t.name, errors.Unwrap(err))
 		}
 	}
@@ -232,13 +241,20 @@ func (s *settings) checkRun() error {
 	for _, f := range []struct {
 		flag string
 		v    int
-	}{{"--max-poll-records", s.maxPollRecords}, {"--max-batch-records", s.maxBatch}, {"--max-queued-bytes", s.maxQueuedBytes}} {
+	}{{"--max-poll-records", s.maxPollRecords}, {"--max-batch-records", s.maxBatch}, {"--max-queued-bytes", s.maxQueuedBytes},
+		{"--max-retrying", s.maxRetrying}, {"--max-retrying-bytes", s.maxRetryBytes}} {
 		if f.v < 1 {
 			return flagenv.Usagef("%s must be >= 1, got %d", f.flag, f.v)
 		}
 	}
 	if s.shutdownGrace <= 0 {
 		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)
+	}
+	if s.breaker.Threshold == 0 || s.breaker.Threshold < -1 {
+		return flagenv.Usagef("--breaker-threshold must be >= 1, or -1 for no breaker, got %d", s.breaker.Threshold)
+	}
+	if s.breaker.Window <= 0 || s.breaker.ProbeInterval <= 0 {
+		return flagenv.Usagef("--breaker-window and --breaker-probe-interval must be > 0, got %s and %s", s.breaker.Window, s.breaker.ProbeInterval)
 	}
 	if s.dlqTimeout <= 0 {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)

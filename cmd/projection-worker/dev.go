@@ -1,3 +1,9 @@
+//go:build dev
+
+// The dev command links the embedded broker (kfake) and the throwaway
+// PostgreSQL (internal/pgserver), so it is built only with -tags dev
+// (make run); the production binary gets nodev.go instead.
+
 package main
 
 import (
@@ -15,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/devstack"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/projection"
@@ -61,7 +68,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defer stack.Close()
 	s.kafka.Brokers = stack.Brokers
 	s.databaseURL = stack.DatabaseURL
-	s.topic, s.dlqTopic, s.ledgerTopic, s.partitions = "causet.projection-events.v1", "causet.projection-dlq.v1", "causet.projection-dlq-ledger.v1", 3
+	s.topic, s.dlqTopic, s.ledgerTopic, s.partitions = projection.DefaultEventsTopic, dlq.DefaultTopic, dlq.DefaultLedgerTopic, 3
 
 	pool, err := newPool(ctx, s.databaseURL, 2)
 	if err != nil {

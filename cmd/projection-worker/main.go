@@ -8,7 +8,7 @@
 //	projection-worker migrate  --tenant-schema S [--tenant-schema S2 ...] [flags]
 //	projection-worker topics   [flags]   create the events, dead-letter and ledger topics
 //	projection-worker validate --projections F
-//	projection-worker dev      [flags]   the embedded default behind `make run`
+//	projection-worker dev      [flags]   the embedded default behind `make run` (-tags dev builds only)
 //	projection-worker version
 //
 // Exit status: 0 on success, 1 on a runtime failure, 2 on a usage error.
@@ -42,7 +42,8 @@ Commands:
   migrate    create tenant schemas, tables and missing columns (--tenant-schema, repeatable)
   topics     create the events, dead-letter and ledger topics
   validate   check a projection definitions file (--projections)
-  dev        run on an embedded Kafka and a throwaway PostgreSQL with example events (make run)
+  dev        run on an embedded Kafka and a throwaway PostgreSQL with example events
+             (make run; only in a build with -tags dev)
   version    print the build version
 
 Run 'projection-worker COMMAND -h' for a command's flags.

@@ -274,6 +274,10 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--projections", args: []string{"--projections", "/nonexistent/defs.yaml"}},
 		{flag: "--max-queued-bytes", args: []string{"--max-queued-bytes", "0"}},
 		{flag: "--dlq-write-timeout", args: []string{"--dlq-write-timeout", "0s"}},
+		{flag: "--max-retrying", args: []string{"--max-retrying", "0"}},
+		{flag: "--max-retrying-bytes", args: []string{"--max-retrying-bytes", "-5"}},
+		{flag: "--breaker-threshold", args: []string{"--breaker-threshold", "0"}},
+		{flag: "--breaker-window", args: []string{"--breaker-window", "0s"}},
 		{flag: "--tenant-schema-pattern", args: []string{"--tenant-schema-pattern", "("}},
 	}
 	for _, tt := range tests {

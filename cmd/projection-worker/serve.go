@@ -196,19 +196,22 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("metrics: %w", err)
 	}
 	w, err := projection.NewWorker(projection.Config{
-		Topic:           s.topic,
-		Group:           s.group,
-		Retry:           policy,
-		OnInfraError:    projection.InfraMode(s.onInfraError),
-		MaxPollRecords:  s.maxPollRecords,
-		MaxBatchRecords: s.maxBatch,
-		MaxQueuedBytes:  s.maxQueuedBytes,
-		CopyMinRows:     s.copyMinRows,
-		ShutdownGrace:   s.shutdownGrace,
-		Logger:          log,
-		Metrics:         metrics,
-		Tracer:          tel.tracer,
-		TenantSchemas:   tenants,
+		Topic:            s.topic,
+		Group:            s.group,
+		Retry:            policy,
+		OnInfraError:     projection.InfraMode(s.onInfraError),
+		MaxPollRecords:   s.maxPollRecords,
+		MaxBatchRecords:  s.maxBatch,
+		MaxQueuedBytes:   s.maxQueuedBytes,
+		CopyMinRows:      s.copyMinRows,
+		MaxRetrying:      s.maxRetrying,
+		MaxRetryingBytes: s.maxRetryBytes,
+		Breaker:          s.breaker,
+		ShutdownGrace:    s.shutdownGrace,
+		Logger:           log,
+		Metrics:          metrics,
+		Tracer:           tel.tracer,
+		TenantSchemas:    tenants,
 	}, handlers, pool, writer, kopts...)
 	if err != nil {
 		var ue *flagenv.UsageError

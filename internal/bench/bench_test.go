@@ -219,6 +219,7 @@ type scenario struct {
 	name   string // "clean" or "poison"
 	data   *dataset
 	tenant string
+	absent string // the tenant of unmigratedPoison events, never migrated
 	topic  string
 	dlq    string
 	ledger string
@@ -230,6 +231,7 @@ func (e *env) newScenario(name string, data *dataset) *scenario {
 		name:   name,
 		data:   data,
 		tenant: e.schema(name),
+		absent: e.schema(name + "_nomig"),
 		topic:  "bench.events." + name + "." + e.id,
 		dlq:    "bench.dlq." + name + "." + e.id,
 		ledger: "bench.ledger." + name + "." + e.id,
@@ -243,7 +245,7 @@ func (e *env) newScenario(name string, data *dataset) *scenario {
 func (e *env) produce(s *scenario) {
 	e.b.Helper()
 	start := time.Now()
-	if err := produce(e.ctx, []kgo.Opt{kgo.SeedBrokers(e.brokers)}, s.topic, s.tenant, s.data); err != nil {
+	if err := produce(e.ctx, []kgo.Opt{kgo.SeedBrokers(e.brokers)}, s.topic, s.tenant, s.absent, s.data); err != nil {
 		e.b.Fatalf("produce: %v", err)
 	}
 	if got := e.records(s.topic); got != int64(len(s.data.events)) {
@@ -626,9 +628,9 @@ func (e *env) runScenario(s *scenario, goroutines ...int) (figures, int) {
 		b.Fatalf("%s: the worker left rows %v, the raw upserts %v", s.name, got, rawRows)
 	}
 	if got := e.records(s.dlq); got != int64(s.data.poisoned) {
-		b.Fatalf("%s: dead-letter topic holds %d records, want %d (the poisoned events)", s.name, got, s.data.poisoned)
+		b.Fatalf("%s: dead-letter topic holds %d records, want %d (the poisoned pairs)", s.name, got, s.data.poisoned)
 	}
-	e.logf("%s: rows match the raw ceiling %v; dead letters %d = poisoned events", s.name, rawRows, s.data.poisoned)
+	e.logf("%s: rows match the raw ceiling %v; dead letters %d = poisoned pairs", s.name, rawRows, s.data.poisoned)
 	e.dropSchema(s.tenant)
 	e.logf("%s: load average %s", s.name, loadAvg())
 	n := float64(len(s.data.events))
@@ -663,8 +665,8 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 	e := newEnv(b, true)
 	b.ResetTimer()
 
-	clean, cleanG := e.runScenario(e.newScenario("clean", newDataset(n, false)), numPartitions, 1)
-	poison, _ := e.runScenario(e.newScenario("poison", newDataset(n, true)), cleanG)
+	clean, cleanG := e.runScenario(e.newScenario("clean", newDataset(n, noPoison)), numPartitions, 1)
+	poison, _ := e.runScenario(e.newScenario("poison", newDataset(n, derivePoison)), cleanG)
 
 	b.StopTimer()
 	b.ReportMetric(clean.workerEPS, "worker_events/s")

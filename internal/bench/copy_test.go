@@ -65,7 +65,7 @@ const (
 func BenchmarkApplyBatchVsCopy(b *testing.B) {
 	n := benchEvents(b)
 	e := newEnv(b, false)
-	d := newDataset(n, false)
+	d := newDataset(n, noPoison)
 	defs, tps := e.projections(b)
 	shapes := newCopyShapes(defs)
 

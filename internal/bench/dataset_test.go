@@ -70,6 +70,7 @@ type event struct {
 	artist int32
 	points int32
 	games  int32 // 0 only in a poisoned event: the score derive divides by zero
+	absent bool  // for a tenant that is not migrated: every pair fails (42P01)
 	typ    uint8
 	tier   int8 // index into tiers; −1: absent, the derive gives "free"
 	source uint8
@@ -82,10 +83,24 @@ func (e *event) partition() int32 { return e.user % numPartitions }
 
 func (e *event) poisoned() bool { return e.typ == followed && e.games == 0 }
 
+// poisonKind is the poison of a dataset: 1% of its events, one kind each.
+type poisonKind int
+
+const (
+	noPoison poisonKind = iota
+	// derivePoison: ARTIST_FOLLOWED with games 0, whose score derive divides
+	// by zero (a permanent error at plan time; one dead letter per event).
+	derivePoison
+	// unmigratedPoison: events of a tenant schema that was never migrated;
+	// each of their pairs fails with 42P01 (a projection error: retried,
+	// then dead-lettered, or short-circuited by the breaker).
+	unmigratedPoison
+)
+
 // dataset is the generated stream of one run.
 type dataset struct {
 	events   []event
-	poisoned int // events whose artist_followers pair fails permanently
+	poisoned int // dead letters expected: poisoned (event, projection) pairs
 	pairs    int // (event, projection) pairs the worker handles, poisoned ones included
 }
 
@@ -93,10 +108,19 @@ type dataset struct {
 // is not poisoned.
 func (d *dataset) statements() int { return d.pairs - d.poisoned }
 
+// pairsOf returns the (event, projection) pairs of an event.
+func (e *event) pairsOf() int {
+	if e.typ == followed {
+		return 2
+	}
+	return 1
+}
+
 // newDataset generates n events deterministically (the same n gives the same
-// events); with poison, every poisonEvery-th event is an ARTIST_FOLLOWED with
-// games 0.
-func newDataset(n int, poison bool) *dataset {
+// events); with poison, every poisonEvery-th event is poisoned: for
+// derivePoison an ARTIST_FOLLOWED with games 0, for unmigratedPoison an
+// event of the unmigrated tenant.
+func newDataset(n int, poison poisonKind) *dataset {
 	rng := rand.New(rand.NewPCG(20260301, 5))
 	d := &dataset{events: make([]event, n)}
 	seqs := make([]int64, numUsers)
@@ -118,15 +142,17 @@ func newDataset(n int, poison bool) *dataset {
 		e.device = uint8(rng.IntN(len(devices)))
 		e.stars = uint8(1 + rng.IntN(5))
 		e.review = uint8(rng.IntN(len(reviews)))
-		if poison && i%poisonEvery == poisonAt {
-			e.typ, e.games = followed, 0
-			d.poisoned++
+		if i%poisonEvery == poisonAt {
+			switch poison {
+			case derivePoison:
+				e.typ, e.games = followed, 0
+				d.poisoned++
+			case unmigratedPoison:
+				e.absent = true
+				d.poisoned += e.pairsOf()
+			}
 		}
-		if e.typ == followed {
-			d.pairs += 2
-		} else {
-			d.pairs++
-		}
+		d.pairs += e.pairsOf()
 	}
 	return d
 }
@@ -179,8 +205,9 @@ func appendValue(b []byte, e *event, tenant string) []byte {
 }
 
 // produce writes d's events to topic (partition = user mod 8, key = entityId)
-// with an asynchronous, batching producer and waits until all are acked.
-func produce(ctx context.Context, opts []kgo.Opt, topic, tenant string, d *dataset) error {
+// with an asynchronous, batching producer and waits until all are acked. The
+// events marked absent name tenant absentTenant.
+func produce(ctx context.Context, opts []kgo.Opt, topic, tenant, absentTenant string, d *dataset) error {
 	cl, err := kgo.NewClient(append(opts,
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(50*time.Millisecond),
@@ -206,11 +233,15 @@ func produce(ctx context.Context, opts []kgo.Opt, topic, tenant string, d *datas
 	n := names()
 	for i := range d.events {
 		e := &d.events[i]
+		t := tenant
+		if e.absent {
+			t = absentTenant
+		}
 		cl.Produce(ctx, &kgo.Record{
 			Topic:     topic,
 			Partition: e.partition(),
 			Key:       []byte(n.users[e.user]),
-			Value:     appendValue(make([]byte, 0, 400), e, tenant),
+			Value:     appendValue(make([]byte, 0, 400), e, t),
 		}, done)
 	}
 	if err := cl.Flush(ctx); err != nil {

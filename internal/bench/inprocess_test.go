@@ -41,16 +41,25 @@ import (
 //     is applied);
 //   - BENCH_MEMPROFILE=file writes a heap profile at that point (kfake's log
 //     is in it: use pprof -ignore kfake);
-//   - BENCH_POISON=1 runs the poisoned scenario instead;
+//   - BENCH_POISON=1 runs the poisoned scenario instead (derive dividing by
+//     zero), BENCH_POISON=unmigrated the one with 1% of the events for a
+//     tenant that is not migrated;
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
 //   - BENCH_NO_TRACER=1 leaves out the kotel tracer (fetch hooks and process
 //     spans) and keeps its meter.
 func BenchmarkWorkerInProcess(b *testing.B) {
 	n := benchEvents(b)
-	poison := os.Getenv("BENCH_POISON") != ""
 	e := newEnv(b, false)
-	s := e.newScenario("inproc", newDataset(n, poison))
+	kind := noPoison
+	switch os.Getenv("BENCH_POISON") {
+	case "":
+	case "unmigrated":
+		kind = unmigratedPoison
+	default:
+		kind = derivePoison
+	}
+	s := e.newScenario("inproc", newDataset(n, kind))
 	e.produce(s)
 	defs, tps := e.projections(b)
 	if err := projection.Migrate(e.ctx, e.pool, defs, s.tenant); err != nil {

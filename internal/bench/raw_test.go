@@ -38,6 +38,9 @@ func (s rawSQL) queue(b *pgx.Batch, e *event) int {
 	n := names()
 	user, artist := n.users[e.user], n.artists[e.artist]
 	ts := time.UnixMilli(e.ts).UTC()
+	if e.absent {
+		return 0 // its tenant has no tables: every pair is dead-lettered
+	}
 	switch e.typ {
 	case followed:
 		queued := 0

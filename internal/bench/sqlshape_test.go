@@ -23,7 +23,7 @@ import (
 func BenchmarkRawWorkerSQL(b *testing.B) {
 	n := benchEvents(b)
 	e := newEnv(b, false)
-	d := newDataset(n, false)
+	d := newDataset(n, noPoison)
 	defs, tps := e.projections(b)
 
 	// plan renders, decodes and plans every event for schema; the time of

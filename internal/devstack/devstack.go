@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/internal/pgserver"
 	"github.com/causet/projection-worker/projection"
 )
 
@@ -46,7 +46,7 @@ type Stack struct {
 	DatabaseURL string
 
 	kafka *kfake.Cluster
-	pg    *pgtest.Server
+	pg    *pgserver.Server
 }
 
 // Start starts the broker and, unless opts.DatabaseURL is set, a throwaway
@@ -72,7 +72,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	s := &Stack{Brokers: kc.ListenAddrs()[0], kafka: kc, DatabaseURL: opts.DatabaseURL}
 	opts.Logf("embedded kafka (kfake) listening on %s", s.Brokers)
 	if s.DatabaseURL == "" {
-		pg, err := pgtest.Start(ctx, pgtest.Options{})
+		pg, err := pgserver.Start(ctx, pgserver.Options{})
 		if err != nil {
 			kc.Close()
 			return nil, fmt.Errorf("throwaway postgresql: %w (or set DATABASE_URL)", err)

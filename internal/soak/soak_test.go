@@ -547,6 +547,13 @@ func (k *soak) startInstance() {
 		RecordConfig: dlq.RecordConfig{Topic: k.topics.DLQTopic, Worker: name, Generation: "soak/" + k.defs.IRVersion, MaxBytes: k.dlqMax},
 		Backoff:      soakRetry,
 		Logger:       log,
+		// Like the retries and the grace, scaled down: a dead-letter topic
+		// that does not answer makes the partition stuck (visible) after 5
+		// attempts of 2 s plus the backoff, well inside the 30 s after
+		// which a partition that does not move while every instance is
+		// ready counts as a silent stall. With the default 10 s attempts
+		// that report comes after about a minute (README).
+		AttemptTimeout: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -600,6 +607,15 @@ func (d *dropping) Write(ctx context.Context, dl dlq.DeadLetter) error {
 		return nil
 	}
 	return d.w.Write(ctx, dl)
+}
+
+// WriteBatch drops every second dead letter too, reporting it written.
+func (d *dropping) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error {
+	errs := make([]error, len(dls))
+	for i, dl := range dls {
+		errs[i] = d.Write(ctx, dl)
+	}
+	return errs
 }
 
 // stopInstance stops in: gracefully (cancel, and Run commits and leaves the

@@ -3,10 +3,14 @@ package topicready
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/causet/projection-worker/retry"
 )
 
 // Wait waits until every topic is listed by the broker with a leader
@@ -18,10 +22,12 @@ func Wait(ctx context.Context, adm *kadm.Client, topics ...string) error {
 	if len(topics) == 0 {
 		return nil
 	}
-	wait := 50 * time.Millisecond
-	for {
+	// Polled until ctx ends: 50 ms, doubling to 500 ms, no jitter.
+	poll := retry.Policy{Initial: 50 * time.Millisecond, Multiplier: 2, MaxInterval: 500 * time.Millisecond, MaxRetries: math.MaxInt}
+	var missing []string
+	_, err := poll.Do(ctx, func(ctx context.Context) error {
 		details, err := adm.ListTopics(kadm.WithAuthorizedOps(ctx), topics...)
-		var missing []string
+		missing = missing[:0]
 		for _, t := range topics {
 			d, ok := details[t]
 			if err != nil || !ok || d.Err != nil || len(d.Partitions) == 0 {
@@ -35,16 +41,16 @@ func Wait(ctx context.Context, adm *kadm.Client, topics ...string) error {
 				}
 			}
 		}
-		if len(missing) == 0 {
-			return nil
+		if len(missing) > 0 {
+			return errNotReady
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("topics %v not ready: %w", missing, ctx.Err())
-		case <-t.C:
-		}
-		wait = min(2*wait, 500*time.Millisecond)
+		return nil
+	}, nil)
+	if err != nil {
+		return fmt.Errorf("topics %v not ready: %w", missing, ctx.Err())
 	}
+	return nil
 }
+
+// errNotReady is a lookup that found a topic missing or without leaders.
+var errNotReady = errors.New("topics not ready")

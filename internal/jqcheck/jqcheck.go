@@ -1,10 +1,10 @@
-// Package strictjson checks, in tests, that a document is read by strict
+// Package jqcheck checks, in tests, that a document is read by strict
 // JSON parsers and not only by encoding/json, which is lenient: it accepts
 // unpaired UTF-16 surrogate escapes (replacing them with U+FFFD) and 10000
 // levels of nesting. jq 1.6 refuses both an unpaired high surrogate escape
 // and nesting deeper than 256 levels, so a dead letter it cannot read
 // empties a whole `kcat ... | jq` pipeline.
-package strictjson
+package jqcheck
 
 import (
 	"bytes"

@@ -1,11 +1,10 @@
-// Package pgtest runs throwaway PostgreSQL servers for integration tests and
-// for the dev stack behind `make run`.
+// Package pgserver runs throwaway PostgreSQL servers, for the test harness
+// (internal/pgtest) and for the dev stack behind `make run`. It does not
+// import package testing, so a binary may link it.
 //
 // [Start] creates a data directory, runs initdb and starts postgres through
 // pg_ctl on a free 127.0.0.1 port, tuned for speed rather than durability
-// (fsync and full_page_writes off). Tests use the helpers [URL], [Pool],
-// [NewSchemaName] and [StartOwn], which honour DATABASE_URL and skip (or,
-// with CI=true, fail) when PostgreSQL cannot be had.
+// (fsync and full_page_writes off).
 //
 // The server binaries (pg_ctl, initdb, postgres) come from the PATH or from
 // the newest /usr/lib/postgresql/<version>/bin (Debian package postgresql).
@@ -13,13 +12,14 @@
 // root the server runs as the OS user postgres, which must be able to reach
 // the data directory.
 //
-// A server started by pg_ctl is a daemon: it outlives a test binary that
+// A server started by pg_ctl is a daemon: it outlives a process that
 // crashes or times out. [Start] therefore stops and removes the servers of
-// its default temporary directories (os.TempDir()/pgtest-*) whose owning
-// process is gone.
+// its default temporary directories (os.TempDir()/pgtest-*; the name
+// predates this package and is kept so that older leftovers are reaped
+// too) whose owning process is gone.
 //
 // The package is Unix-only.
-package pgtest
+package pgserver
 
 import (
 	"bytes"
@@ -162,7 +162,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		if err == nil || try == tries || ctx.Err() != nil {
 			break
 		}
-		s.logf("pgtest: start on port %d failed, trying another port: %v", s.port, err)
+		s.logf("pgserver: start on port %d failed, trying another port: %v", s.port, err)
 	}
 	if err != nil {
 		s.removeDirs()
@@ -196,7 +196,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errors.New("pgtest: stop: server is closed")
+		return errors.New("pgserver: stop: server is closed")
 	}
 	return s.stop(ctx, "fast")
 }
@@ -209,7 +209,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return errors.New("pgtest: restart: server is closed")
+		return errors.New("pgserver: restart: server is closed")
 	}
 	if err := s.stop(ctx, "fast"); err != nil {
 		return err
@@ -251,35 +251,35 @@ func (s *Server) prepareDir(dir string) error {
 	if dir == "" {
 		base, err := os.MkdirTemp("", tempPattern)
 		if err != nil {
-			return fmt.Errorf("pgtest: create temporary directory: %w", err)
+			return fmt.Errorf("pgserver: create temporary directory: %w", err)
 		}
 		s.removeDir = base
 		if err := os.WriteFile(filepath.Join(base, ownerFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
-			return fmt.Errorf("pgtest: %w", err)
+			return fmt.Errorf("pgserver: %w", err)
 		}
 		s.dataDir = filepath.Join(base, "data")
 		if err := os.Mkdir(s.dataDir, 0o700); err != nil {
-			return fmt.Errorf("pgtest: %w", err)
+			return fmt.Errorf("pgserver: %w", err)
 		}
 		return s.chown(base, s.dataDir)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return fmt.Errorf("pgtest: data directory %s: %w", dir, err)
+		return fmt.Errorf("pgserver: data directory %s: %w", dir, err)
 	}
 	s.dataDir = abs
 	switch _, err := os.Stat(abs); {
 	case errors.Is(err, os.ErrNotExist):
 		// Parents get 0755 so that the server user can reach abs.
 		if err := os.MkdirAll(abs, 0o755); err != nil {
-			return fmt.Errorf("pgtest: create data directory: %w", err)
+			return fmt.Errorf("pgserver: create data directory: %w", err)
 		}
 		s.removeDir = abs
 	case err != nil:
-		return fmt.Errorf("pgtest: data directory: %w", err)
+		return fmt.Errorf("pgserver: data directory: %w", err)
 	}
 	if err := os.Chmod(abs, 0o700); err != nil {
-		return fmt.Errorf("pgtest: data directory: %w", err)
+		return fmt.Errorf("pgserver: data directory: %w", err)
 	}
 	if !fileExists(filepath.Join(abs, "PG_VERSION")) {
 		return s.chown(abs)
@@ -292,7 +292,7 @@ func (s *Server) prepareDir(dir string) error {
 func (s *Server) initdb(ctx context.Context) error {
 	conf := filepath.Join(s.dataDir, "postgresql.conf")
 	if !fileExists(filepath.Join(s.dataDir, "PG_VERSION")) {
-		s.logf("pgtest: initdb %s", s.dataDir)
+		s.logf("pgserver: initdb %s", s.dataDir)
 		if _, err := s.run(ctx, "initdb", "-D", s.dataDir, "-A", "trust", "-U", "postgres",
 			"--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
 			return err
@@ -300,17 +300,17 @@ func (s *Server) initdb(ctx context.Context) error {
 	}
 	b, err := os.ReadFile(conf)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	include := "include_if_exists = '" + confFile + "'"
 	if !bytes.Contains(b, []byte(include)) {
 		f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
 		if err != nil {
-			return fmt.Errorf("pgtest: %w", err)
+			return fmt.Errorf("pgserver: %w", err)
 		}
-		_, err = fmt.Fprintf(f, "\n# Added by internal/pgtest.\n%s\n", include)
+		_, err = fmt.Fprintf(f, "\n# Added by internal/pgserver.\n%s\n", include)
 		if err := errors.Join(err, f.Close()); err != nil {
-			return fmt.Errorf("pgtest: append to %s: %w", conf, err)
+			return fmt.Errorf("pgserver: append to %s: %w", conf, err)
 		}
 	}
 	return nil
@@ -324,7 +324,7 @@ func (s *Server) start(ctx context.Context) error {
 		return err
 	}
 	log := filepath.Join(s.dataDir, logFile)
-	s.logf("pgtest: starting postgres on 127.0.0.1:%d (data %s)", s.port, s.dataDir)
+	s.logf("pgserver: starting postgres on 127.0.0.1:%d (data %s)", s.port, s.dataDir)
 	began := time.Now()
 	wait := max(1, int(time.Until(deadline(ctx, s.startTimeout)).Seconds()))
 	if _, err := s.run(ctx, "pg_ctl", "start", "-D", s.dataDir, "-l", log, "-w", "-s",
@@ -337,18 +337,18 @@ func (s *Server) start(ctx context.Context) error {
 		s.stopQuietly()
 		return fmt.Errorf("%w\n%s", err, s.logTail())
 	}
-	s.logf("pgtest: postgres ready on 127.0.0.1:%d after %s", s.port, time.Since(began).Round(time.Millisecond))
+	s.logf("pgserver: postgres ready on 127.0.0.1:%d after %s", s.port, time.Since(began).Round(time.Millisecond))
 	return nil
 }
 
-// writeConf writes the settings pgtest owns; postgresql.conf includes the
+// writeConf writes the settings this package owns; postgresql.conf includes the
 // file, so it overrides what initdb wrote.
 func (s *Server) writeConf() error {
 	sockets := s.dataDir
 	if len(sockets)+len("/.s.PGSQL.65535") > maxSocketPath {
 		sockets = "" // path too long for a unix socket: TCP only
 	}
-	conf := fmt.Sprintf(`# Written by internal/pgtest at every start; edits are lost.
+	conf := fmt.Sprintf(`# Written by internal/pgserver at every start; edits are lost.
 listen_addresses = '127.0.0.1'
 port = %d
 unix_socket_directories = %s
@@ -358,7 +358,7 @@ max_connections = 200
 `, s.port, confString(sockets))
 	path := filepath.Join(s.dataDir, confFile)
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	return s.chown(path)
 }
@@ -370,7 +370,7 @@ func (s *Server) stop(ctx context.Context, mode string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, stopTimeout)
 	defer cancel()
-	s.logf("pgtest: stopping postgres on 127.0.0.1:%d (%s)", s.port, mode)
+	s.logf("pgserver: stopping postgres on 127.0.0.1:%d (%s)", s.port, mode)
 	wait := max(1, int(time.Until(deadline(ctx, stopTimeout)).Seconds()))
 	_, err := s.run(ctx, "pg_ctl", "stop", "-D", s.dataDir, "-m", mode, "-w", "-s", "-t", strconv.Itoa(wait))
 	if err != nil && fileExists(filepath.Join(s.dataDir, "postmaster.pid")) {
@@ -390,7 +390,7 @@ func (s *Server) stopQuietly() {
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	if err := s.stop(ctx, "immediate"); err != nil {
-		s.logf("pgtest: %v", err)
+		s.logf("pgserver: %v", err)
 	}
 }
 
@@ -402,7 +402,7 @@ func (s *Server) removeDirs() error {
 	dir := s.removeDir
 	s.removeDir = ""
 	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("pgtest: remove %s: %w", dir, err)
+		return fmt.Errorf("pgserver: remove %s: %w", dir, err)
 	}
 	return nil
 }
@@ -427,7 +427,7 @@ func runAs(ctx context.Context, cred *syscall.Credential, path string, args ...s
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return out, fmt.Errorf("pgtest: %s %s: %w: %s", filepath.Base(path), strings.Join(args, " "), err, bytes.TrimSpace(out))
+		return out, fmt.Errorf("pgserver: %s %s: %w: %s", filepath.Base(path), strings.Join(args, " "), err, bytes.TrimSpace(out))
 	}
 	return out, nil
 }
@@ -439,7 +439,7 @@ func (s *Server) chown(paths ...string) error {
 	}
 	for _, p := range paths {
 		if err := os.Chown(p, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
-			return fmt.Errorf("pgtest: hand %s to user postgres: %w", p, err)
+			return fmt.Errorf("pgserver: hand %s to user postgres: %w", p, err)
 		}
 	}
 	return nil
@@ -468,13 +468,13 @@ func serverCredential() (*syscall.Credential, error) {
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: running as root, and initdb and postgres refuse to run as root: "+
+		return nil, fmt.Errorf("pgserver: running as root, and initdb and postgres refuse to run as root: "+
 			"create the OS user postgres (the Debian package postgresql does) or run as an ordinary user: %w", err)
 	}
 	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
 	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
 	if err := errors.Join(err1, err2); err != nil {
-		return nil, fmt.Errorf("pgtest: user postgres: %w", err)
+		return nil, fmt.Errorf("pgserver: user postgres: %w", err)
 	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
@@ -485,7 +485,7 @@ func findBinDir(dir string) (string, error) {
 		if hasServerBinaries(dir) {
 			return dir, nil
 		}
-		return "", fmt.Errorf("pgtest: %w in %s: install the Debian package postgresql (apt-get install postgresql)", ErrNotInstalled, dir)
+		return "", fmt.Errorf("pgserver: %w in %s: install the Debian package postgresql (apt-get install postgresql)", ErrNotInstalled, dir)
 	}
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil && hasServerBinaries(filepath.Dir(real)) {
@@ -507,7 +507,7 @@ func findBinDir(dir string) (string, error) {
 			return d, nil
 		}
 	}
-	return "", fmt.Errorf("pgtest: %w on the PATH or in /usr/lib/postgresql/<version>/bin: "+
+	return "", fmt.Errorf("pgserver: %w on the PATH or in /usr/lib/postgresql/<version>/bin: "+
 		"install the Debian package postgresql (apt-get install postgresql), or point DATABASE_URL at a server", ErrNotInstalled)
 }
 
@@ -551,14 +551,14 @@ func reapOrphans(ctx context.Context, binDir string, cred *syscall.Credential, l
 			_, err := runAs(sctx, cred, filepath.Join(binDir, "pg_ctl"), "stop", "-D", data, "-m", "immediate", "-w", "-s", "-t", "5")
 			cancel()
 			if err != nil {
-				logf("pgtest: stop server left by exited process %d: %v", pid, err)
+				logf("pgserver: stop server left by exited process %d: %v", pid, err)
 			}
 		}
 		if err := os.RemoveAll(dir); err != nil {
-			logf("pgtest: remove %s left by exited process %d: %v", dir, pid, err)
+			logf("pgserver: remove %s left by exited process %d: %v", dir, pid, err)
 			continue
 		}
-		logf("pgtest: removed %s left by exited process %d", dir, pid)
+		logf("pgserver: removed %s left by exited process %d", dir, pid)
 	}
 }
 
@@ -571,7 +571,7 @@ func processAlive(pid int) bool {
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: find a free port: %w", err)
+		return 0, fmt.Errorf("pgserver: find a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
@@ -594,7 +594,7 @@ func waitReady(ctx context.Context, url string) error {
 		last = err
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: postgres at %s not ready: %w (last error: %v)", url, ctx.Err(), last)
+			return fmt.Errorf("pgserver: postgres at %s not ready: %w (last error: %v)", url, ctx.Err(), last)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -1,3 +1,8 @@
+// Package pgtest is the PostgreSQL harness of the integration tests: [URL],
+// [Pool], [NewSchemaName] and [StartOwn] honour DATABASE_URL, or start a
+// throwaway server with package pgserver, and skip (or, with CI=true, fail)
+// when PostgreSQL cannot be had. It imports package testing; binaries use
+// pgserver directly.
 package pgtest
 
 import (
@@ -16,7 +21,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/causet/projection-worker/internal/pgserver"
 )
+
+// Server is a PostgreSQL server started by [StartOwn]; see
+// [pgserver.Server] for its methods.
+type Server = pgserver.Server
 
 // shared is the server behind [URL] and [Pool]: started by the first test
 // that needs it, once per test binary, and closed by [Main]. This is the
@@ -38,7 +49,7 @@ func (s *sharedServer) get() (*Server, error) {
 	s.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		srv, err := Start(ctx, Options{})
+		srv, err := pgserver.Start(ctx, pgserver.Options{})
 		s.mu.Lock()
 		s.srv, s.err = srv, err
 		s.mu.Unlock()
@@ -104,7 +115,7 @@ func Main(m *testing.M) int {
 
 // URL returns a PostgreSQL connection string for t: DATABASE_URL when it is
 // set, otherwise the URL of a server the test binary shares, started on
-// first use with [Start] and closed by [Main] (the package's TestMain must
+// first use with [pgserver.Start] and closed by [Main] (the package's TestMain must
 // call Main; URL fails the test otherwise). Tests share the database, so
 // each should work in its own schema ([NewSchemaName]).
 //
@@ -155,7 +166,7 @@ func StartOwn(t testing.TB) *Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, err := Start(ctx, Options{Logf: t.Logf})
+	srv, err := pgserver.Start(ctx, pgserver.Options{Logf: t.Logf})
 	if err != nil {
 		unavailable(t, err)
 	}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kslog"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/flagenv"
+)
+
+// execute validates the remaining settings and runs cmd.
+func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Writer) error {
+	log, kgoLog, err := s.logger(stderr)
+	if err != nil {
+		return err
+	}
+	filters, err := s.filters(time.Now())
+	if err != nil {
+		return err
+	}
+	opts, err := s.kafka.Opts()
+	if err != nil {
+		return err
+	}
+	opts = append(opts, kgo.WithLogger(kslog.New(kgoLog)), kgo.ClientID("dlq-replayer"))
+	progress := newProgress(stderr, log, cmd)
+
+	var runErr error
+	switch cmd {
+	case "list":
+		runErr = s.list(ctx, opts, filters, progress, log, stdout)
+	case "summary":
+		runErr = s.summary(ctx, opts, filters, progress, log, stdout)
+	case "retry", "skip":
+		runErr = s.replay(ctx, cmd, opts, filters, progress, log, stdout)
+	}
+	progress.done()
+	var ue *flagenv.UsageError
+	if runErr != nil && !errors.As(runErr, &ue) {
+		if ctx.Err() != nil {
+			log.Error("interrupted", "err", runErr)
+		} else {
+			log.Error(cmd+" failed", "err", runErr)
+		}
+	}
+	return runErr
+}
+
+func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters, progress *progress, log *slog.Logger, stdout io.Writer) error {
+	if s.limit < 0 {
+		return flagenv.Usagef("--limit must be >= 0, got %d", s.limit)
+	}
+	lw, err := newListWriter(stdout, s.output)
+	if err != nil {
+		return flagenv.Usagef("--output: %q is not table or json", s.output)
+	}
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, ReadOnly: true, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer ledger.Close()
+	n := 0
+	st, err := dlq.Scan(ctx, opts, dlq.ScanConfig{Topic: s.dlqTopic, Filters: filters, Progress: progress.update, Logger: log}, func(e *dlq.Entry) error {
+		var d *dlq.Decision
+		if dec, ok := ledger.Lookup(e.Coordinates()); ok {
+			d = &dec
+		}
+		if err := lw.write(e, d); err != nil {
+			return err
+		}
+		if n++; s.limit > 0 && n >= s.limit {
+			return dlq.ErrStopScan
+		}
+		return nil
+	})
+	if ferr := lw.flush(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("listed", "topic", s.dlqTopic, "scanned", st.Scanned, "matched", st.Matched, "listed", n, "filters", filters)
+	return nil
+}
+
+func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filters, progress *progress, log *slog.Logger, stdout io.Writer) error {
+	by, err := dlq.ParseGroupBy(s.by)
+	if err != nil {
+		return flagenv.Usagef("--by: %v", err)
+	}
+	if s.output != "table" && s.output != "json" {
+		return flagenv.Usagef("--output: %q is not table or json", s.output)
+	}
+	sum := dlq.NewSummary(by)
+	st, err := dlq.Scan(ctx, opts, dlq.ScanConfig{Topic: s.dlqTopic, Filters: filters, Progress: progress.update, Logger: log}, func(e *dlq.Entry) error {
+		sum.Add(e)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if s.output == "json" {
+		err = writeSummaryJSON(stdout, sum)
+	} else {
+		err = writeSummaryTable(stdout, sum)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("summarised", "topic", s.dlqTopic, "scanned", st.Scanned, "matched", st.Matched, "groups", len(sum.Groups()), "filters", filters)
+	return nil
+}
+
+// replay runs retry or skip; a failed produce or ledger write makes it
+// return an error (exit status 1) after the summary line is printed.
+func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filters dlq.Filters, progress *progress, log *slog.Logger, stdout io.Writer) error {
+	switch {
+	case cmd == "retry" && s.maxReplays < 1:
+		return flagenv.Usagef("--max-replays must be >= 1, got %d", s.maxReplays)
+	case cmd == "retry" && s.rate < 0:
+		return flagenv.Usagef("--rate must be >= 0 replays per second, got %g", s.rate)
+	case cmd == "skip" && strings.TrimSpace(s.reason) == "":
+		return flagenv.Usagef("--reason is required: say why the dead letters are skipped")
+	case cmd == "skip" && strings.TrimSpace(s.actor) == "":
+		return flagenv.Usagef("--actor is required: say who decides the skip")
+	}
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, ReadOnly: s.dryRun, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer ledger.Close()
+	cfg := dlq.ReplayConfig{
+		EventsTopic: s.topic, DLQTopic: s.dlqTopic, Filters: filters, DryRun: s.dryRun,
+		IncludeReplayed: s.includeReplayed, MaxReplays: s.maxReplays, Force: s.force, Rate: s.rate,
+		Actor: s.actor, Reason: s.reason, Progress: progress.update, Logger: log,
+	}
+	if s.dryRun {
+		cfg.OnOutcome = func(o dlq.Outcome) { progress.println(stdout, outcomeLine(o)) }
+	}
+	r, err := dlq.NewReplayer(opts, ledger, cfg)
+	if err != nil {
+		return err
+	}
+	log.Info(cmd+" started", "run_id", r.RunID(), "topic", s.dlqTopic, "events_topic", s.topic,
+		"ledger_topic", s.ledgerTopic, "ledger_decisions", ledger.Len(), "dry_run", s.dryRun, "filters", filters)
+	var res dlq.Result
+	if cmd == "retry" {
+		res, err = r.Retry(ctx)
+	} else {
+		res, err = r.Skip(ctx)
+	}
+	progress.done()
+	line := res.String()
+	if res.DryRun {
+		line += " (dry run: nothing sent or recorded)"
+	}
+	fmt.Fprintln(stdout, line)
+	if err != nil {
+		return err
+	}
+	log.Info(cmd+" finished", "run_id", r.RunID(), "matched", res.Matched, "replayed", res.Replayed, "skipped", res.Skipped,
+		"already_replayed", res.AlreadyReplayed, "refused", res.Refused, "failed", res.Failed, "scanned", res.Scan.Scanned,
+		"elapsed", res.Scan.Elapsed.String())
+	if res.Failed > 0 {
+		return fmt.Errorf("%d of %d dead letters failed (see the errors above); run again to retry them", res.Failed, res.Matched)
+	}
+	return nil
+}

@@ -1,0 +1,218 @@
+package dlq
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	segjson "github.com/segmentio/encoding/json"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// Coordinates are the place of a dead letter in the dead-letter topic; they
+// identify it in the replay ledger.
+type Coordinates struct {
+	Partition int32
+	Offset    int64
+}
+
+// String returns "<partition>:<offset>", the ledger key and the value of the
+// causet.replay.source header.
+func (c Coordinates) String() string {
+	return strconv.FormatInt(int64(c.Partition), 10) + ":" + strconv.FormatInt(c.Offset, 10)
+}
+
+// ParseCoordinates parses "<partition>:<offset>" (both decimal, ≥ 0).
+func ParseCoordinates(s string) (Coordinates, error) {
+	ps, os, ok := strings.Cut(s, ":")
+	if !ok {
+		return Coordinates{}, fmt.Errorf("dead-letter coordinates %q: want <partition>:<offset>", s)
+	}
+	p, err := strconv.ParseInt(ps, 10, 32)
+	if err != nil || p < 0 {
+		return Coordinates{}, fmt.Errorf("dead-letter coordinates %q: bad partition", s)
+	}
+	o, err := strconv.ParseInt(os, 10, 64)
+	if err != nil || o < 0 {
+		return Coordinates{}, fmt.Errorf("dead-letter coordinates %q: bad offset", s)
+	}
+	return Coordinates{Partition: int32(p), Offset: o}, nil
+}
+
+// Entry is one dead letter read back from the dead-letter topic.
+//
+// The context fields (Projection, TenantSchema, ForkID, EventType,
+// Fingerprint, ErrorClass, SQLState) come from the causet.dlq.* headers;
+// when a header is missing they fall back to the message (projectionName,
+// tenantSchema), its originalEvent (forkId, eventType) or, for the
+// fingerprint, to Fingerprint recomputed from the message.
+type Entry struct {
+	// Partition and Offset place the record in the dead-letter topic.
+	Partition int32
+	Offset    int64
+	// Timestamp is the dead-letter record's timestamp.
+	Timestamp time.Time
+	// Key is the record key: the original record's key (nil when it had
+	// none).
+	Key []byte
+	// Headers are all the record's headers: the original record's plus the
+	// causet.dlq.* ones, in record order.
+	Headers []kgo.RecordHeader
+	// Message is the decoded value.
+	Message Message
+
+	Projection   string
+	TenantSchema string
+	ForkID       string
+	EventType    string
+	Fingerprint  string
+	ErrorClass   string // permanent|projection|infrastructure, "" when unknown
+	SQLState     string
+	// OriginalPartition is the events-topic partition the failed record was
+	// read from (header causet.dlq.original-partition), -1 when unknown.
+	OriginalPartition int32
+	// ReplayCount is how many times the event had been replayed from the DLQ
+	// before this failure (header causet.dlq.replay-count, 0 when absent).
+	ReplayCount int
+}
+
+// Coordinates returns the entry's place in the dead-letter topic.
+func (e *Entry) Coordinates() Coordinates {
+	return Coordinates{Partition: e.Partition, Offset: e.Offset}
+}
+
+// FailedAt returns Message.FailedAt (epoch ms) as a time.
+func (e *Entry) FailedAt() time.Time { return time.UnixMilli(e.Message.FailedAt) }
+
+// FirstFailedAt returns Message.FirstFailedAt (epoch ms) as a time.
+func (e *Entry) FirstFailedAt() time.Time { return time.UnixMilli(e.Message.FirstFailedAt) }
+
+// HasOriginalEvent reports whether the dead letter carries an event that can
+// be replayed: originalEvent is a JSON object, not null (a value that was not
+// a JSON object is kept in originalValueBase64 and cannot be republished
+// as an event).
+func (e *Entry) HasOriginalEvent() bool {
+	b := e.Message.OriginalEvent
+	return len(b) > 0 && string(b) != "null"
+}
+
+// headerValues are the causet.dlq.* headers of one record.
+type headerValues struct {
+	projection, tenant, fork, eventType, fingerprint, class, sqlstate string
+	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint   bool
+	originalPartition                                                 int32
+	replayCount                                                       int
+}
+
+func readHeaders(hs []kgo.RecordHeader) headerValues {
+	hv := headerValues{originalPartition: -1}
+	for i := range hs {
+		h := &hs[i]
+		if !strings.HasPrefix(h.Key, "causet.dlq.") {
+			continue
+		}
+		switch h.Key {
+		case HeaderProjection:
+			hv.projection, hv.hasProjection = string(h.Value), true
+		case HeaderTenantSchema:
+			hv.tenant, hv.hasTenant = string(h.Value), true
+		case HeaderForkID:
+			hv.fork, hv.hasFork = string(h.Value), true
+		case HeaderEventType:
+			hv.eventType, hv.hasEventType = string(h.Value), true
+		case HeaderFingerprint:
+			hv.fingerprint, hv.hasFingerprint = string(h.Value), true
+		case HeaderErrorClass:
+			hv.class = string(h.Value)
+		case HeaderSQLState:
+			hv.sqlstate = string(h.Value)
+		case HeaderOriginalPartition:
+			hv.originalPartition = parseOriginalPartition(h.Value)
+		case HeaderReplayCount:
+			if n, err := strconv.Atoi(string(h.Value)); err == nil && n > 0 {
+				hv.replayCount = n
+			}
+		}
+	}
+	return hv
+}
+
+// NewEntry decodes a dead-letter record read from the dead-letter topic. It
+// returns an error when the value is not a dead-letter message.
+func NewEntry(r *kgo.Record) (*Entry, error) {
+	hv := readHeaders(r.Headers)
+	return newEntry(r, &hv)
+}
+
+func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
+	e := &Entry{
+		Partition:         r.Partition,
+		Offset:            r.Offset,
+		Timestamp:         r.Timestamp,
+		Key:               r.Key,
+		Headers:           r.Headers,
+		Projection:        hv.projection,
+		TenantSchema:      hv.tenant,
+		ForkID:            hv.fork,
+		EventType:         hv.eventType,
+		Fingerprint:       hv.fingerprint,
+		ErrorClass:        hv.class,
+		SQLState:          hv.sqlstate,
+		OriginalPartition: hv.originalPartition,
+		ReplayCount:       hv.replayCount,
+	}
+	// segmentio's decoder: about twice as fast as encoding/json here, and
+	// it copies originalEvent's bytes verbatim into the RawMessage too.
+	if err := segjson.Unmarshal(r.Value, &e.Message); err != nil {
+		return nil, fmt.Errorf("decode dead-letter message: %w", err)
+	}
+	if !hv.hasProjection {
+		e.Projection = e.Message.ProjectionName
+	}
+	if !hv.hasTenant {
+		e.TenantSchema = e.Message.TenantSchema
+	}
+	if (!hv.hasFork || !hv.hasEventType) && e.HasOriginalEvent() {
+		var ev struct {
+			ForkID    json.RawMessage `json:"forkId"`
+			EventType json.RawMessage `json:"eventType"`
+		}
+		if json.Unmarshal(e.Message.OriginalEvent, &ev) == nil {
+			if !hv.hasFork {
+				e.ForkID = jsonString(ev.ForkID)
+			}
+			if !hv.hasEventType {
+				e.EventType = jsonString(ev.EventType)
+			}
+		}
+	}
+	if !hv.hasFingerprint {
+		e.Fingerprint = Fingerprint(e.Projection, parseClass(e.ErrorClass), e.SQLState, e.Message.Error)
+	}
+	return e, nil
+}
+
+// jsonString returns the string a JSON string holds, "" for anything else.
+func jsonString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// parseClass maps a causet.dlq.error-class value back to its class; unknown
+// values are retry.Projection, the class of anything unknown.
+func parseClass(s string) retry.Class {
+	switch s {
+	case retry.Permanent.String():
+		return retry.Permanent
+	case retry.Infrastructure.String():
+		return retry.Infrastructure
+	}
+	return retry.Projection
+}

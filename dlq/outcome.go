@@ -1,0 +1,80 @@
+package dlq
+
+import "fmt"
+
+// OutcomeKind is what happened to one selected dead letter.
+type OutcomeKind string
+
+// Outcome kinds. Their names are the counters of the summary line.
+const (
+	// OutcomeReplayed: republished and acknowledged, then recorded in the
+	// ledger (in a dry run: would be republished).
+	OutcomeReplayed OutcomeKind = "replayed"
+	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent), or the
+	// skip was recorded (Skip).
+	OutcomeSkipped OutcomeKind = "skipped"
+	// OutcomeAlreadyReplayed: the ledger says "replayed" and
+	// IncludeReplayed is off; not sent.
+	OutcomeAlreadyReplayed OutcomeKind = "already-replayed"
+	// OutcomeRefused: not sent because the event was replayed MaxReplays
+	// times already (without Force), or because originalEvent is null.
+	OutcomeRefused OutcomeKind = "refused"
+	// OutcomeFailed: the produce, or the ledger write after it, failed.
+	OutcomeFailed OutcomeKind = "failed"
+)
+
+// Outcome reports what Retry or Skip did with one selected dead letter.
+type Outcome struct {
+	Entry *Entry
+	Kind  OutcomeKind
+	// DryRun is set when nothing was sent or recorded.
+	DryRun bool
+	// Topic and Partition are where the event was (or would be, or failed
+	// to be) republished; Partition is -1 when nothing was to be sent.
+	Topic     string
+	Partition int32
+	// FromHeader reports that Partition came from the
+	// causet.dlq.original-partition header (else: murmur2 of the key).
+	FromHeader bool
+	// Reason explains a refusal, a skip or a failure.
+	Reason string
+	// Err is the produce or ledger error of a failure.
+	Err error
+}
+
+// Result counts the outcomes of a Retry or Skip run.
+type Result struct {
+	Matched         int
+	Replayed        int
+	Skipped         int
+	AlreadyReplayed int
+	Refused         int
+	Failed          int
+	// DryRun is set when nothing was sent or recorded; Replayed and Skipped
+	// then count what would have been.
+	DryRun bool
+	// Scan is what was read from the dead-letter topic.
+	Scan ScanStats
+}
+
+// String returns the summary line
+// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
+func (r Result) String() string {
+	return fmt.Sprintf("matched=%d replayed=%d skipped=%d already-replayed=%d refused=%d failed=%d",
+		r.Matched, r.Replayed, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
+}
+
+func (r *Result) count(k OutcomeKind) {
+	switch k {
+	case OutcomeReplayed:
+		r.Replayed++
+	case OutcomeSkipped:
+		r.Skipped++
+	case OutcomeAlreadyReplayed:
+		r.AlreadyReplayed++
+	case OutcomeRefused:
+		r.Refused++
+	case OutcomeFailed:
+		r.Failed++
+	}
+}

@@ -1,0 +1,113 @@
+package dlq
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestNewRecordTruncatesOversizeDeadLetters(t *testing.T) {
+	bigEvent := `{"eventType":"BIG","payload":{"blob":"` + strings.Repeat("x", 3000) + `"}}`
+	tests := []struct {
+		name          string
+		maxBytes      int
+		stack, errMsg string
+		wantCut       string
+		wantError     func(t *testing.T, m Message, errMsg string)
+		wantStack     func(t *testing.T, m Message, stack string)
+	}{
+		{
+			name:     "stack trace cut to a prefix",
+			maxBytes: 8000,
+			stack:    strings.Repeat("goroutine frame é\n", 1000),
+			errMsg:   "boom",
+			wantCut:  "stackTrace",
+			wantStack: func(t *testing.T, m Message, stack string) {
+				prefix, marker, ok := strings.Cut(m.StackTrace, "…[truncated ")
+				if !ok || prefix == "" || !strings.HasSuffix(marker, " bytes]") {
+					t.Fatalf("stackTrace %q is not a prefix and a marker", m.StackTrace)
+				}
+				full := stackTrace(errors.New("boom"), stack)
+				if !strings.HasPrefix(full, prefix) {
+					t.Errorf("stackTrace prefix is not a prefix of the full stack")
+				}
+				if n := fmt.Sprintf("%d bytes]", len(full)-len(prefix)); marker != n {
+					t.Errorf("marker says %q, want %q", marker, n)
+				}
+			},
+		},
+		{
+			name:     "stack trace emptied, error cut",
+			maxBytes: 6000,
+			stack:    strings.Repeat("s", 5000),
+			errMsg:   strings.Repeat("error text ", 1000),
+			wantCut:  "stackTrace,error",
+			wantStack: func(t *testing.T, m Message, _ string) {
+				if m.StackTrace != "" {
+					t.Errorf("stackTrace %q, want empty", m.StackTrace)
+				}
+			},
+			wantError: func(t *testing.T, m Message, errMsg string) {
+				prefix, _, ok := strings.Cut(m.Error, "…[truncated ")
+				if !ok || prefix == "" || !strings.HasPrefix(errMsg, prefix) {
+					t.Errorf("error %q is not a prefix of the error and a marker", m.Error)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dl := testDeadLetter([]byte(bigEvent))
+			dl.Err = errors.New(tt.errMsg)
+			dl.Stack = tt.stack
+			rec := newRecord(t, dl, RecordConfig{MaxBytes: tt.maxBytes})
+			if size := recordSize(rec); size > tt.maxBytes {
+				t.Errorf("record is %d bytes, over MaxBytes %d", size, tt.maxBytes)
+			}
+			m := decodeMessage(t, rec.Value)
+			if string(m.OriginalEvent) != bigEvent {
+				t.Errorf("originalEvent was changed")
+			}
+			if got, _ := header(rec, HeaderTruncated); got != tt.wantCut {
+				t.Errorf("truncated header %q, want %q", got, tt.wantCut)
+			}
+			if tt.wantStack != nil {
+				tt.wantStack(t, m, tt.stack)
+			}
+			if tt.wantError != nil {
+				tt.wantError(t, m, tt.errMsg)
+			} else if m.Error != tt.errMsg {
+				t.Errorf("error %q was changed", m.Error)
+			}
+			if got, _ := header(rec, HeaderFingerprint); got != Fingerprint(dl.Projection, dl.Class, "", tt.errMsg) {
+				t.Errorf("fingerprint %s is not that of the untruncated error", got)
+			}
+		})
+	}
+}
+
+func TestNewRecordFitsExactlyWithoutTruncating(t *testing.T) {
+	dl := testDeadLetter([]byte(testEvent))
+	full := newRecord(t, dl, RecordConfig{})
+	size := recordSize(full)
+	rec := newRecord(t, dl, RecordConfig{MaxBytes: size})
+	if _, cut := header(rec, HeaderTruncated); cut {
+		t.Errorf("record of exactly MaxBytes (%d) was truncated", size)
+	}
+	rec = newRecord(t, dl, RecordConfig{MaxBytes: size - 1})
+	if got, _ := header(rec, HeaderTruncated); got != "stackTrace" {
+		t.Errorf("record one byte over MaxBytes: truncated header %q, want stackTrace", got)
+	}
+	if s := recordSize(rec); s > size-1 {
+		t.Errorf("record is %d bytes, over %d", s, size-1)
+	}
+}
+
+func TestNewRecordRefusesAnEventTooLargeToFit(t *testing.T) {
+	dl := testDeadLetter([]byte(`{"blob":"` + strings.Repeat("x", 2000) + `"}`))
+	_, err := NewRecord(dl, RecordConfig{MaxBytes: 1024}, testNow)
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("NewRecord error %v, want ErrTooLarge", err)
+	}
+}

@@ -1,0 +1,185 @@
+// Package jsonstrict reads a JSON document in one pass and says whether
+// every strict JSON parser reads it as the same document. The projection
+// event decoder (projection.DecodeEvent) builds its tree with it, and the
+// dead-letter code (dlq.NewRecord) asks it whether a record value can be
+// embedded verbatim in a dead letter's originalEvent (SPEC §3 and §6), so
+// that both apply one set of rules.
+//
+// A document is strict when it is valid UTF-8 and valid JSON (RFC 8259,
+// whitespace around the value allowed) and has no duplicate key in any
+// object (after unescaping), no unpaired UTF-16 surrogate escape in any
+// string (encoding/json silently reads "\ud800" as U+FFFD, jq 1.6 refuses
+// it) and at most MaxDepth levels of nesting. Numbers are kept as their
+// exact text (json.Number) and never converted to float64; JSON sets them
+// no range (RFC 8259 §6), so any valid number is strict.
+//
+// Not to be confused with internal/jqcheck, a test helper that runs jq
+// and encoding/json over a finished document.
+package jsonstrict
+
+import (
+	"strconv"
+	"unicode/utf8"
+)
+
+// MaxDepth is the deepest nesting of objects and arrays a strict document
+// may have, the outermost value counting as level 1: 126. A dead letter
+// embeds the document one level down, and 127 levels are what serde_json's
+// default recursion limit (128) accepts, the smallest among common strict
+// parsers (jq 1.6 stops after 256, Python's json near 1000, encoding/json
+// after 10000).
+const MaxDepth = 126
+
+// maxParseDepth is where Parse stops reading a document as not JSON:
+// encoding/json's own limit. Between MaxDepth and it, the document is read
+// on (so that what is readable is kept) and refused.
+const maxParseDepth = 10000
+
+// Unreadable stands, in the tree of a refused document, for a value that
+// cannot be read unambiguously: a string with an unpaired surrogate escape,
+// or the value of a key that appears twice in its object (neither value is
+// the one). It never appears in the tree of a strict document.
+type Unreadable struct{}
+
+// Kind says why a document that is JSON is not strict.
+type Kind uint8
+
+// The reasons a JSON document is refused.
+const (
+	// DuplicateKey: an object has the same key twice, after unescaping.
+	DuplicateKey Kind = iota + 1
+	// UnpairedSurrogate: a string or key has a high surrogate escape
+	// (\ud800-\udbff) not followed by an escaped low one (\udc00-\udfff),
+	// or a low one alone.
+	UnpairedSurrogate
+	// TooDeep: objects and arrays nest more than MaxDepth levels.
+	TooDeep
+)
+
+// Refusal reports the first reason a JSON document is not strict. Paths
+// are JSON paths: "payload", "payload.items[2].id", `payload["a.b"]` for a
+// key that is not a plain name ([A-Za-z0-9_-]+), "" for the document
+// itself.
+type Refusal struct {
+	Kind Kind
+	// Path is where the document is refused: for DuplicateKey the member
+	// whose key repeats (Object plus Key); for UnpairedSurrogate the string
+	// (for a key, its object); for TooDeep the member or element of the
+	// outermost value that holds the excess nesting.
+	Path string
+	// Object is, for DuplicateKey, the path of the object with the repeated
+	// key.
+	Object string
+	// Key is, for DuplicateKey, the repeated key, unescaped.
+	Key string
+	// Escape is, for UnpairedSurrogate, the escape as written ("\ud800").
+	Escape string
+	// Offset is the byte, counted from 1, of the escape's backslash
+	// (UnpairedSurrogate) or of the bracket that opens the level beyond
+	// MaxDepth (TooDeep); 0 for DuplicateKey.
+	Offset int
+}
+
+// Error returns the reason, after "<path>: " when Path is not "".
+func (r *Refusal) Error() string {
+	var reason string
+	switch r.Kind {
+	case DuplicateKey:
+		reason = "duplicate key " + strconv.Quote(r.Key)
+		if r.Object != "" {
+			reason += " in " + r.Object
+		}
+	case UnpairedSurrogate:
+		reason = "unpaired UTF-16 surrogate escape " + r.Escape + " in a string at byte " + strconv.Itoa(r.Offset)
+	case TooDeep:
+		reason = "nests deeper than " + strconv.Itoa(MaxDepth) + " levels at byte " + strconv.Itoa(r.Offset)
+	default:
+		reason = "refused"
+	}
+	if r.Path == "" {
+		return reason
+	}
+	return r.Path + ": " + reason
+}
+
+// SyntaxError reports a document that is not JSON.
+type SyntaxError struct {
+	// Msg is encoding/json's description of the error ("invalid character
+	// 'g' looking for beginning of value", "unexpected end of JSON input"),
+	// "" when it has none.
+	Msg string
+	// Offset is encoding/json's json.SyntaxError.Offset (the bytes read
+	// before the error) or, when Msg is "", the byte where Parse stopped.
+	Offset int64
+}
+
+// Error returns "not valid JSON: <msg> at byte <offset>", or "not valid
+// JSON at byte <offset>" when Msg is "".
+func (e *SyntaxError) Error() string {
+	if e.Msg == "" {
+		return "not valid JSON at byte " + strconv.FormatInt(e.Offset, 10)
+	}
+	return "not valid JSON: " + e.Msg + " at byte " + strconv.FormatInt(e.Offset, 10)
+}
+
+// UTF8Error reports a document that is not valid UTF-8.
+type UTF8Error struct {
+	// Offset is the first invalid byte's position, counted from 1.
+	Offset int
+	// Byte is that byte.
+	Byte byte
+}
+
+// Error returns "not valid UTF-8: invalid byte 0x<hex> at byte <offset>".
+func (e *UTF8Error) Error() string {
+	return "not valid UTF-8: invalid byte 0x" + strconv.FormatUint(uint64(e.Byte), 16) + " at byte " + strconv.Itoa(e.Offset)
+}
+
+// Parse reads doc, once, into a tree of map[string]any (objects), []any
+// (arrays), string, json.Number (numbers, their exact text), bool and nil.
+//
+//   - For a strict document it returns the tree and nil.
+//   - For a document that is JSON but not strict it returns the tree of
+//     what can be read, with Unreadable in place of the values that cannot
+//     (see Unreadable), and a *Refusal for the first reason met in reading
+//     order; the rest of the document is still read and checked for syntax.
+//   - Otherwise it returns nil and a *UTF8Error (doc is not valid UTF-8)
+//     or a *SyntaxError (doc is not JSON, nests more than 10000 levels,
+//     encoding/json's limit, or is empty).
+//
+// The strings in the tree share one copy of doc, so keeping any of them
+// keeps that copy alive; doc itself is neither kept nor modified.
+func Parse(doc []byte) (any, error) {
+	if !utf8.Valid(doc) {
+		return nil, utf8Error(doc)
+	}
+	p := parser{src: doc, str: string(doc)}
+	root, err := p.parse()
+	if err != nil {
+		return nil, err
+	}
+	if p.refused != nil {
+		return root, p.refused
+	}
+	return root, nil
+}
+
+// IsObject reports whether doc is a strict document (see Parse) whose value
+// is an object: what a dead letter may embed verbatim.
+func IsObject(doc []byte) bool {
+	v, err := Parse(doc)
+	_, ok := v.(map[string]any)
+	return err == nil && ok
+}
+
+func utf8Error(doc []byte) error {
+	i := 0
+	for i < len(doc) {
+		r, size := utf8.DecodeRune(doc[i:])
+		if r == utf8.RuneError && size <= 1 {
+			break
+		}
+		i += size
+	}
+	return &UTF8Error{Offset: i + 1, Byte: doc[i]}
+}

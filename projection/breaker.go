@@ -1,0 +1,213 @@
+package projection
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// BreakerConfig configures the fingerprint breaker (SPEC §5): when pairs
+// with one failure fingerprint (SPEC §6) have exhausted their retries
+// Threshold times within Window, later pairs failing with that fingerprint
+// are dead-lettered at once, without retries (header
+// causet.dlq.short-circuit); every ProbeInterval one of them is still
+// retried in full (half-open), and its success closes the breaker. A tenant
+// that is not migrated then costs seconds of dead letters instead of hours
+// of retries; `migrate` and `dlq-replayer retry --fingerprint F` fix them.
+type BreakerConfig struct {
+	// Threshold is how many exhausted pairs open a fingerprint's breaker.
+	// Default 3; -1 disables the breaker.
+	Threshold int
+	// Window is how recent those exhaustions must be. Default 1 min.
+	Window time.Duration
+	// ProbeInterval is how often an open breaker lets one pair be retried
+	// in full. Default 30 s.
+	ProbeInterval time.Duration
+}
+
+// Defaults for BreakerConfig.
+const (
+	DefaultBreakerThreshold     = 3
+	DefaultBreakerWindow        = time.Minute
+	DefaultBreakerProbeInterval = 30 * time.Second
+)
+
+// Validate fills in defaults and returns an error naming the first invalid
+// field.
+func (c *BreakerConfig) Validate() error {
+	if c.Threshold == 0 {
+		c.Threshold = DefaultBreakerThreshold
+	}
+	if c.Window == 0 {
+		c.Window = DefaultBreakerWindow
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = DefaultBreakerProbeInterval
+	}
+	switch {
+	case c.Threshold < -1:
+		return fmt.Errorf("breaker threshold must be >= 1, or -1 to disable the breaker, got %d", c.Threshold)
+	case c.Window < 0:
+		return fmt.Errorf("breaker window must be > 0, got %s", c.Window)
+	case c.ProbeInterval < 0:
+		return fmt.Errorf("breaker probe interval must be > 0, got %s", c.ProbeInterval)
+	}
+	return nil
+}
+
+// breaker is the worker's fingerprint breaker, shared by its partitions.
+// It is safe for concurrent use.
+type breaker struct {
+	cfg BreakerConfig
+	now func() time.Time
+	// onChange is called, outside the lock, when a fingerprint's breaker
+	// opens (open true) or closes.
+	onChange func(fingerprint string, open bool, exhausted int)
+
+	mu sync.Mutex
+	fp map[string]*fingerprintState
+}
+
+type fingerprintState struct {
+	exhausted []time.Time // within the window, oldest first
+	open      bool
+	probing   bool      // a probe pair is being retried
+	lastProbe time.Time // when the last probe started
+}
+
+func newBreaker(cfg BreakerConfig, onChange func(fingerprint string, open bool, exhausted int)) *breaker {
+	if onChange == nil {
+		onChange = func(string, bool, int) {}
+	}
+	return &breaker{cfg: cfg, now: time.Now, onChange: onChange, fp: make(map[string]*fingerprintState)}
+}
+
+// errShortCircuit is returned by admit for a pair to dead-letter at once.
+var errShortCircuit = errors.New("breaker open")
+
+// admit is asked when a pair first fails with a retriable error of
+// fingerprint fp. It returns nil and probe false when the pair is to be
+// retried as usual; nil and probe true when the breaker is open and this
+// pair is its half-open probe (report its end with probeDone); and
+// errShortCircuit when the breaker is open and the pair is to be
+// dead-lettered at once.
+func (b *breaker) admit(fp string) (probe bool, err error) {
+	if b.cfg.Threshold < 0 {
+		return false, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.fp[fp]
+	if st == nil || !st.open {
+		return false, nil
+	}
+	now := b.now()
+	if !st.probing && now.Sub(st.lastProbe) >= b.cfg.ProbeInterval {
+		st.probing, st.lastProbe = true, now
+		return true, nil
+	}
+	return false, errShortCircuit
+}
+
+// exhausted records a pair of fingerprint fp that ran out of retries (probe
+// says whether it was the breaker's probe). It opens the breaker once
+// Threshold exhaustions fall within Window.
+func (b *breaker) exhausted(fp string, probe bool) {
+	if b.cfg.Threshold < 0 {
+		return
+	}
+	b.mu.Lock()
+	st := b.fp[fp]
+	if st == nil {
+		st = &fingerprintState{}
+		b.fp[fp] = st
+	}
+	if probe {
+		st.probing = false
+	}
+	now := b.now()
+	st.exhausted = append(st.exhausted, now)
+	for len(st.exhausted) > 0 && now.Sub(st.exhausted[0]) > b.cfg.Window {
+		st.exhausted = st.exhausted[1:]
+	}
+	if len(b.fp) > maxTrackedFingerprints {
+		b.forgetQuiet(now)
+	}
+	opened := !st.open && len(st.exhausted) >= b.cfg.Threshold
+	if opened {
+		st.open, st.lastProbe = true, now
+	}
+	n := len(st.exhausted)
+	b.mu.Unlock()
+	if opened {
+		b.onChange(fp, true, n)
+	}
+}
+
+// maxTrackedFingerprints bounds the closed fingerprints the breaker keeps
+// before it forgets those with no exhaustion within the window.
+const maxTrackedFingerprints = 1024
+
+// forgetQuiet drops the closed fingerprints with no exhaustion within the
+// window. b.mu is held.
+func (b *breaker) forgetQuiet(now time.Time) {
+	for fp, st := range b.fp {
+		if !st.open && (len(st.exhausted) == 0 || now.Sub(st.exhausted[len(st.exhausted)-1]) > b.cfg.Window) {
+			delete(b.fp, fp)
+		}
+	}
+}
+
+// succeeded records that a retried pair of fingerprint fp was applied. The
+// success of the breaker's probe closes it; any success forgets the
+// fingerprint's exhaustions.
+func (b *breaker) succeeded(fp string, probe bool) {
+	if b.cfg.Threshold < 0 {
+		return
+	}
+	b.mu.Lock()
+	st := b.fp[fp]
+	closed := st != nil && st.open && probe
+	if st != nil && (!st.open || probe) {
+		delete(b.fp, fp)
+	}
+	b.mu.Unlock()
+	if closed {
+		b.onChange(fp, false, 0)
+	}
+}
+
+// cancelled records that a probe pair ended without an outcome (revoke or
+// shutdown), so that another pair may probe.
+func (b *breaker) cancelled(fp string) {
+	b.mu.Lock()
+	if st := b.fp[fp]; st != nil {
+		st.probing = false
+	}
+	b.mu.Unlock()
+}
+
+// isOpen reports whether fp's breaker is open.
+func (b *breaker) isOpen(fp string) bool {
+	if b.cfg.Threshold < 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.fp[fp]
+	return st != nil && st.open
+}
+
+// open returns the number of fingerprints whose breaker is open.
+func (b *breaker) open() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, st := range b.fp {
+		if st.open {
+			n++
+		}
+	}
+	return n
+}

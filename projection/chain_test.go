@@ -1,0 +1,76 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// stubHandler is a Handler whose Apply runs fn.
+type stubHandler struct {
+	fn func() (Outcome, error)
+}
+
+func (stubHandler) Name() string        { return "stub" }
+func (stubHandler) Handles(string) bool { return true }
+func (h stubHandler) Apply(context.Context, DB, *Event) (Outcome, error) {
+	return h.fn()
+}
+
+func TestChainOrderFirstIsOutermost(t *testing.T) {
+	var order []string
+	mw := func(name string) middleware {
+		return func(next applyFunc) applyFunc {
+			return func(ctx context.Context, h Handler, ev *Event) (Outcome, error) {
+				order = append(order, name+" in")
+				out, err := next(ctx, h, ev)
+				order = append(order, name+" out")
+				return out, err
+			}
+		}
+	}
+	apply := chain(func(context.Context, Handler, *Event) (Outcome, error) {
+		order = append(order, "apply")
+		return Applied, nil
+	}, mw("a"), mw("b"))
+	if _, err := apply(context.Background(), stubHandler{}, &Event{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(order, ","); got != "a in,b in,apply,b out,a out" {
+		t.Errorf("order = %s", got)
+	}
+}
+
+func TestRecoverPanicsTurnsAPanicIntoAProjectionError(t *testing.T) {
+	apply := chain(applyHandler(nil), recoverPanics)
+	_, err := apply(context.Background(), stubHandler{fn: func() (Outcome, error) { panic("boom") }}, &Event{EventType: "X"})
+	var pe *PanicError
+	if !errors.As(err, &pe) {
+		t.Fatalf("err = %v, want *PanicError", err)
+	}
+	if pe.Projection != "stub" || pe.Value != "boom" || !strings.Contains(pe.Stack, "chain_test.go") {
+		t.Errorf("PanicError = %q %v, stack has the panicking frame: %v", pe.Projection, pe.Value, strings.Contains(pe.Stack, "chain_test.go"))
+	}
+	if stackOf(err) != pe.Stack {
+		t.Error("stackOf does not return the panic's stack")
+	}
+}
+
+func TestApplyHandlerNamesEventTypeAndProjection(t *testing.T) {
+	apply := applyHandler(nil)
+	base := errors.New("nope")
+	_, err := apply(context.Background(), stubHandler{fn: func() (Outcome, error) { return Applied, base }}, &Event{EventType: "ARTIST_FOLLOWED"})
+	if !errors.Is(err, base) || err.Error() != "apply ARTIST_FOLLOWED to stub: nope" {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestObserveAttemptPassesResultsThrough(t *testing.T) {
+	m := &Metrics{} // records nothing
+	apply := chain(applyHandler(nil), m.observeAttempt)
+	out, err := apply(context.Background(), stubHandler{fn: func() (Outcome, error) { return Stale, nil }}, &Event{})
+	if out != Stale || err != nil {
+		t.Errorf("= %v, %v; want Stale, nil", out, err)
+	}
+}

@@ -1,0 +1,180 @@
+package projection
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/plugin/kotel"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// InfraMode says what the worker does when the database is unavailable.
+type InfraMode string
+
+const (
+	// InfraPause (the default) pauses the affected partitions, reports
+	// not-ready and retries without limit until the database answers; no
+	// event is dead-lettered during an outage.
+	InfraPause InfraMode = "pause"
+	// InfraDeadLetter treats infrastructure errors like projection errors:
+	// retried up to the maximum, then dead-lettered.
+	InfraDeadLetter InfraMode = "dlq"
+)
+
+// Defaults for Config.
+const (
+	DefaultGroup           = "causet-projection-worker"
+	DefaultMaxPollRecords  = 10000
+	DefaultMaxQueuedBytes  = 8 << 20
+	DefaultMaxBatchRecords = 500
+	DefaultShutdownGrace   = 25 * time.Second
+	DefaultMaxRetrying     = 1000
+	DefaultMaxRetryingByte = 16 << 20
+)
+
+// Config configures a Worker. Zero values take the documented defaults; call
+// Validate (NewWorker does) to fill them in and check the rest.
+type Config struct {
+	// Topic is the events topic. Default "causet.projection-events.v1".
+	Topic string
+	// Group is the consumer group. Default "causet-projection-worker".
+	Group string
+	// Retry is the policy for failing (event, projection) pairs. Default
+	// retry.DefaultPolicy(): 200 ms, ×2, 10 s cap, jitter, 5 retries.
+	Retry retry.Policy
+	// OnInfraError is InfraPause (default) or InfraDeadLetter.
+	OnInfraError InfraMode
+	// InfraRetry paces the waits while the database is unavailable under
+	// InfraPause; its MaxRetries is ignored (no limit). Default 500 ms, ×2,
+	// 30 s cap, jitter 0.5.
+	InfraRetry retry.Policy
+	// MaxPollRecords bounds the records taken from the client per poll.
+	// Default 10000.
+	MaxPollRecords int
+	// MaxBatchRecords bounds the records of one partition applied in one
+	// transaction. Default 500; 1 applies records one at a time.
+	MaxBatchRecords int
+	// CopyMinRows is the smallest group of upserts of one table in one
+	// tenant schema, within a batch, that is applied with COPY into a
+	// temporary table and one INSERT ... ON CONFLICT instead of one
+	// statement per pair; below it the extra round trips cost more than they
+	// save. When a COPY fails, its batch is applied as statements, which
+	// isolate the failing pairs. Default 32; -1 never uses COPY.
+	CopyMinRows int
+	// MaxQueuedBytes bounds the record bytes (key, value, headers) polled
+	// but not yet processed, all partitions together, so that memory does
+	// not grow with the backlog: above it the worker stops polling (the
+	// client then holds at most one fetch) until the queues drain. A single
+	// partition holding three quarters of it, such as one waiting for the
+	// database, has its fetching paused instead, so that it does not stall
+	// the others; pausing drops what the client had fetched for it, which is
+	// fetched again on resume. Default 8 MiB.
+	MaxQueuedBytes int
+	// MaxRetrying bounds the pairs of one partition that wait for a retry
+	// while its later records go on (non-blocking retries); at the bound the
+	// partition takes no new records and its fetching pauses until retries
+	// finish (backpressure, never loss). Default 1000.
+	MaxRetrying int
+	// MaxRetryingBytes bounds the record bytes (key, value, headers) held by
+	// one partition's waiting pairs, as MaxRetrying bounds their number.
+	// Default 16 MiB.
+	MaxRetryingBytes int
+	// Breaker configures the fingerprint breaker: see BreakerConfig.
+	Breaker BreakerConfig
+	// CommitInterval is how often marked offsets are committed while
+	// running (they are also committed on revoke and at shutdown). Default
+	// 5 s (franz-go's default).
+	CommitInterval time.Duration
+	// ShutdownGrace bounds the time Run takes after its context is done to
+	// commit finished offsets and leave the group. Default 25 s.
+	ShutdownGrace time.Duration
+	// Logger receives the worker's logs. Default: discarded.
+	Logger *slog.Logger
+	// Metrics records counters and histograms; default: none recorded.
+	Metrics *Metrics
+	// Tracer, when set, starts a process span per record, continuing the W3C
+	// trace context found in the record's headers (franz-go kotel).
+	Tracer *kotel.Tracer
+	// TenantSchemas narrows the tenant schemas the worker accepts
+	// (NewTenantSchemas, --tenant-schema-pattern). Default nil: every name
+	// ValidTenantSchema accepts (SPEC §3's pattern, PostgreSQL's own
+	// schemas and public excepted). An event for another tenant schema is
+	// dead-lettered at once as permanent, naming tenantSchema.
+	TenantSchemas *TenantSchemas
+}
+
+// Validate fills in defaults and returns an error naming the first invalid
+// field.
+func (c *Config) Validate() error {
+	if c.Topic == "" {
+		c.Topic = DefaultEventsTopic
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.Retry == (retry.Policy{}) {
+		c.Retry = retry.DefaultPolicy()
+	}
+	if err := c.Retry.Validate(); err != nil {
+		return err
+	}
+	if c.InfraRetry == (retry.Policy{}) {
+		c.InfraRetry = retry.Policy{Initial: 500 * time.Millisecond, Multiplier: 2, MaxInterval: 30 * time.Second, Jitter: 0.5}
+	}
+	if err := c.InfraRetry.Validate(); err != nil {
+		return fmt.Errorf("infra retry: %w", err)
+	}
+	switch c.OnInfraError {
+	case "":
+		c.OnInfraError = InfraPause
+	case InfraPause, InfraDeadLetter:
+	default:
+		return fmt.Errorf("on-infra-error must be %q or %q, got %q", InfraPause, InfraDeadLetter, c.OnInfraError)
+	}
+	if c.MaxPollRecords == 0 {
+		c.MaxPollRecords = DefaultMaxPollRecords
+	}
+	if c.MaxBatchRecords == 0 {
+		c.MaxBatchRecords = DefaultMaxBatchRecords
+	}
+	if c.CopyMinRows == 0 {
+		c.CopyMinRows = 32
+	}
+	if c.MaxQueuedBytes == 0 {
+		c.MaxQueuedBytes = DefaultMaxQueuedBytes
+	}
+	if c.MaxRetrying == 0 {
+		c.MaxRetrying = DefaultMaxRetrying
+	}
+	if c.MaxRetryingBytes == 0 {
+		c.MaxRetryingBytes = DefaultMaxRetryingByte
+	}
+	if c.MaxPollRecords < 0 || c.MaxQueuedBytes < 0 || c.MaxBatchRecords < 0 || c.MaxRetrying < 0 || c.MaxRetryingBytes < 0 {
+		return errors.New("max poll, queued, batch records and max retrying pairs and bytes must be > 0")
+	}
+	if err := c.Breaker.Validate(); err != nil {
+		return err
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = 5 * time.Second
+	}
+	if c.CommitInterval < 0 {
+		return fmt.Errorf("commit interval must be > 0, got %s", c.CommitInterval)
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	if c.ShutdownGrace < 0 {
+		return fmt.Errorf("shutdown grace must be > 0, got %s", c.ShutdownGrace)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = &Metrics{}
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package projection
+
+import (
+	"context"
+	"time"
+)
+
+// waitForDatabase is the InfraPause middleware: while the next step fails
+// with an infrastructure error (SPEC §5: the database is unreachable, read
+// only, out of connections), the partition pauses its fetching, reports
+// not-ready, and the attempt is made again with the worker's InfraRetry
+// intervals and no limit, so that an outage costs no dead letter. It
+// returns the first result that is not an infrastructure error, or ctx's
+// error.
+func (pc *partition) waitForDatabase(next applyFunc) applyFunc {
+	return func(ctx context.Context, h Handler, ev *Event) (Outcome, error) {
+		var out Outcome
+		err := pc.untilAvailable(ctx, func(ctx context.Context) error {
+			var err error
+			out, err = next(ctx, h, ev)
+			return err
+		}, "projection", h.Name(), "tenant_schema", ev.TenantSchema)
+		return out, err
+	}
+}
+
+// untilAvailable runs op until it returns something other than an
+// infrastructure error (or ctx ends), with the partition paused and
+// not-ready while it waits; logArgs are added to the log lines.
+func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context) error, logArgs ...any) error {
+	err := pc.w.cfg.InfraRetry.UntilAvailable(ctx, op, func(err error, n int, wait time.Duration) {
+		pc.setDBWait(true)
+		pc.w.log.Warn("database unavailable, waiting",
+			append([]any{"topic", pc.w.cfg.Topic, "partition", pc.partition, "attempt", n, "wait", wait, "error", err}, logArgs...)...)
+	})
+	pc.setDBWait(false)
+	return err
+}
+
+func (pc *partition) setDBWait(waiting bool) {
+	pc.mu.Lock()
+	changed := pc.dbWait != waiting
+	pc.dbWait = waiting
+	pc.mu.Unlock()
+	if !changed {
+		return
+	}
+	switch {
+	case waiting:
+		pc.pauseFetch()
+		pc.w.cfg.Metrics.addPaused(pc.ctx, 1)
+		pc.w.log.Warn("database unavailable: partition paused", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+	case pc.ctx.Err() != nil:
+		// Revoked or shutting down while waiting: the database may well
+		// still be down.
+		pc.w.cfg.Metrics.addPaused(context.Background(), -1)
+		pc.w.log.Info("partition stopped while waiting for the database", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+	default:
+		pc.w.cfg.Metrics.addPaused(pc.ctx, -1)
+		pc.w.log.Info("database available again: partition resumed", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+		pc.maybeResume()
+	}
+}

@@ -1,0 +1,182 @@
+package projection
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// defParser turns the YAML node tree into Definitions, checking keys and
+// node kinds itself so that every problem names its projection and field
+// (the yaml package's KnownFields errors name Go types and stop at the first
+// document-level problem).
+type defParser struct {
+	file string
+	errs []error
+}
+
+func (p *defParser) fail(where string, n *yaml.Node, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if where != "" {
+		msg = where + ": " + msg
+	}
+	if n != nil && n.Line > 0 {
+		msg += fmt.Sprintf(" (line %d)", n.Line)
+	}
+	p.errs = append(p.errs, fmt.Errorf("%s: %s", p.file, msg))
+}
+
+func (p *defParser) parse(data []byte) *Definitions {
+	d := &Definitions{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			p.fail("", nil, "empty file")
+		} else {
+			p.fail("", nil, "%v", err)
+		}
+		return d
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		p.fail("", nil, "more than one YAML document")
+	}
+	root := resolve(&doc)
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = resolve(root.Content[0])
+	}
+	p.mapping("", root, map[string]func(*yaml.Node){
+		"irVersion": func(v *yaml.Node) { d.IRVersion = p.str("irVersion", v) },
+		"projections": func(v *yaml.Node) {
+			if v.Kind != yaml.SequenceNode {
+				p.fail("projections", v, "must be a list")
+				return
+			}
+			for i, pn := range v.Content {
+				d.Projections = append(d.Projections, p.projection(i, resolve(pn)))
+			}
+		},
+	})
+	return d
+}
+
+func (p *defParser) projection(i int, n *yaml.Node) ProjectionDef {
+	var pd ProjectionDef
+	where := fmt.Sprintf("projections[%d]", i)
+	// Name the projection in every message when it has a usable name.
+	if n.Kind == yaml.MappingNode {
+		for j := 0; j+1 < len(n.Content); j += 2 {
+			if k, v := n.Content[j], resolve(n.Content[j+1]); k.Value == "name" && v.Kind == yaml.ScalarNode && v.Value != "" {
+				where = fmt.Sprintf("projection %q", v.Value)
+			}
+		}
+	}
+	p.mapping(where, n, map[string]func(*yaml.Node){
+		"name":  func(v *yaml.Node) { pd.Name = p.str(where+": name", v) },
+		"table": func(v *yaml.Node) { pd.Table = p.str(where+": table", v) },
+		"primaryKey": func(v *yaml.Node) {
+			if v.Kind != yaml.SequenceNode {
+				p.fail(where+": primaryKey", v, "must be a list of column names")
+				return
+			}
+			for _, e := range v.Content {
+				pd.PrimaryKey = append(pd.PrimaryKey, p.str(where+": primaryKey", resolve(e)))
+			}
+		},
+		"columns": func(v *yaml.Node) {
+			if v.Kind != yaml.MappingNode {
+				p.fail(where+": columns", v, "must be a mapping of column name to definition")
+				return
+			}
+			pd.Columns = map[string]ColumnDef{}
+			p.eachPair(where+": columns", v, func(k, cv *yaml.Node) {
+				pd.Columns[k.Value] = p.column(where+": columns."+k.Value, cv)
+				pd.ColumnNames = append(pd.ColumnNames, k.Value)
+			})
+		},
+		"events": func(v *yaml.Node) {
+			if v.Kind != yaml.MappingNode {
+				p.fail(where+": events", v, "must be a mapping of event type to upsert or delete")
+				return
+			}
+			pd.Events = map[string]Op{}
+			p.eachPair(where+": events", v, func(k, ov *yaml.Node) {
+				pd.Events[k.Value] = Op(p.str(where+": events."+k.Value, ov))
+			})
+		},
+	})
+	return pd
+}
+
+func (p *defParser) column(where string, n *yaml.Node) ColumnDef {
+	var c ColumnDef
+	p.mapping(where, n, map[string]func(*yaml.Node){
+		"type":   func(v *yaml.Node) { c.Type = p.str(where+": type", v) },
+		"from":   func(v *yaml.Node) { c.From = p.str(where+": from", v) },
+		"derive": func(v *yaml.Node) { c.Derive = p.str(where+": derive", v) },
+		"notNull": func(v *yaml.Node) {
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" || v.Decode(&c.NotNull) != nil {
+				p.fail(where+": notNull", v, "must be true or false")
+			}
+		},
+	})
+	return c
+}
+
+// mapping calls fields[key] for each key of the mapping n; unknown and
+// duplicate keys are errors.
+func (p *defParser) mapping(where string, n *yaml.Node, fields map[string]func(*yaml.Node)) {
+	if n.Kind != yaml.MappingNode {
+		p.fail(where, n, "must be a mapping")
+		return
+	}
+	p.eachPair(where, n, func(k, v *yaml.Node) {
+		f, ok := fields[k.Value]
+		if !ok {
+			p.fail(where, k, "unknown key %q (want one of %s)", k.Value, strings.Join(sortedKeys(fields), ", "))
+			return
+		}
+		f(v)
+	})
+}
+
+// eachPair calls f for each key/value pair of the mapping n, reporting
+// non-scalar and duplicate keys.
+func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)) {
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			p.fail(where, k, "keys must be strings")
+			continue
+		}
+		if line, dup := seen[k.Value]; dup {
+			p.fail(where, nil, "duplicate key %q (line %d; first at line %d)", k.Value, k.Line, line)
+			continue
+		}
+		seen[k.Value] = k.Line
+		f(k, v)
+	}
+}
+
+// str returns the value of a scalar node, reporting other nodes and null.
+func (p *defParser) str(where string, n *yaml.Node) string {
+	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		p.fail(where, n, "must be a string")
+		return ""
+	}
+	return n.Value
+}
+
+// resolve follows YAML aliases.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}

@@ -1,0 +1,205 @@
+package projection
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/cel-go/cel"
+)
+
+// Validate checks d as LoadDefinitions does (names, types, paths, events)
+// and compiles the derive expressions not compiled yet. It normalises column
+// types and fills ColumnNames when empty. It returns all problems joined.
+//
+// Once d has validated (LoadDefinitions validates), Validate only reads it,
+// so NewTableProjections and Migrate may then run concurrently on one d.
+func (d *Definitions) Validate() error {
+	var errs []error
+	file := d.source
+	if file == "" {
+		file = "projection definitions"
+	}
+	fail := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{file}, args...)...))
+	}
+	if d.IRVersion == "" {
+		fail("irVersion: missing")
+	}
+	if len(d.Projections) == 0 {
+		fail("projections: none defined")
+	}
+	names := map[string]int{}
+	tables := map[string]string{}
+	for i := range d.Projections {
+		pd := &d.Projections[i]
+		label := fmt.Sprintf("projection %q", pd.Name)
+		if pd.Name == "" {
+			label = fmt.Sprintf("projections[%d]", i)
+		}
+		pfail := func(format string, args ...any) {
+			fail("%s: "+format, append([]any{label}, args...)...)
+		}
+		switch {
+		case pd.Name == "":
+			pfail("name: missing")
+		case !validName(pd.Name):
+			pfail("name: %s", nameProblem(pd.Name))
+		}
+		if j, dup := names[pd.Name]; dup && pd.Name != "" {
+			pfail("name: duplicate projection name (also projections[%d])", j)
+		} else {
+			names[pd.Name] = i
+		}
+		switch {
+		case pd.Table == "":
+			pfail("table: missing")
+		case !validName(pd.Table):
+			pfail("table: %s", nameProblem(pd.Table))
+		default:
+			if other, dup := tables[pd.Table]; dup {
+				pfail("table: %q is also the table of projection %q", pd.Table, other)
+			} else {
+				tables[pd.Table] = pd.Name
+			}
+		}
+		d.validateColumns(pd, pfail)
+		d.validatePrimaryKey(pd, pfail)
+		if len(pd.Events) == 0 {
+			pfail("events: none defined")
+		}
+		for _, et := range sortedKeys(pd.Events) {
+			switch op := pd.Events[et]; {
+			case et == "":
+				pfail("events: empty event type")
+			case op != OpUpsert && op != OpDelete:
+				pfail("events.%s: unknown operation %q (want upsert or delete)", et, string(op))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Definitions) validateColumns(pd *ProjectionDef, pfail func(string, ...any)) {
+	if len(pd.Columns) == 0 {
+		pfail("columns: none defined")
+		return
+	}
+	if len(pd.Columns) > maxColumns {
+		pfail("columns: %d columns, at most %d allowed", len(pd.Columns), maxColumns)
+	}
+	if len(pd.ColumnNames) == 0 {
+		pd.ColumnNames = sortedKeys(pd.Columns)
+	} else {
+		seen := map[string]bool{}
+		for _, c := range pd.ColumnNames {
+			if _, ok := pd.Columns[c]; !ok || seen[c] {
+				pfail("columns: column order lists %q, which is not a column or is listed twice", c)
+			}
+			seen[c] = true
+		}
+		if len(seen) != len(pd.Columns) {
+			pfail("columns: column order does not list every column")
+		}
+	}
+	for _, name := range sortedKeys(pd.Columns) {
+		col := pd.Columns[name]
+		cfail := func(format string, args ...any) {
+			pfail("columns.%s: "+format, append([]any{name}, args...)...)
+		}
+		if !validName(name) {
+			cfail("%s", nameProblem(name))
+		}
+		if t := normalizeType(col.Type); t != "" {
+			col.Type = t
+		} else if col.Type == "" {
+			cfail("type: missing")
+		} else {
+			cfail("type: unknown type %q (want one of %s)", col.Type, strings.Join(ColumnTypes, ", "))
+		}
+		switch {
+		case col.From != "" && col.Derive != "":
+			cfail("both from and derive are set; set exactly one")
+		case col.From == "" && col.Derive == "":
+			cfail("neither from nor derive is set; set exactly one")
+		case col.From != "":
+			if err := checkFromPath(col.From); err != nil {
+				cfail("from: %v", err)
+			}
+		default:
+			if _, ok := d.programs[col.Derive]; !ok {
+				prg, err := compileDerive(col.Derive)
+				if err != nil {
+					cfail("derive: %v", err)
+				} else {
+					if d.programs == nil {
+						d.programs = map[string]cel.Program{}
+					}
+					d.programs[col.Derive] = prg
+				}
+			}
+		}
+		if col != pd.Columns[name] {
+			pd.Columns[name] = col // normalised type; only the first Validate writes
+		}
+	}
+}
+
+func (d *Definitions) validatePrimaryKey(pd *ProjectionDef, pfail func(string, ...any)) {
+	if len(pd.PrimaryKey) == 0 {
+		pfail("primaryKey: missing")
+	}
+	seen := map[string]bool{}
+	for _, k := range pd.PrimaryKey {
+		switch {
+		case seen[k]:
+			pfail("primaryKey: column %q listed twice", k)
+		case !hasKey(pd.Columns, k):
+			pfail("primaryKey: unknown column %q", k)
+		}
+		seen[k] = true
+	}
+}
+
+// validName reports whether s may name a projection, table or column.
+func validName(s string) bool {
+	return validIdentifier(s) && !strings.HasPrefix(s, reservedPrefix)
+}
+
+func nameProblem(s string) string {
+	if validIdentifier(s) {
+		return fmt.Sprintf("%q starts with the reserved prefix %q", s, reservedPrefix)
+	}
+	return fmt.Sprintf("%q is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)", s)
+}
+
+// checkFromPath checks a from path: non-empty segments, the first one an
+// event field, subfields only under payload.
+func checkFromPath(path string) error {
+	segs := strings.Split(path, ".")
+	if slices.Contains(segs, "") {
+		return fmt.Errorf("%q has an empty path segment", path)
+	}
+	if !slices.Contains(eventFields, segs[0]) {
+		return fmt.Errorf("%q does not start with an event field (want one of %s)", path, strings.Join(eventFields, ", "))
+	}
+	if segs[0] != "payload" && len(segs) > 1 {
+		return fmt.Errorf("%q: event field %s has no subfields", path, segs[0])
+	}
+	return nil
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,330 @@
+package projection
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// partition is the state of one assigned partition. Its goroutine (run)
+// takes queued records in offset order, applies them in batches, keeps the
+// pairs that failed with a retriable error in its retry set (retryset.go)
+// while later records go on, and marks for commit the watermark: the lowest
+// record that still has an unfinished pair. It exits when ctx is cancelled.
+type partition struct {
+	w         *Worker
+	partition int32
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wake      chan struct{} // cap 1: records were queued
+	done      chan struct{} // closed when run returns
+	attempt   applyFunc     // one attempt of one pair (chain.go)
+
+	mu            sync.Mutex
+	queue         []*kgo.Record
+	queuedBytes   int
+	fetchPaused   bool  // fetching paused for backpressure or a database wait
+	dbWait        bool  // waiting for the database (InfraPause)
+	stuck         error // a dead letter that cannot be written, nil when none
+	next          int64 // the watermark: offset of the next record to finish; −1 unknown
+	highWatermark int64
+	retryingPairs int      // len(retries.pairs), for Ready and metrics
+	received      *handoff // left by the previous owner (handoff.go)
+
+	// Owned by the goroutine; read by others only after done is closed.
+	open     []*recordState // records with unfinished pairs, in offset order
+	lastDone *kgo.Record    // the last record taken
+	retries  retrySet
+}
+
+// recordState is a record that has pairs neither applied nor acknowledged as
+// dead letters.
+type recordState struct {
+	d *decoded
+	// pending maps each unfinished pair's projection ("" for the record
+	// itself) to when it first failed.
+	pending map[string]time.Time
+	bytes   int // recordBytes of the record
+}
+
+func (pc *partition) push(recs []*kgo.Record, hwm int64) {
+	pc.mu.Lock()
+	if pc.next < 0 {
+		pc.next = recs[0].Offset
+	}
+	pc.queue = append(pc.queue, recs...)
+	n := 0
+	for _, r := range recs {
+		n += recordBytes(r)
+	}
+	pc.queuedBytes += n
+	pc.w.queued.Add(int64(n))
+	pc.highWatermark = hwm
+	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes*3/4
+	pc.mu.Unlock()
+	if full {
+		pc.pauseFetch()
+	}
+	select {
+	case pc.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (pc *partition) pauseFetch() {
+	pc.mu.Lock()
+	already := pc.fetchPaused
+	pc.fetchPaused = true
+	pc.mu.Unlock()
+	if !already {
+		pc.w.cl.PauseFetchPartitions(map[string][]int32{pc.w.cfg.Topic: {pc.partition}})
+	}
+}
+
+// maybeResume resumes fetching once the queue holds at most a quarter of
+// MaxQueuedBytes, the retry set has room and the database is not being
+// waited for.
+func (pc *partition) maybeResume() {
+	room := pc.retries.hasRoom(pc.w.cfg)
+	pc.mu.Lock()
+	resume := pc.fetchPaused && !pc.dbWait && room && pc.queuedBytes <= pc.w.cfg.MaxQueuedBytes/4
+	if resume {
+		pc.fetchPaused = false
+	}
+	pc.mu.Unlock()
+	if resume {
+		pc.w.cl.ResumeFetchPartitions(map[string][]int32{pc.w.cfg.Topic: {pc.partition}})
+	}
+}
+
+// setStuck records (err != nil) or clears a dead letter that cannot be
+// written; Ready reports it.
+func (pc *partition) setStuck(err error) {
+	pc.mu.Lock()
+	was := pc.stuck != nil
+	pc.stuck = err
+	pc.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		pc.w.cfg.Metrics.addStuck(pc.ctx, 1)
+	case err == nil && was:
+		pc.w.cfg.Metrics.addStuck(pc.ctx, -1)
+	}
+}
+
+func (pc *partition) stuckOn() error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.stuck
+}
+
+func (pc *partition) waitingForDB() bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	return pc.dbWait
+}
+
+// recordBytes is what a queued record holds in memory, roughly.
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// take removes up to n records from the head of the queue and reports
+// whether more remain.
+func (pc *partition) take(n int) ([]*kgo.Record, bool) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if len(pc.queue) <= n {
+		q := pc.queue
+		pc.w.dequeued(pc.queuedBytes)
+		pc.queue, pc.queuedBytes = nil, 0
+		return q, false
+	}
+	q := make([]*kgo.Record, n)
+	copy(q, pc.queue)
+	pc.queue = append(pc.queue[:0:0], pc.queue[n:]...)
+	taken := 0
+	for _, r := range q {
+		taken += recordBytes(r)
+	}
+	pc.queuedBytes -= taken
+	pc.w.dequeued(taken)
+	return q, true
+}
+
+// run is the partition's goroutine. Each round it retries the pairs that
+// are due, then applies new records while the retry set has room, then
+// waits for records, the next due retry or the end.
+func (pc *partition) run() {
+	defer close(pc.done)
+	defer pc.release()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if err := pc.retryDue(pc.ctx); err != nil {
+			return
+		}
+		for pc.retries.hasRoom(pc.w.cfg) {
+			recs, more := pc.take(pc.w.cfg.MaxBatchRecords)
+			if len(recs) == 0 {
+				break
+			}
+			for len(recs) > 0 {
+				n := inOrder(recs)
+				pc.rewound(recs[0])
+				if err := pc.processBatch(pc.ctx, recs[:n]); err != nil {
+					return // ctx is done: the unfinished records go to the next owner
+				}
+				recs = recs[n:]
+			}
+			pc.maybeResume()
+			if !more {
+				break
+			}
+		}
+		if pc.retries.hasRoom(pc.w.cfg) {
+			pc.maybeResume()
+		} else {
+			pc.pauseFetch() // backpressure until retries drain
+		}
+		timer.Reset(pc.retries.nextDue(time.Hour))
+		select {
+		case <-pc.ctx.Done():
+			return
+		case <-pc.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// release undoes what the partition holds in the worker's accounting: its
+// queued bytes, its paused and stuck gauges, a breaker probe it ran.
+func (pc *partition) release() {
+	pc.mu.Lock()
+	pc.w.dequeued(pc.queuedBytes)
+	pc.queue, pc.queuedBytes = nil, 0
+	pc.mu.Unlock()
+	if pc.waitingForDB() {
+		pc.w.cfg.Metrics.addPaused(context.Background(), -1)
+	}
+	if pc.stuckOn() != nil {
+		pc.w.cfg.Metrics.addStuck(context.Background(), -1)
+	}
+	pc.retries.cancel(pc.w.breaker)
+	pc.setRetrying(0)
+}
+
+// track registers the records of a batch once its fast path is done:
+// failed holds, by batch index, the projections of each record's
+// unfinished pairs and when they first failed, detached their records'
+// copies (detach). Records without one are finished.
+func (pc *partition) track(batch []decoded, failed map[int]map[string]time.Time, detached map[int]*decoded) {
+	for i := range batch {
+		if pending := failed[i]; len(pending) > 0 {
+			pc.open = append(pc.open, &recordState{d: detached[i], pending: pending, bytes: recordBytes(batch[i].rec)})
+		}
+	}
+	if len(batch) > 0 {
+		pc.lastDone = batch[len(batch)-1].rec
+	}
+}
+
+// stateOf returns the open state of the record at offset, nil if finished.
+func (pc *partition) stateOf(offset int64) *recordState {
+	for _, rs := range pc.open {
+		if rs.d.rec.Offset == offset {
+			return rs
+		}
+	}
+	return nil
+}
+
+// finish records that the pair (offset, projection) is applied or its dead
+// letter acknowledged.
+func (pc *partition) finish(offset int64, projection string) {
+	if rs := pc.stateOf(offset); rs != nil {
+		delete(rs.pending, projection)
+	}
+}
+
+// advance drops the finished records from the front of the open list and
+// marks the watermark for commit: the first open record, or the record
+// after the last one taken.
+func (pc *partition) advance() {
+	i := 0
+	for i < len(pc.open) && len(pc.open[i].pending) == 0 {
+		i++
+	}
+	pc.open = pc.open[i:]
+	var at kgo.EpochOffset
+	switch {
+	case len(pc.open) > 0:
+		r := pc.open[0].d.rec
+		at = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset}
+	case pc.lastDone != nil:
+		at = kgo.EpochOffset{Epoch: pc.lastDone.LeaderEpoch, Offset: pc.lastDone.Offset + 1}
+	default:
+		return
+	}
+	pc.w.cl.MarkCommitOffsets(map[string]map[int32]kgo.EpochOffset{pc.w.cfg.Topic: {pc.partition: at}})
+	pc.mu.Lock()
+	pc.next = at.Offset
+	pc.mu.Unlock()
+}
+
+func (pc *partition) setRetrying(n int) {
+	pc.mu.Lock()
+	d := n - pc.retryingPairs
+	pc.retryingPairs = n
+	pc.mu.Unlock()
+	if d != 0 {
+		pc.w.cfg.Metrics.addRetrying(context.Background(), int64(d))
+	}
+}
+
+// inOrder returns how many records at the head of recs have increasing
+// offsets.
+func inOrder(recs []*kgo.Record) int {
+	for i := 1; i < len(recs); i++ {
+		if recs[i].Offset <= recs[i-1].Offset {
+			return i
+		}
+	}
+	return len(recs)
+}
+
+// rewound handles records the client delivers again: first, at or below
+// the last record taken, happens when the client rewinds its fetch position
+// within an assignment (a broker reported lost records after a leader
+// change, or the offset was out of range). What was taken from there on is
+// processed again, so its open records and waiting pairs are dropped (the
+// records before first stay); re-applied records are stale no-ops, and
+// their dead letters can be written twice. A WARN line says so, with the
+// partition and both offsets.
+func (pc *partition) rewound(first *kgo.Record) {
+	if pc.lastDone == nil || first.Offset > pc.lastDone.Offset {
+		return
+	}
+	pc.w.log.Warn("records delivered again: the client rewound this partition; they are processed again (stale no-ops, and their dead letters may be written twice)",
+		"topic", pc.w.cfg.Topic, "partition", pc.partition, "offset", first.Offset, "last_offset", pc.lastDone.Offset)
+	keep := pc.open[:0]
+	for _, rs := range pc.open {
+		if rs.d.rec.Offset < first.Offset {
+			keep = append(keep, rs)
+		}
+	}
+	clear(pc.open[len(keep):])
+	pc.open = keep
+	pc.retries.dropFrom(first.Offset, pc.w.breaker)
+	pc.setRetrying(len(pc.retries.pairs))
+	pc.lastDone = nil
+	if len(pc.open) > 0 {
+		pc.lastDone = pc.open[len(pc.open)-1].d.rec
+	}
+}

@@ -1,0 +1,35 @@
+package projection
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/dlq"
+)
+
+// replayInfo is what the replayer's headers say about a republished record
+// (SPEC §7).
+type replayInfo struct {
+	projection    string    // apply only to this projection when non-empty
+	count         int       // causet.replay.count
+	firstFailedAt time.Time // causet.replay.first-failed-at, zero if absent
+}
+
+func readReplayInfo(rec *kgo.Record) replayInfo {
+	var ri replayInfo
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case dlq.HeaderReplayProjection:
+			ri.projection = string(h.Value)
+		case dlq.HeaderReplayCountOut:
+			ri.count, _ = strconv.Atoi(string(h.Value))
+		case dlq.HeaderReplayFirstFailedAt:
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+				ri.firstFailedAt = time.UnixMilli(ms)
+			}
+		}
+	}
+	return ri
+}

@@ -1,0 +1,135 @@
+package projection_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/projection"
+	"github.com/causet/projection-worker/retry"
+)
+
+// slowRetry waits a minute between retries: a pair that fails once holds
+// nothing for the test's duration unless retries block the partition.
+var slowRetry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+
+// TestWorkerFailingPairDoesNotHoldItsPartition: a pair waiting a minute for
+// its retry does not hold the records after it: they are applied at once,
+// while the committed offset stays at the failing record (the watermark).
+func TestWorkerFailingPairDoesNotHoldItsPartition(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	rn := r.start(func(c *projection.Config) { c.Retry = slowRetry })
+	r.produce("user-0", []byte(r.event("ARTIST_RATED", "user-0", 1, `{"user_id":"user-0","artist_id":"a","stars":3}`)))
+	const n = 20
+	for i := 1; i <= n; i++ {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.follow(user, "artist-1", 1)))
+	}
+	waitFor(t, "the records after the failing pair to be applied", func() bool { return r.count("artist_followers") == n })
+	time.Sleep(300 * time.Millisecond) // a wrong commit past the failing record would happen now
+	if got := r.committed(); got > 0 {
+		t.Errorf("committed offset = %d, want at most 0: the rating at offset 0 is still waiting", got)
+	}
+	if err := rn.w.Ready(); err != nil {
+		t.Errorf("Ready() with a pair waiting for its retry = %v, want ready", err)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0 while the pair waits", len(dls))
+	}
+}
+
+// TestWorkerRetrySetFullPausesWithoutLoss: with room for two waiting pairs,
+// more failing pairs pause the partition until retries finish; every pair
+// ends applied or dead-lettered exactly once.
+func TestWorkerRetrySetFullPausesWithoutLoss(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	r.start(func(c *projection.Config) {
+		c.MaxRetrying = 2
+		c.Breaker.Threshold = -1
+	})
+	const ratings, follows = 6, 6
+	for i := range ratings {
+		user := fmt.Sprintf("rater-%d", i)
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":3}`, user))))
+		follower := fmt.Sprintf("user-%d", i)
+		r.produce(follower, []byte(r.follow(follower, "artist-1", 1)))
+	}
+	r.waitCommitted(testTimeout)
+	if got := r.count("artist_followers"); got != follows {
+		t.Errorf("rows = %d, want %d", got, follows)
+	}
+	perOffset := map[string]int{}
+	for _, d := range r.deadLetters() {
+		perOffset[d.headers[dlq.HeaderOriginalOffset]]++
+		if d.msg.RetryCount != 5 {
+			t.Errorf("dead letter at %s retryCount = %d, want 5", d.headers[dlq.HeaderOriginalOffset], d.msg.RetryCount)
+		}
+	}
+	if len(perOffset) != ratings {
+		t.Errorf("dead letters for %d offsets, want %d: %v", len(perOffset), ratings, perOffset)
+	}
+	for off, n := range perOffset {
+		if n != 1 {
+			t.Errorf("offset %s has %d dead letters, want 1", off, n)
+		}
+	}
+}
+
+// TestWorkerBreakerShortCircuitsAFingerprint: once pairs with one
+// fingerprint have exhausted their retries Threshold times, later pairs
+// with it are dead-lettered at once, retryCount 0, with the
+// causet.dlq.short-circuit header and the error text unchanged.
+func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	r.start(func(c *projection.Config) {
+		c.Breaker = projection.BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: time.Hour}
+	})
+	rate := func(i int) {
+		user := fmt.Sprintf("rater-%d", i)
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":3}`, user))))
+	}
+	for i := range 3 {
+		rate(i)
+	}
+	r.waitCommitted(testTimeout) // three exhausted: the breaker opens
+	const later = 10
+	for i := 3; i < 3+later; i++ {
+		rate(i)
+	}
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 3+later {
+		t.Fatalf("dead letters = %d, want %d", len(dls), 3+later)
+	}
+	var full, short int
+	fp := dls[0].headers[dlq.HeaderFingerprint]
+	for _, d := range dls {
+		if d.headers[dlq.HeaderFingerprint] != fp {
+			t.Errorf("fingerprint %s, want one fingerprint %s", d.headers[dlq.HeaderFingerprint], fp)
+		}
+		if !strings.Contains(d.msg.Error, "SQLSTATE 42703") {
+			t.Errorf("error = %q, want the PostgreSQL error unchanged", d.msg.Error)
+		}
+		switch sc := d.headers[dlq.HeaderShortCircuit]; {
+		case sc == "" && d.msg.RetryCount == 5:
+			full++
+		case sc == fp && d.msg.RetryCount == 0:
+			short++
+		default:
+			t.Errorf("dead letter retryCount %d short-circuit %q", d.msg.RetryCount, sc)
+		}
+	}
+	if full != 3 || short != later {
+		t.Errorf("retried in full = %d, short-circuited = %d; want 3 and %d", full, short, later)
+	}
+}

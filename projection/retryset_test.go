@@ -1,0 +1,175 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// testPartition returns a partition of a worker that has a client (never
+// connected) but no database or Kafka behind it, for the middleware and
+// retry-set tests.
+func testPartition(t *testing.T, cfg Config) *partition {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	w := &Worker{cfg: cfg, log: slog.New(slog.DiscardHandler), cl: cl, drained: make(chan struct{}, 1)}
+	w.breaker = newBreaker(cfg.Breaker, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return &partition{w: w, ctx: ctx, cancel: cancel, next: -1}
+}
+
+func failedPair(offset int64) *retryPair {
+	rec := &kgo.Record{Topic: "events", Offset: offset, Value: []byte("{}")}
+	d := &decoded{rec: rec, ev: &Event{EventType: "E", TenantSchema: "t"}}
+	err := &pgconn.PgError{Severity: "ERROR", Code: "42P01", Message: `relation "t.x" does not exist`}
+	return &retryPair{d: d, h: stubHandler{}, err: err, firstAt: time.Now()}
+}
+
+func TestScheduleWaitsThenDeadLettersWhenRetriesRunOut(t *testing.T) {
+	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Millisecond, Multiplier: 2, MaxInterval: time.Millisecond, MaxRetries: 2}})
+	p := failedPair(7)
+	if dl := pc.schedule(p); dl != nil {
+		t.Fatalf("first failure dead-lettered: %+v", dl)
+	}
+	if len(pc.retries.pairs) != 1 || p.fp == "" {
+		t.Fatalf("retry set = %d pairs, fingerprint %q; want 1 pair with a fingerprint", len(pc.retries.pairs), p.fp)
+	}
+	time.Sleep(2 * time.Millisecond)
+	due := pc.retries.takeDue(time.Now())
+	if len(due) != 1 || pc.retries.bytes != 0 {
+		t.Fatalf("due = %d, bytes left %d", len(due), pc.retries.bytes)
+	}
+	p.retries = 1
+	if dl := pc.schedule(p); dl != nil {
+		t.Fatalf("after 1 of 2 retries dead-lettered")
+	}
+	pc.retries.takeDue(time.Now().Add(time.Second))
+	p.retries = 2
+	dl := pc.schedule(p)
+	if dl == nil || dl.Retries != 2 || dl.Class != retry.Projection || dl.ShortCircuit != "" {
+		t.Fatalf("after 2 of 2 retries dead letter = %+v, want retries 2, projection class", dl)
+	}
+}
+
+func TestScheduleShortCircuitsAnOpenFingerprint(t *testing.T) {
+	pc := testPartition(t, Config{Breaker: BreakerConfig{Threshold: 1, Window: time.Minute, ProbeInterval: time.Hour}})
+	first := failedPair(1)
+	pc.schedule(first)
+	pc.w.breaker.exhausted(first.fp, false)
+	dl := pc.schedule(failedPair(2))
+	if dl == nil || dl.ShortCircuit != first.fp || dl.Retries != 0 {
+		t.Fatalf("dead letter = %+v, want short-circuited by %s with 0 retries", dl, first.fp)
+	}
+	if !errors.Is(dl.Err, first.err) && dl.Err.Error() != first.err.Error() {
+		t.Errorf("error = %v, want the pair's own error unchanged", dl.Err)
+	}
+}
+
+func TestRetrySetBoundsAndOrder(t *testing.T) {
+	cfg := Config{MaxRetrying: 2, MaxRetryingBytes: 1 << 20}
+	var s retrySet
+	now := time.Now()
+	for _, off := range []int64{9, 3, 5} {
+		p := failedPair(off)
+		p.due = now
+		if off == 5 {
+			p.due = now.Add(time.Hour)
+		}
+		s.add(p)
+	}
+	if s.hasRoom(cfg) {
+		t.Error("3 pairs with room for 2: hasRoom true")
+	}
+	due := s.takeDue(now)
+	if len(due) != 2 || due[0].d.rec.Offset != 3 || due[1].d.rec.Offset != 9 {
+		t.Fatalf("due = %v, want offsets 3, 9 in order", due)
+	}
+	if !s.hasRoom(cfg) || len(s.pairs) != 1 {
+		t.Error("after taking 2, want room and 1 pair left")
+	}
+	if d := s.nextDue(2 * time.Hour); d <= 59*time.Minute || d > time.Hour {
+		t.Errorf("nextDue = %s, want about an hour", d)
+	}
+}
+
+func TestWaitForDatabaseWaitsOutInfrastructureErrors(t *testing.T) {
+	pc := testPartition(t, Config{InfraRetry: retry.Policy{Initial: time.Millisecond, Multiplier: 1, MaxInterval: time.Millisecond}})
+	calls := 0
+	var sawPaused bool
+	apply := pc.waitForDatabase(func(context.Context, Handler, *Event) (Outcome, error) {
+		calls++
+		if calls < 3 {
+			return Applied, &pgconn.PgError{Code: "57P03", Message: "the database system is starting up"}
+		}
+		sawPaused = pc.waitingForDB()
+		return Stale, nil
+	})
+	out, err := apply(context.Background(), stubHandler{}, &Event{})
+	if err != nil || out != Stale || calls != 3 {
+		t.Fatalf("= %v, %v after %d calls; want Stale, nil after 3", out, err, calls)
+	}
+	if !sawPaused || pc.waitingForDB() {
+		t.Errorf("paused while waiting %v, after %v; want true, false", sawPaused, pc.waitingForDB())
+	}
+	calls = 0
+	perm := retry.MarkPermanent(errors.New("bad value"))
+	apply = pc.waitForDatabase(func(context.Context, Handler, *Event) (Outcome, error) { calls++; return Applied, perm })
+	if _, err := apply(context.Background(), stubHandler{}, &Event{}); !errors.Is(err, perm) || calls != 1 {
+		t.Errorf("a permanent error = %v after %d calls, want it at once", err, calls)
+	}
+}
+
+func TestScheduleShortCircuitsAWaitingPairWhenTheBreakerOpens(t *testing.T) {
+	pc := testPartition(t, Config{Breaker: BreakerConfig{Threshold: 1, Window: time.Minute, ProbeInterval: time.Hour}})
+	p := failedPair(1)
+	if dl := pc.schedule(p); dl != nil {
+		t.Fatal("first failure dead-lettered")
+	}
+	pc.retries.takeDue(time.Now().Add(time.Hour))
+	pc.w.breaker.exhausted(p.fp, false) // another pair's exhaustion opens the breaker
+	p.retries = 1
+	dl := pc.schedule(p)
+	if dl == nil || dl.ShortCircuit != p.fp || dl.Retries != 1 {
+		t.Fatalf("dead letter = %+v, want short-circuited after 1 retry", dl)
+	}
+}
+
+func TestRewoundDropsWhatIsDeliveredAgain(t *testing.T) {
+	pc := testPartition(t, Config{})
+	for _, off := range []int64{10, 20, 30} {
+		p := failedPair(off)
+		pc.open = append(pc.open, &recordState{d: p.d, pending: map[string]time.Time{"stub": time.Now()}})
+		p.due = time.Now().Add(time.Hour)
+		pc.retries.add(p)
+	}
+	pc.lastDone = &kgo.Record{Offset: 35}
+	pc.rewound(&kgo.Record{Offset: 36}) // in order: nothing happens
+	if len(pc.open) != 3 || len(pc.retries.pairs) != 3 {
+		t.Fatalf("after records in order: open %d, waiting %d; want 3, 3", len(pc.open), len(pc.retries.pairs))
+	}
+	pc.rewound(&kgo.Record{Offset: 20})
+	if len(pc.open) != 1 || pc.open[0].d.rec.Offset != 10 || len(pc.retries.pairs) != 1 || pc.retries.pairs[0].d.rec.Offset != 10 {
+		t.Fatalf("after a rewind to 20: open %d, waiting %d; want only offset 10 left", len(pc.open), len(pc.retries.pairs))
+	}
+	if pc.lastDone.Offset != 10 {
+		t.Errorf("last taken = %d, want 10", pc.lastDone.Offset)
+	}
+	if got := inOrder([]*kgo.Record{{Offset: 5}, {Offset: 6}, {Offset: 2}, {Offset: 3}}); got != 2 {
+		t.Errorf("inOrder = %d, want 2", got)
+	}
+}
