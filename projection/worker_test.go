@@ -21,9 +21,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/jqcheck"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
-	"github.com/causet/projection-worker/internal/jqcheck"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
