@@ -566,7 +566,7 @@ func (k *soak) startInstance() {
 	for _, tp := range k.tables {
 		handlers = append(handlers, tp)
 	}
-	if slices.Contains(k.s.causes, "plan-panic") { // Plan only when asked: it kills the process today
+	if slices.Contains(k.s.causes, "plan-panic") { // a projection applied in batches, whose Plan panics on its poison
 		handlers = append(handlers, PlanningAudit{})
 	} else {
 		handlers = append(handlers, Audit{})

@@ -133,11 +133,12 @@ var PoisonCauses = []string{
 	"23502", "panic",
 }
 
-// OptInCauses are poison causes that stop the run today, so they are
-// generated only when named: plan-panic (a panic in Plan kills the process,
-// issue 8 finding 4) and slow-statement (a statement that always exceeds
-// statement_timeout: 57014 counts as infrastructure and pauses its
-// partition forever, finding 5).
+// OptInCauses are poison causes generated only when named: plan-panic (a
+// panic in a Go projection's Plan, which swaps the soak's Go projection for
+// one applied in batches, so the one-pair path goes untested) and
+// slow-statement (a statement that always exceeds the soak database's
+// statement_timeout: 57014, retried then dead-lettered, which slows every
+// run by its retries).
 var OptInCauses = []string{"plan-panic", "slow-statement"}
 
 // NewGenerator returns the stream of seed over users and artists. migrated
