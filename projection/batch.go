@@ -208,12 +208,7 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 			dead = append(dead, *dl)
 		}
 	}
-	pc.setRetrying(len(pc.retries.pairs))
-	if err := pc.writeDeadLetters(ctx, dead); err != nil {
-		return err
-	}
-	pc.advance()
-	return nil
+	return pc.conclude(ctx, dead)
 }
 
 // plan calls p.Plan, turning a panic into a *PanicError (a projection

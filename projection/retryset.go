@@ -186,6 +186,13 @@ func (pc *partition) retryDue(ctx context.Context) error {
 			dead = append(dead, *dl)
 		}
 	}
+	return pc.conclude(ctx, dead)
+}
+
+// conclude ends a round of settling pairs: it updates the retrying gauge,
+// writes the round's dead letters and advances the watermark. It returns
+// an error only when ctx is done first.
+func (pc *partition) conclude(ctx context.Context, dead []dlq.DeadLetter) error {
 	pc.setRetrying(len(pc.retries.pairs))
 	if err := pc.writeDeadLetters(ctx, dead); err != nil {
 		return err
