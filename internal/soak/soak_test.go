@@ -1043,24 +1043,12 @@ func (k *soak) drain(since time.Time) {
 	var behind []string
 	var readyErr error
 	for {
-		behind = behind[:0]
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		ends, err1 := adm.ListEndOffsets(ctx, k.topics.EventsTopic)
-		committed, err2 := adm.FetchOffsets(ctx, k.group)
+		var err error
+		behind, err = Uncommitted(ctx, adm, k.topics.EventsTopic, k.group)
 		cancel()
-		if err1 != nil || err2 != nil {
-			behind = append(behind, fmt.Sprintf("offsets not read: %v %v", err1, err2))
-		} else {
-			ends.Each(func(e kadm.ListedOffset) {
-				c, ok := committed.Lookup(e.Topic, e.Partition)
-				if e.Offset > 0 && (!ok || c.At < e.Offset) {
-					at := int64(-1)
-					if ok {
-						at = c.At
-					}
-					behind = append(behind, fmt.Sprintf("partition %d committed %d of %d", e.Partition, at, e.Offset))
-				}
-			})
+		if err != nil {
+			behind = []string{"offsets not read: " + err.Error()}
 		}
 		readyErr = k.allReady()
 		if len(behind) == 0 && readyErr == nil {
