@@ -156,6 +156,8 @@ type kafkaSoak struct {
 
 	migrated atomic.Bool
 
+	findings
+
 	mu         sync.Mutex
 	slots      [3]*workerProc
 	incarn     [3]int
@@ -166,8 +168,6 @@ type kafkaSoak struct {
 	faultEnds  []kafkaSoakEvent
 	readyLog   []kafkaSoakEvent
 	lastCommit map[int32]int64
-	vs         []Violation
-	stalls     []string
 	started    int
 	nkilled    int
 }
@@ -221,6 +221,7 @@ func newKafkaSoak(t *testing.T, s kafkaSoakSettings) *kafkaSoak {
 		lastCommit: map[int32]int64{},
 		http:       &http.Client{Timeout: 2 * time.Second},
 	}
+	k.findings.log, k.findings.prefix = k.log, "soak-kafka"
 	k.dlq.acked = map[PairID]bool{}
 	k.dlq.next = map[int32]int64{}
 	// Whatever happens, no process of this run outlives it.
@@ -381,26 +382,6 @@ func (k *kafkaSoak) printExits(w io.Writer) {
 	for _, e := range k.exits {
 		fmt.Fprintf(w, "  exit: %s\n", e)
 	}
-}
-
-func (k *kafkaSoak) violate(vs ...Violation) {
-	if len(vs) == 0 {
-		return
-	}
-	k.mu.Lock()
-	k.vs = append(k.vs, vs...)
-	k.mu.Unlock()
-	for _, v := range vs {
-		k.log.Error("soak-kafka: violation", "violation", v.String())
-	}
-}
-
-func (k *kafkaSoak) stall(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	k.mu.Lock()
-	k.stalls = append(k.stalls, msg)
-	k.mu.Unlock()
-	k.log.Error("soak-kafka: stall", "stall", msg)
 }
 
 func (k *kafkaSoak) fault(kind string) {

@@ -27,7 +27,7 @@ type brokerHooks struct {
 	dlq      string
 	dlqID    [16]byte
 	checker  *CommitChecker
-	onBad    func([]Violation)
+	onBad    func(...Violation)
 	// commitAhead, when > 0, is added to every committed offset before it
 	// is checked and stored (the checker's self-test).
 	commitAhead int64
@@ -233,7 +233,7 @@ func (h *brokerHooks) onCommit(req kmsg.Request) (kmsg.Response, error, bool) {
 				p.Offset += h.commitAhead
 			}
 			if vs := h.checker.Check(ctx, cr.MemberID, p.Partition, p.Offset); len(vs) > 0 {
-				h.onBad(vs)
+				h.onBad(vs...)
 			}
 		}
 	}

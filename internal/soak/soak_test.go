@@ -207,6 +207,8 @@ type soak struct {
 	topics  dlq.TopicConfig
 	dlqMax  int
 
+	findings
+
 	mu        sync.Mutex
 	live      []*instance
 	next      int
@@ -214,8 +216,6 @@ type soak struct {
 	faults    map[string]int
 	faultEnds []faultEnd
 	readyLog  []readySample
-	vs        []Violation
-	stalls    []string
 	started   int
 	killed    int
 	migrated  atomic.Bool
@@ -250,6 +250,7 @@ func runSoak(t *testing.T, s settings) *Report {
 		group:  "soak-group",
 		topics: dlq.TopicConfig{EventsTopic: "soak.events", DLQTopic: "soak.dlq", LedgerTopic: "soak.ledger", Partitions: 12, ReplicationFactor: 3},
 	}
+	k.findings.log, k.findings.prefix = k.log, "soak"
 	k.setupDB()
 	k.setupKafka()
 	defer k.cluster.Close()
@@ -335,61 +336,22 @@ func firstLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-func (k *soak) violate(vs []Violation) {
-	k.mu.Lock()
-	k.vs = append(k.vs, vs...)
-	k.mu.Unlock()
-	for _, v := range vs {
-		k.log.Error("soak: violation", "violation", v.String())
-	}
-}
-
-func (k *soak) stall(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	k.mu.Lock()
-	k.stalls = append(k.stalls, msg)
-	k.mu.Unlock()
-	k.log.Error("soak: stall", "stall", msg)
-}
-
 // setupDB creates the soak's own database (so that making it read-only or
 // slow touches nobody else's tests) with the tenants of the stream.
 func (k *soak) setupDB() {
 	t := k.t
 	base := pgtest.URL(t)
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		t.Fatalf("connect %s: %v", base, err)
-	}
-	defer admin.Close(ctx)
 	k.dbName = fmt.Sprintf("soak_%d_%08x", k.s.seed%1000000, rand.Uint32())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident(k.dbName)); err != nil {
+	var err error
+	if k.workURL, k.db, err = CreateDatabase(ctx, base, k.dbName); err != nil {
 		t.Fatalf("create database: %v", err)
 	}
-	u, err := url.Parse(base)
+	u, err := url.Parse(k.workURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.Path = "/" + k.dbName
 	k.pgAddr = u.Host
-	k.workURL = u.String()
-	cfg, err := pgxpool.ParseConfig(k.workURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The checker and the fault injector: direct, never read-only, no
-	// statement timeout, whatever the database's defaults become.
-	cfg.ConnConfig.RuntimeParams["application_name"] = "soak-checker"
-	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "off"
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "0"
-	cfg.ConnConfig.RuntimeParams["TimeZone"] = "UTC"
-	cfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.db = Database{Pool: pool}
 	if k.defs, err = projection.LoadDefinitions("testdata/projections.yaml"); err != nil {
 		t.Fatal(err)
 	}
@@ -399,11 +361,11 @@ func (k *soak) setupDB() {
 	for _, tenant := range []string{TenantMain, TenantNoColumn} {
 		k.migrate(tenant)
 	}
-	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{TenantNoColumn, "followers"}.Sanitize()+" DROP COLUMN tier"); err != nil {
+	if _, err := k.db.Pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{TenantNoColumn, "followers"}.Sanitize()+" DROP COLUMN tier"); err != nil {
 		t.Fatal(err)
 	}
 	// A statement timeout, as production databases have.
-	if _, err := pool.Exec(ctx, "ALTER DATABASE "+ident(k.dbName)+" SET statement_timeout = "+quoteDuration(StatementTimeout)); err != nil {
+	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+ident(k.dbName)+" SET statement_timeout = "+quoteDuration(StatementTimeout)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -422,13 +384,7 @@ func (k *soak) migrate(tenant string) {
 func (k *soak) dropDB() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, pgtest.URL(k.t))
-	if err != nil {
-		k.t.Errorf("drop database: %v", err)
-		return
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident(k.dbName)+" WITH (FORCE)"); err != nil {
+	if err := DropDatabase(ctx, pgtest.URL(k.t), k.dbName); err != nil {
 		k.t.Errorf("drop database: %v", err)
 	}
 }
@@ -769,8 +725,8 @@ func (k *soak) monitor(ctx context.Context) {
 			}
 			if !p.flagged && now.Sub(p.since) > silentAfter && lastNotReady.Before(p.since) {
 				p.flagged = true
-				k.violate([]Violation{{4, "silent stall", fmt.Sprintf("partition %d committed %d of %d, not moved for %s, every instance ready",
-					e.Partition, at, e.Offset, now.Sub(p.since).Round(time.Second))}})
+				k.violate(Violation{4, "silent stall", fmt.Sprintf("partition %d committed %d of %d, not moved for %s, every instance ready",
+					e.Partition, at, e.Offset, now.Sub(p.since).Round(time.Second))})
 			}
 		})
 	}
@@ -1136,7 +1092,7 @@ func (k *soak) readDeadLetters() []DeadLetter {
 			}
 			dl, err := ParseDeadLetter(r.Key, r.Value, hs)
 			if err != nil {
-				k.violate([]Violation{{5, "unreadable dead letter", fmt.Sprintf("dlq %d@%d: %v", r.Partition, r.Offset, err)}})
+				k.violate(Violation{5, "unreadable dead letter", fmt.Sprintf("dlq %d@%d: %v", r.Partition, r.Offset, err)})
 			} else {
 				out = append(out, dl)
 			}
