@@ -32,14 +32,14 @@ help:
 	@echo "make image        the container image $(IMAGE) with buildah (BINARIES=prebuilt RUNTIME_IMAGE=scratch: no image pulled)"
 
 build:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
 # make run ARGS='--kafka-port 29092 --http-addr 127.0.0.1:18080' changes the
 # embedded broker's port and the HTTP address (defaults 9092 and :8080).
 # The dev command links kfake and a throwaway PostgreSQL, so it exists only
 # in a build with -tags dev, kept apart from make build's bin/projection-worker.
 run:
-	$(GO) build -tags dev -ldflags "$(LDFLAGS)" -o bin/projection-worker-dev ./cmd/projection-worker
+	$(GO) build -trimpath -tags dev -ldflags "$(LDFLAGS)" -o bin/projection-worker-dev ./cmd/projection-worker
 	./bin/projection-worker-dev dev $(ARGS)
 
 vet:

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"slices"
 	"time"
 
@@ -46,7 +45,7 @@ type pairFailure struct {
 	d       *decoded
 	h       Handler // nil: the record reached no projection (immediateDeadLetter)
 	err     error
-	stack   string
+	stack   callStack
 	firstAt time.Time
 }
 
@@ -122,6 +121,18 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 				err: fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)})
 		}
 	}
+
+	// A statement that failed to prepare while its fingerprint's breaker
+	// is open fails the same way for every pair that plans it: those pairs
+	// fail with that error without a round trip, and settle dead-letters
+	// them at once (or retries the breaker's probe in full).
+	planned = slices.DeleteFunc(planned, func(p pair) bool {
+		if err := w.breaker.failsToPrepare(p.h.Name(), p.stmt.SQL); err != nil {
+			failures = append(failures, w.batchFailure(ctx, p, err))
+			return true
+		}
+		return false
+	})
 
 	rest := planned
 	if w.cfg.CopyMinRows > 0 {
@@ -216,7 +227,7 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 func plan(p Planner, projection string, ev *Event) (st Statement, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			st, err = Statement{}, &PanicError{Projection: projection, Value: r, Stack: string(debug.Stack())}
+			st, err = Statement{}, &PanicError{Projection: projection, Value: r, Stack: formatFrames(callers(2))}
 		}
 	}()
 	return p.Plan(ev)
@@ -289,7 +300,9 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 			var rest []pair
 			for _, p := range seg {
 				if p.stmt.SQL == pre.SQL() {
-					failures = append(failures, w.batchFailure(ctx, p, pre.Unwrap()))
+					f := w.batchFailure(ctx, p, pre.Unwrap())
+					w.breaker.unpreparable(p.h.Name(), p.stmt.SQL, pre.Unwrap(), dlq.DeadLetter{Projection: p.h.Name(), Class: retry.Classify(f.err), Err: f.err}.Fingerprint())
+					failures = append(failures, f)
 				} else {
 					rest = append(rest, p)
 				}
@@ -310,7 +323,7 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 	class := retry.Classify(err)
 	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
 	return pairFailure{
-		d: p.d, h: p.h, firstAt: time.Now(), stack: string(debug.Stack()),
+		d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)},
 		err: fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err),
 	}
 }

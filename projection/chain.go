@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/causet/projection-worker/retry"
@@ -56,7 +57,9 @@ func (pc *partition) attemptChain() applyFunc {
 type PanicError struct {
 	Projection string
 	Value      any
-	// Stack is the Go stack of the panicking goroutine.
+	// Stack is the stack of the panicking goroutine, one frame per two
+	// lines ("pkg.Func\n\tfile.go:42"), the Go runtime's and the backoff
+	// library's frames left out, at most 24 frames.
 	Stack string
 }
 
@@ -69,22 +72,79 @@ func recoverPanics(next applyFunc) applyFunc {
 	return func(ctx context.Context, h Handler, ev *Event) (out Outcome, err error) {
 		defer func() {
 			if r := recover(); r != nil {
-				out, err = Applied, &PanicError{Projection: h.Name(), Value: r, Stack: string(debug.Stack())}
+				out, err = Applied, &PanicError{Projection: h.Name(), Value: r, Stack: formatFrames(callers(2))}
 			}
 		}()
 		return next(ctx, h, ev)
 	}
 }
 
-// stackOf returns the Go stack a failure's dead letter carries: the stack
-// of the panic for a *PanicError, else the stack of the goroutine that saw
-// the error.
-func stackOf(err error) string {
+// callStack is the Go stack a failure's dead letter carries: the program
+// counters, captured cheaply (runtime.Callers) when the failure is seen,
+// and formatted only when a dead letter is built; or, for a panic, the
+// panicking goroutine's stack already formatted.
+type callStack struct {
+	pcs  []uintptr
+	text string
+}
+
+// maxStackFrames bounds the frames a dead letter's stack keeps.
+const maxStackFrames = 24
+
+// stackOf returns the stack a failure's dead letter carries: the stack of
+// the panic for a *PanicError, else the stack of the goroutine that saw
+// the error (its caller's frames).
+func stackOf(err error) callStack {
 	var pe *PanicError
 	if errors.As(err, &pe) {
-		return pe.Stack
+		return callStack{text: pe.Stack}
 	}
-	return string(debug.Stack())
+	return callStack{pcs: callers(3)}
+}
+
+// callers returns the program counters of the calling goroutine's stack,
+// skip frames up (runtime.Callers' rule), at most 2×maxStackFrames.
+func callers(skip int) []uintptr {
+	pcs := make([]uintptr, 2*maxStackFrames)
+	return pcs[:runtime.Callers(skip, pcs)]
+}
+
+// String formats s one frame per two lines, as runtime/debug.Stack does
+// ("pkg.Func\n\tfile.go:42"), keeping only the frames that explain a
+// failure: the Go runtime's and the retry library's frames are left out,
+// and at most maxStackFrames are kept ("... more frames left out").
+func (s callStack) String() string {
+	if s.pcs == nil {
+		return s.text
+	}
+	return formatFrames(s.pcs)
+}
+
+func formatFrames(pcs []uintptr) string {
+	var b strings.Builder
+	frames := runtime.CallersFrames(pcs)
+	kept := 0
+	for {
+		f, more := frames.Next()
+		if f.Function != "" && !noiseFrame(f.Function) {
+			if kept == maxStackFrames {
+				b.WriteString("... more frames left out\n")
+				break
+			}
+			fmt.Fprintf(&b, "%s\n\t%s:%d\n", f.Function, f.File, f.Line)
+			kept++
+		}
+		if !more {
+			break
+		}
+	}
+	return b.String()
+}
+
+// noiseFrame reports whether a frame of function fn says nothing about a
+// failure: the Go runtime's and the backoff library's.
+func noiseFrame(fn string) bool {
+	return strings.HasPrefix(fn, "runtime.") || strings.HasPrefix(fn, "github.com/cenkalti/backoff/")
 }
 
 // observeAttempt records an attempt's latency and outcome.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // stubHandler is a Handler whose Apply runs fn.
@@ -52,8 +54,41 @@ func TestRecoverPanicsTurnsAPanicIntoAProjectionError(t *testing.T) {
 	if pe.Projection != "stub" || pe.Value != "boom" || !strings.Contains(pe.Stack, "chain_test.go") {
 		t.Errorf("PanicError = %q %v, stack has the panicking frame: %v", pe.Projection, pe.Value, strings.Contains(pe.Stack, "chain_test.go"))
 	}
-	if stackOf(err) != pe.Stack {
+	if stackOf(err).String() != pe.Stack {
 		t.Error("stackOf does not return the panic's stack")
+	}
+	if strings.Contains(pe.Stack, "runtime.gopanic") || strings.Contains(pe.Stack, "goroutine ") {
+		t.Errorf("panic stack keeps the runtime's frames:\n%s", pe.Stack)
+	}
+}
+
+// TestStackKeepsTheFramesThatExplainAFailure: a dead letter's stack names
+// the functions that saw the failure, with file and line, without the Go
+// runtime's or the backoff library's frames, and is capped.
+func TestStackKeepsTheFramesThatExplainAFailure(t *testing.T) {
+	var st callStack
+	_ = backoff.Retry(func() error { st = stackOf(errors.New("x")); return nil }, &backoff.StopBackOff{})
+	got := st.String()
+	for _, want := range []string{"projection.TestStackKeepsTheFramesThatExplainAFailure", "chain_test.go:"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("stack lacks %q:\n%s", want, got)
+		}
+	}
+	for _, noise := range []string{"runtime.", "cenkalti/backoff", "goroutine "} {
+		if strings.Contains(got, noise) {
+			t.Errorf("stack keeps %q:\n%s", noise, got)
+		}
+	}
+	var deep func(n int) callStack
+	deep = func(n int) callStack {
+		if n == 0 {
+			return stackOf(errors.New("deep"))
+		}
+		return deep(n - 1)
+	}
+	lines := strings.Split(strings.TrimSpace(deep(100).String()), "\n")
+	if len(lines) != 2*maxStackFrames+1 || !strings.HasSuffix(lines[len(lines)-1], "more frames left out") {
+		t.Errorf("a deep stack formats as %d lines ending %q, want %d frames and a \"more frames left out\" line", len(lines), lines[len(lines)-1], maxStackFrames)
 	}
 }
 

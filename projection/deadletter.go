@@ -11,35 +11,92 @@ import (
 	"github.com/causet/projection-worker/retry"
 )
 
-// writeDeadLetters writes dls, several in one round trip, then one by one
-// (deadLetter) those that were not written; each
-// acknowledged one finishes its pair. Before a write that may wait, the
-// watermark is marked, so the records before it commit while the topic
-// refuses it. It returns an error only when ctx is done first.
+// deadLetterWrite is a partition's dead-letter write in flight: one
+// WriteBatch, made by its own goroutine while the partition goes on.
+type deadLetterWrite struct {
+	dls  []dlq.DeadLetter
+	errs []error       // WriteBatch's, set when done is closed
+	done chan struct{} // closed when WriteBatch has returned
+}
+
+// writeDeadLetters starts writing dls in one round trip and returns without
+// waiting for Kafka: their pairs stay unfinished, so the watermark (and the
+// committed offset) stays at or before them until the write is
+// acknowledged (settleDeadLetters). At most one write is in flight per
+// partition: a write still in flight is settled first. It returns an error
+// only when ctx is done first.
 func (pc *partition) writeDeadLetters(ctx context.Context, dls []dlq.DeadLetter) error {
-	var errs []error
-	if len(dls) > 1 {
-		wctx, done := pc.writeContext(ctx)
-		errs = pc.w.dead.WriteBatch(wctx, dls)
-		done()
+	if len(dls) == 0 {
+		return nil
 	}
-	for i, dl := range dls {
-		if errs == nil || errs[i] != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errs != nil {
+	if err := pc.settleDeadLetters(ctx, true); err != nil {
+		return err
+	}
+	f := &deadLetterWrite{dls: dls, done: make(chan struct{})}
+	wctx, done := pc.writeContext(ctx)
+	go func() {
+		defer close(f.done)
+		defer done()
+		f.errs = pc.w.dead.WriteBatch(wctx, dls)
+	}()
+	pc.writing = f
+	return nil
+}
+
+// writingDone returns a channel closed when the write in flight returns,
+// nil (never ready) when there is none.
+func (pc *partition) writingDone() <-chan struct{} {
+	if pc.writing == nil {
+		return nil
+	}
+	return pc.writing.done
+}
+
+// settleDeadLetters settles the dead-letter write in flight once it has
+// returned (waiting for it when wait is set; it is bounded by
+// writeContext): each acknowledged dead letter finishes its pair; each
+// refused one is written again on its own (deadLetter), waiting as long as
+// it takes; then the watermark advances. It returns an error only when ctx
+// is done first, leaving the refused pairs unfinished.
+func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
+	f := pc.writing
+	if f == nil {
+		return nil
+	}
+	if !wait {
+		select {
+		case <-f.done:
+		default:
+			return nil
+		}
+	}
+	<-f.done
+	pc.writing = nil
+	var refused []dlq.DeadLetter
+	for i, dl := range f.dls {
+		if f.errs[i] != nil {
+			if ctx.Err() == nil {
 				pc.w.log.Warn("dead-letter write failed, retrying",
 					"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
-					"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", errs[i])
+					"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", f.errs[i])
 			}
-			pc.advance()
-			if err := pc.deadLetter(ctx, dl); err != nil {
-				return err
-			}
+			refused = append(refused, dl)
+			continue
 		}
 		pc.w.deadLettered(ctx, dl)
 		pc.finish(dl.Source.Offset, dl.Projection)
+	}
+	pc.advance()
+	if len(refused) > 0 && ctx.Err() != nil {
+		return ctx.Err() // no new write once revoked: the next owner writes them
+	}
+	for _, dl := range refused {
+		if err := pc.deadLetter(ctx, dl); err != nil {
+			return err
+		}
+		pc.w.deadLettered(ctx, dl)
+		pc.finish(dl.Source.Offset, dl.Projection)
+		pc.advance()
 	}
 	return nil
 }
@@ -100,7 +157,7 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err)
 }
 
-func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack string, retries int, firstAt time.Time) dlq.DeadLetter {
+func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack callStack, retries int, firstAt time.Time) dlq.DeadLetter {
 	ev := d.ev
 	return dlq.DeadLetter{
 		Source:        d.rec,
@@ -110,7 +167,7 @@ func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class,
 		EventType:     ev.EventType,
 		Class:         class,
 		Err:           err,
-		Stack:         stack,
+		Stack:         stack.String(),
 		Retries:       retries,
 		FirstFailedAt: firstFailedAt(d.replay, firstAt),
 		ReplayCount:   d.replay.count,
@@ -150,7 +207,7 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 	}
 	// A replay to a projection this worker does not have: a projection
 	// error, not retried (no retry can add a projection).
-	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, "", 0, f.firstAt)
+	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, callStack{}, 0, f.firstAt)
 }
 
 // writeContext returns the context of one dead-letter write: ctx, except

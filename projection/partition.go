@@ -37,6 +37,8 @@ type partition struct {
 	open     []*recordState // records with unfinished pairs, in offset order
 	lastDone *kgo.Record    // the last record taken
 	retries  retrySet
+	openings uint64           // the breaker's openings count when retries were last swept
+	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
 }
 
 // recordState is a record that has pairs neither applied nor acknowledged as
@@ -167,6 +169,10 @@ func (pc *partition) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		if err := pc.settleDeadLetters(pc.ctx, false); err != nil {
+			return
+		}
+		pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
 		if err := pc.retryDue(pc.ctx); err != nil {
 			return
 		}
@@ -199,6 +205,7 @@ func (pc *partition) run() {
 			return
 		case <-pc.wake:
 		case <-timer.C:
+		case <-pc.writingDone():
 		}
 	}
 }
@@ -206,6 +213,10 @@ func (pc *partition) run() {
 // release undoes what the partition holds in the worker's accounting: its
 // queued bytes, its paused and stuck gauges, a breaker probe it ran.
 func (pc *partition) release() {
+	// A dead-letter write in flight goes on for up to half the shutdown
+	// grace (writeContext): what it wrote is finished, and so committed or
+	// handed off, rather than written again by the next owner.
+	_ = pc.settleDeadLetters(pc.ctx, true)
 	pc.mu.Lock()
 	pc.w.dequeued(pc.queuedBytes)
 	pc.queue, pc.queuedBytes = nil, 0

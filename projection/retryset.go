@@ -28,7 +28,7 @@ type retryPair struct {
 	d       *decoded
 	h       Handler
 	err     error // the last failure
-	stack   string
+	stack   callStack
 	retries int // retries made
 	firstAt time.Time
 	due     time.Time
@@ -44,6 +44,24 @@ func (s *retrySet) hasRoom(cfg Config) bool {
 func (s *retrySet) add(p *retryPair) {
 	s.pairs = append(s.pairs, p)
 	s.bytes += recordBytes(p.d.rec)
+}
+
+// dueOnOpenBreakers makes due now every waiting pair whose fingerprint's
+// breaker opened since the last call (seen is the breaker's openings count
+// then, updated), except the breakers' probes: retryDue then dead-letters
+// them at once instead of at the end of their backoff.
+func (s *retrySet) dueOnOpenBreakers(b *breaker, seen *uint64) {
+	n := b.openings.Load()
+	if n == *seen {
+		return
+	}
+	*seen = n
+	now := time.Now()
+	for _, p := range s.pairs {
+		if !p.probe && p.due.After(now) && b.isOpen(p.fp) {
+			p.due = now
+		}
+	}
 }
 
 // nextDue returns how long until the earliest pair is due, at most limit.
@@ -121,11 +139,8 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		}
 		p.probe = probe
 		p.backoff = w.cfg.Retry.NewBackOff()
-	} else if !p.probe && w.breaker.isOpen(p.fp) {
-		// The breaker opened while this pair waited: it goes now too.
-		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt)
-		dl.ShortCircuit = p.fp
-		return &dl
+	} else if dl := pc.shortCircuit(p); dl != nil {
+		return dl
 	}
 	wait := p.backoff.NextBackOff()
 	if p.retries >= w.cfg.Retry.MaxRetries || wait == backoff.Stop {
@@ -147,10 +162,25 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	return nil
 }
 
+// shortCircuit returns the dead letter of a waiting pair whose
+// fingerprint's breaker opened while it waited (another pair's exhaustion),
+// nil when the pair goes on: the breaker is closed, or the pair is its
+// probe. The dead letter keeps the pair's last error and retry count.
+func (pc *partition) shortCircuit(p *retryPair) *dlq.DeadLetter {
+	if p.probe || !pc.w.breaker.isOpen(p.fp) {
+		return nil
+	}
+	dl := pc.w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt)
+	dl.ShortCircuit = p.fp
+	return &dl
+}
+
 // retryDue makes the next attempt of every pair that is due, settles each
-// (applied, waiting again, or dead-lettered) and advances the watermark. It
-// returns ctx's error when ctx is done first; the pairs not attempted are
-// dropped with the partition.
+// (applied, waiting again, or dead-lettered) and advances the watermark. A
+// due pair whose fingerprint's breaker opened while it waited is
+// dead-lettered without the attempt: the breaker already says how it
+// would end. It returns ctx's error when ctx is done first; the pairs not
+// attempted are dropped with the partition.
 func (pc *partition) retryDue(ctx context.Context) error {
 	due := pc.retries.takeDue(time.Now())
 	if len(due) == 0 {
@@ -159,6 +189,10 @@ func (pc *partition) retryDue(ctx context.Context) error {
 	w := pc.w
 	var dead []dlq.DeadLetter
 	for i, p := range due {
+		if dl := pc.shortCircuit(p); dl != nil {
+			dead = append(dead, *dl)
+			continue
+		}
 		_, err := pc.attempt(ctx, p.h, p.d.ev)
 		if ctx.Err() != nil {
 			for _, rest := range due[i:] {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -146,6 +147,67 @@ func TestScheduleShortCircuitsAWaitingPairWhenTheBreakerOpens(t *testing.T) {
 	dl := pc.schedule(p)
 	if dl == nil || dl.ShortCircuit != p.fp || dl.Retries != 1 {
 		t.Fatalf("dead letter = %+v, want short-circuited after 1 retry", dl)
+	}
+}
+
+// recordingWriter is a DeadLetterWriter that acknowledges every dead letter
+// and keeps it.
+type recordingWriter struct{ written []dlq.DeadLetter }
+
+func (w *recordingWriter) Write(_ context.Context, dl dlq.DeadLetter) error {
+	w.written = append(w.written, dl)
+	return nil
+}
+
+func (w *recordingWriter) WriteBatch(_ context.Context, dls []dlq.DeadLetter) []error {
+	w.written = append(w.written, dls...)
+	return make([]error, len(dls))
+}
+
+// TestRetryDueDeadLettersAWaitingPairOfAnOpenBreakerWithoutAnAttempt: a
+// pair waiting for its retry when its fingerprint's breaker opens is due at
+// once (not at the end of its backoff) and dead-lettered with the retries
+// it made, without one more attempt.
+func TestRetryDueDeadLettersAWaitingPairOfAnOpenBreakerWithoutAnAttempt(t *testing.T) {
+	pc := testPartition(t, Config{
+		Retry:   retry.Policy{Initial: time.Hour, Multiplier: 2, MaxInterval: time.Hour, MaxRetries: 5},
+		Breaker: BreakerConfig{Threshold: 1, Window: time.Minute, ProbeInterval: time.Hour},
+	})
+	dead := &recordingWriter{}
+	pc.w.dead = dead
+	var attempts []int64
+	pc.attempt = func(_ context.Context, _ Handler, ev *Event) (Outcome, error) {
+		attempts = append(attempts, ev.SequenceNumber)
+		return Applied, &pgconn.PgError{Severity: "ERROR", Code: "42P01", Message: `relation "t.x" does not exist`}
+	}
+	waiting := failedPair(1)
+	waiting.d.ev.SequenceNumber = 1
+	if dl := pc.schedule(waiting); dl != nil {
+		t.Fatal("first failure dead-lettered")
+	}
+	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
+	if d := pc.retries.nextDue(time.Hour); d < 30*time.Minute {
+		t.Fatalf("next due in %s with the breaker closed, want the pair's backoff of an hour", d)
+	}
+	pc.w.breaker.exhausted(waiting.fp, false) // another pair's exhaustion opens the breaker
+	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
+	if d := pc.retries.nextDue(time.Hour); d != 0 {
+		t.Fatalf("next due in %s after the breaker opened, want now", d)
+	}
+	if err := pc.retryDue(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.settleDeadLetters(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	if len(attempts) != 0 {
+		t.Errorf("attempts = %v, want none: the open breaker says how the pair ends", attempts)
+	}
+	if len(dead.written) != 1 || dead.written[0].ShortCircuit != waiting.fp || dead.written[0].Retries != 0 {
+		t.Fatalf("dead letters = %+v, want one short-circuited by %s after 0 retries", dead.written, waiting.fp)
+	}
+	if len(pc.retries.pairs) != 0 {
+		t.Errorf("retry set holds %d pairs, want 0", len(pc.retries.pairs))
 	}
 }
 

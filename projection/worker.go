@@ -96,6 +96,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 			cfg.Metrics.addBreakersOpen(context.Background(), 1)
 			w.log.Error("breaker opened: pairs failing with this fingerprint are dead-lettered at once, one probe retried in full every interval; fix the cause, then dlq-replayer retry --fingerprint",
 				"fingerprint", fp, "exhausted", exhausted, "window", cfg.Breaker.Window, "probe_interval", cfg.Breaker.ProbeInterval)
+			w.wakePartitions() // their waiting pairs of fp go now
 			return
 		}
 		cfg.Metrics.addBreakersOpen(context.Background(), -1)
@@ -255,6 +256,18 @@ func (w *Worker) shutdown() error {
 		w.wg.Wait()
 	}
 	return errors.Join(errs...)
+}
+
+// wakePartitions wakes every partition's goroutine.
+func (w *Worker) wakePartitions() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, pc := range w.partitions {
+		select {
+		case pc.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // partition returns the goroutine state of partition p, starting it if it

@@ -1022,6 +1022,17 @@ func (w *refusingWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) [
 // startRefusing runs a worker whose dead-letter writer refuses every write
 // until the test sets refusing.n to 0.
 func (r *rig) startRefusing() (w *projection.Worker, refusing *refusingWriter) {
+	w = r.startWrapped(func(real projection.DeadLetterWriter) projection.DeadLetterWriter {
+		refusing = &refusingWriter{DeadLetterWriter: real}
+		refusing.n.Store(1 << 40)
+		return refusing
+	})
+	return w, refusing
+}
+
+// startWrapped runs a worker whose dead letters go through wrap's writer,
+// wrapping the rig's real one.
+func (r *rig) startWrapped(wrap func(projection.DeadLetterWriter) projection.DeadLetterWriter) *projection.Worker {
 	t := r.t
 	t.Helper()
 	prod := r.broker.Client(t, kgo.ProducerLinger(0))
@@ -1029,12 +1040,10 @@ func (r *rig) startRefusing() (w *projection.Worker, refusing *refusingWriter) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refusing = &refusingWriter{DeadLetterWriter: real}
-	refusing.n.Store(1 << 40)
-	w, err = projection.NewWorker(projection.Config{
+	w, err := projection.NewWorker(projection.Config{
 		Topic: r.topic, Group: r.group, Retry: fastRetry, CommitInterval: 100 * time.Millisecond,
 		InfraRetry: retry.Policy{Initial: 50 * time.Millisecond, Multiplier: 1, MaxInterval: 50 * time.Millisecond},
-	}, r.handlers, r.pool, refusing, r.broker.Opts()...)
+	}, r.handlers, r.pool, wrap(real), r.broker.Opts()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1042,7 +1051,52 @@ func (r *rig) startRefusing() (w *projection.Worker, refusing *refusingWriter) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return w, refusing
+	return w
+}
+
+// gatedWriter holds every dead-letter write until open is closed.
+type gatedWriter struct {
+	projection.DeadLetterWriter
+	open chan struct{}
+}
+
+func (w *gatedWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
+	<-w.open
+	return w.DeadLetterWriter.Write(ctx, dl)
+}
+
+func (w *gatedWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error {
+	<-w.open
+	return w.DeadLetterWriter.WriteBatch(ctx, dls)
+}
+
+// TestWorkerGoesOnWhileADeadLetterIsBeingWritten: the partition applies the
+// records after a dead-lettered one while Kafka has not acknowledged the
+// dead letter, and the committed offset stays at that record until it has.
+func TestWorkerGoesOnWhileADeadLetterIsBeingWritten(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	gate := &gatedWriter{open: make(chan struct{})}
+	r.startWrapped(func(real projection.DeadLetterWriter) projection.DeadLetterWriter {
+		gate.DeadLetterWriter = real
+		return gate
+	})
+	r.produce("poison", []byte("not json"))
+	const n = 20
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.follow(user, "artist-1", 1)))
+	}
+	waitFor(t, "the records after the dead-lettered one to be applied", func() bool { return r.count("artist_followers") == n })
+	time.Sleep(300 * time.Millisecond) // a wrong commit past the unacknowledged dead letter would happen now
+	if got := r.committed(); got > 0 {
+		t.Errorf("committed offset = %d before the dead letter of offset 0 was acknowledged, want at most 0", got)
+	}
+	close(gate.open)
+	r.waitCommitted(testTimeout)
+	if dls := r.deadLetters(); len(dls) != 1 {
+		t.Errorf("dead letters = %d, want 1", len(dls))
+	}
 }
 
 // TestWorkerDeadLetterThatCannotBeWrittenHoldsThePartitionVisibly: a dead

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -47,7 +48,10 @@ import (
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
 //   - BENCH_NO_TRACER=1 leaves out the kotel tracer (fetch hooks and process
-//     spans) and keeps its meter.
+//     spans) and keeps its meter;
+//   - BENCH_TIMELINE=1 prints the pairs done every 0.5 s (where a slowdown
+//     happens: before or after a breaker opens);
+//   - BENCH_DEBUG=1 logs the worker at DEBUG (every retry and dead letter).
 func BenchmarkWorkerInProcess(b *testing.B) {
 	n := benchEvents(b)
 	e := newEnv(b, false)
@@ -82,7 +86,7 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	tracer := kotel.NewTracer(kotel.TracerProvider(noop.NewTracerProvider()), kotel.TracerPropagator(prop), kotel.ConsumerGroup(s.group))
 	k := kotel.NewKotel(kotel.WithTracer(tracer), kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters))))
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: benchLogLevel()}))
 	kopts := []kgo.Opt{kgo.SeedBrokers(e.brokers), kgo.DialTimeout(10 * time.Second),
 		kgo.WithLogger(kslog.New(log.With("component", "kgo"))), kgo.WithHooks(k.Hooks()...)}
 	var fetched fetchCounter
@@ -151,7 +155,12 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	}()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for range tick.C {
+	timeline := os.Getenv("BENCH_TIMELINE") != ""
+	for ticks := 1; ; ticks++ {
+		<-tick.C
+		if timeline && ticks%5 == 0 {
+			fmt.Fprintf(os.Stderr, "bench: t=%.1fs: %d pairs done\n", time.Since(start).Seconds(), pairsDoneIn(reg))
+		}
 		if pairsDoneIn(reg) >= int64(s.data.pairs) {
 			break
 		}
@@ -233,4 +242,11 @@ func writeHeapProfile(b *testing.B, path string) {
 	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		b.Fatal(err)
 	}
+}
+
+func benchLogLevel() slog.Level {
+	if os.Getenv("BENCH_DEBUG") != "" {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }
