@@ -178,50 +178,6 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 	return pc.settle(ctx, batch, failures)
 }
 
-// settle registers the batch's records with the watermark, then settles
-// each failed pair on its own: a failure that needs no retry (an invalid
-// record, a permanent error) and a pair whose fingerprint's breaker is open
-// are dead-lettered at once, together in one round trip; a pair that
-// failed with a retriable error waits in the retry set while later records
-// go on (retryset.go). It returns an error only when ctx is done first.
-func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pairFailure) error {
-	// Dead letters go out in record order.
-	slices.SortStableFunc(failures, func(a, b pairFailure) int { return a.d.idx - b.d.idx })
-	// What outlives the batch (open records, waiting pairs) must not hold
-	// the batch's array nor the fetch buffers its records' bytes share.
-	detached := make(map[int]*decoded)
-	for i := range failures {
-		d := detached[failures[i].d.idx]
-		if d == nil {
-			d = detach(failures[i].d)
-			detached[d.idx] = d
-		}
-		failures[i].d = d
-	}
-	pending := make(map[int]map[string]time.Time)
-	for i, f := range failures {
-		if t, ok := pc.receivedFirstFailedAt(f.d.rec.Offset, f.projectionName()); ok {
-			failures[i].firstAt = t
-		}
-		if pending[f.d.idx] == nil {
-			pending[f.d.idx] = make(map[string]time.Time)
-		}
-		pending[f.d.idx][f.projectionName()] = failures[i].firstAt
-	}
-	pc.track(batch, pending, detached)
-	var dead []dlq.DeadLetter
-	for _, f := range failures {
-		if !needsRetry(f) {
-			dead = append(dead, pc.w.immediateDeadLetter(f))
-			continue
-		}
-		if dl := pc.schedule(&retryPair{d: f.d, h: f.h, err: f.err, stack: f.stack, firstAt: f.firstAt}); dl != nil {
-			dead = append(dead, *dl)
-		}
-	}
-	return pc.conclude(ctx, dead)
-}
-
 // plan calls p.Plan, turning a panic into a *PanicError (a projection
 // error, like a panic in Apply).
 func plan(p Planner, projection string, ev *Event) (st Statement, err error) {
@@ -246,10 +202,6 @@ func (f pairFailure) projectionName() string {
 		return f.d.replay.projection
 	}
 }
-
-// needsRetry reports whether a failed pair is retried before it may be
-// dead-lettered: it reached a projection and its error is not permanent.
-func needsRetry(f pairFailure) bool { return f.h != nil && !retry.IsPermanent(f.err) }
 
 // applyPlanned applies the planned pairs in transactions of pipelined
 // statements. When a statement fails, the statements before it are applied
