@@ -1,0 +1,150 @@
+package projection
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sqlTemplate is SQL text split where the quoted tenant schema goes: the
+// SQL for schema s is parts[0] + quote(s) + parts[1] + ... + parts[n].
+// Building it costs one allocation; the text for a schema is always the
+// same, so pgx's per-connection statement cache finds it.
+type sqlTemplate []string
+
+// schemaMark stands for the quoted schema while a template is written. It
+// cannot occur in the rest of the SQL, which holds only validated
+// identifiers, keywords and placeholders.
+const schemaMark = "\x00schema\x00"
+
+func newSQLTemplate(sql string) sqlTemplate { return strings.Split(sql, schemaMark) }
+
+// build returns the SQL for schema, which must satisfy ValidTenantSchema.
+func (t sqlTemplate) build(schema string) string {
+	q := pgx.Identifier{schema}.Sanitize()
+	n := len(q) * (len(t) - 1)
+	for _, part := range t {
+		n += len(part)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for i, part := range t {
+		if i > 0 {
+			b.WriteString(q)
+		}
+		b.WriteString(part)
+	}
+	return b.String()
+}
+
+// qualified returns the template text of schema.name.
+func qualified(name string) string {
+	return schemaMark + "." + pgx.Identifier{name}.Sanitize()
+}
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// param returns placeholder n cast to the column type: $n::text::bigint.
+func param(n int, typ string) string {
+	if typ == "text" {
+		return "$" + strconv.Itoa(n) + "::text"
+	}
+	return "$" + strconv.Itoa(n) + "::text::" + typ
+}
+
+// keyText returns the tombstone text of a primary key placeholder: the value
+// cast to its type, then to text (timestamptz in UTC).
+func keyText(n int, typ string) string {
+	switch typ {
+	case "text":
+		return param(n, typ)
+	case "timestamptz":
+		return "(" + param(n, typ) + " AT TIME ZONE 'UTC')::text"
+	}
+	return param(n, typ) + "::text"
+}
+
+// upsertSQL writes, for columns c1..cn (parameters $1..$n), sequence number
+// $n+1 and table name $n+2:
+//
+//	INSERT INTO s.t AS t (c1, ..., cn, _causet_seq)
+//	SELECT $1::text::type1, ..., $n+1::text::bigint
+//	WHERE NOT EXISTS (SELECT 1 FROM s._causet_tombstones tb
+//	    WHERE tb.table_name = $n+2::text AND tb.pk = ARRAY[<key params as text>]
+//	    AND tb._causet_seq >= $n+1::text::bigint)
+//	ON CONFLICT (pk...) DO UPDATE SET c = EXCLUDED.c, ..., _causet_seq = EXCLUDED._causet_seq
+//	WHERE t._causet_seq <= EXCLUDED._causet_seq
+func (p *TableProjection) upsertSQL() sqlTemplate {
+	n := len(p.cols)
+	seq := param(n+1, "bigint")
+	var names, values, sets, keys, keyTexts []string
+	for i, c := range p.cols {
+		names = append(names, ident(c.name))
+		values = append(values, param(i+1, c.typ))
+	}
+	for _, i := range p.pk {
+		keys = append(keys, ident(p.cols[i].name))
+		keyTexts = append(keyTexts, keyText(i+1, p.cols[i].typ))
+	}
+	for i, c := range p.cols {
+		if !p.isKey(i) {
+			sets = append(sets, ident(c.name)+" = EXCLUDED."+ident(c.name))
+		}
+	}
+	sets = append(sets, seqColumn+" = EXCLUDED."+seqColumn)
+	names = append(names, seqColumn)
+	values = append(values, seq)
+	sql := "INSERT INTO " + qualified(p.def.Table) + " AS t (" + strings.Join(names, ", ") + ")" +
+		" SELECT " + strings.Join(values, ", ") +
+		" WHERE NOT EXISTS (SELECT 1 FROM " + qualified(tombstoneTable) + " tb" +
+		" WHERE tb.table_name = $" + strconv.Itoa(n+2) + "::text" +
+		" AND tb.pk = ARRAY[" + strings.Join(keyTexts, ", ") + "]" +
+		" AND tb." + seqColumn + " >= " + seq + ")" +
+		" ON CONFLICT (" + strings.Join(keys, ", ") + ") DO UPDATE SET " + strings.Join(sets, ", ") +
+		" WHERE t." + seqColumn + " <= EXCLUDED." + seqColumn
+	return newSQLTemplate(sql)
+}
+
+// deleteSQL writes, for key columns k1..km (parameters $1..$m), sequence
+// number $m+1 and table name $m+2:
+//
+//	WITH del AS (DELETE FROM s.t WHERE k1 = $1::text::type1 AND ... AND _causet_seq <= $m+1::text::bigint)
+//	INSERT INTO s._causet_tombstones AS tb (table_name, pk, _causet_seq)
+//	SELECT $m+2::text, ARRAY[<key params as text>], $m+1::text::bigint
+//	WHERE NOT EXISTS (SELECT 1 FROM s.t WHERE k1 = ... AND _causet_seq > $m+1::text::bigint)
+//	ON CONFLICT (table_name, pk) DO UPDATE SET _causet_seq = EXCLUDED._causet_seq
+//	WHERE tb._causet_seq <= EXCLUDED._causet_seq
+//
+// It affects 0 rows (Stale) when the row is newer than the delete or a newer
+// tombstone exists; re-delivering the same delete rewrites its tombstone
+// (Applied), as re-delivering an upsert rewrites its row.
+func (p *TableProjection) deleteSQL() sqlTemplate {
+	m := len(p.pk)
+	seq := param(m+1, "bigint")
+	var match, keyTexts []string
+	for j, i := range p.pk {
+		c := p.cols[i]
+		match = append(match, ident(c.name)+" = "+param(j+1, c.typ))
+		keyTexts = append(keyTexts, keyText(j+1, c.typ))
+	}
+	where := strings.Join(match, " AND ")
+	sql := "WITH del AS (DELETE FROM " + qualified(p.def.Table) +
+		" WHERE " + where + " AND " + seqColumn + " <= " + seq + ")" +
+		" INSERT INTO " + qualified(tombstoneTable) + " AS tb (table_name, pk, " + seqColumn + ")" +
+		" SELECT $" + strconv.Itoa(m+2) + "::text, ARRAY[" + strings.Join(keyTexts, ", ") + "], " + seq +
+		" WHERE NOT EXISTS (SELECT 1 FROM " + qualified(p.def.Table) +
+		" WHERE " + where + " AND " + seqColumn + " > " + seq + ")" +
+		" ON CONFLICT (table_name, pk) DO UPDATE SET " + seqColumn + " = EXCLUDED." + seqColumn +
+		" WHERE tb." + seqColumn + " <= EXCLUDED." + seqColumn
+	return newSQLTemplate(sql)
+}
+
+func (p *TableProjection) isKey(i int) bool {
+	for _, k := range p.pk {
+		if k == i {
+			return true
+		}
+	}
+	return false
+}

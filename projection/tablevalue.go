@@ -1,0 +1,154 @@
+package projection
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// eventPayload returns ev.Payload, or Fields["payload"] for a hand-built
+// Event without Payload.
+func eventPayload(ev *Event) map[string]any {
+	if ev.Payload != nil {
+		return ev.Payload
+	}
+	m, _ := ev.Fields["payload"].(map[string]any)
+	return m
+}
+
+// lookupPath returns the value at a from path, nil when absent. The typed
+// fields of ev are used for the top-level event fields; payload paths walk
+// objects by key and arrays by decimal index.
+func lookupPath(ev *Event, path []string) any {
+	switch path[0] {
+	case "eventType":
+		return ev.EventType
+	case "entityId":
+		return ev.EntityID
+	case "forkId":
+		return ev.ForkID
+	case "tenantSchema":
+		return ev.TenantSchema
+	case "irVersion":
+		return ev.IRVersion
+	case "sequenceNumber":
+		return json.Number(strconv.FormatInt(ev.SequenceNumber, 10))
+	case "ts":
+		return json.Number(strconv.FormatInt(ev.TS, 10))
+	}
+	payload := eventPayload(ev)
+	if payload == nil {
+		return nil
+	}
+	var cur any = payload
+	for _, seg := range path[1:] {
+		switch x := cur.(type) {
+		case map[string]any:
+			var ok bool
+			if cur, ok = x[seg]; !ok {
+				return nil
+			}
+		case []any:
+			i, err := strconv.Atoi(seg)
+			if err != nil || i < 0 || i >= len(x) {
+				return nil
+			}
+			cur = x[i]
+		default:
+			return nil
+		}
+	}
+	return cur
+}
+
+// toParam converts an event tree value (nil, string, bool, json.Number,
+// time.Time, map[string]any, []any) to the text sent for a column of type
+// typ, or nil for NULL.
+func toParam(typ string, v any) (any, error) {
+	if v == nil {
+		return nil, nil
+	}
+	if typ == "jsonb" {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(v); err != nil {
+			return nil, fmt.Errorf("cannot encode as JSON: %w", err)
+		}
+		return strings.TrimSuffix(buf.String(), "\n"), nil
+	}
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case bool:
+		return strconv.FormatBool(x), nil
+	case json.Number:
+		if typ == "timestamptz" || typ == "date" {
+			ms, err := strconv.ParseInt(string(x), 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s from a number wants integer epoch milliseconds, got %s", typ, x)
+			}
+			return formatTime(time.UnixMilli(ms), typ == "date"), nil
+		}
+		return string(x), nil
+	case time.Time:
+		return formatTime(x, typ == "date"), nil
+	case map[string]any:
+		return nil, fmt.Errorf("a JSON object cannot be stored in a %s column (only jsonb)", typ)
+	case []any:
+		return nil, fmt.Errorf("a JSON array cannot be stored in a %s column (only jsonb)", typ)
+	}
+	return nil, fmt.Errorf("unsupported value of type %T", v)
+}
+
+// formatTime renders t for PostgreSQL exactly: ISO 8601 in UTC with the
+// fraction as given (at least milliseconds), years beyond 9999 in full and
+// years before 1 AD with the BC suffix PostgreSQL reads. With dateOnly it
+// renders the UTC date.
+func formatTime(t time.Time, dateOnly bool) string {
+	t = t.UTC()
+	y, mo, d := t.Date()
+	bc := y <= 0
+	if bc {
+		y = 1 - y // Go's year 0 is 1 BC
+	}
+	b := make([]byte, 0, 40)
+	b = appendPadded(b, y, 4)
+	b = append(b, '-')
+	b = appendPadded(b, int(mo), 2)
+	b = append(b, '-')
+	b = appendPadded(b, d, 2)
+	if !dateOnly {
+		b = append(b, 'T')
+		b = appendPadded(b, t.Hour(), 2)
+		b = append(b, ':')
+		b = appendPadded(b, t.Minute(), 2)
+		b = append(b, ':')
+		b = appendPadded(b, t.Second(), 2)
+		b = append(b, '.')
+		frac := appendPadded(nil, t.Nanosecond(), 9)
+		n := len(frac)
+		for n > 3 && frac[n-1] == '0' {
+			n--
+		}
+		b = append(b, frac[:n]...)
+		b = append(b, 'Z')
+	}
+	if bc {
+		b = append(b, " BC"...)
+	}
+	return string(b)
+}
+
+// appendPadded appends the decimal form of n (≥ 0), zero-padded to width.
+func appendPadded(b []byte, n, width int) []byte {
+	var buf [20]byte
+	digits := strconv.AppendInt(buf[:0], int64(n), 10)
+	for i := len(digits); i < width; i++ {
+		b = append(b, '0')
+	}
+	return append(b, digits...)
+}
