@@ -84,6 +84,12 @@ type Config struct {
 	MaxRetryingBytes int
 	// Breaker configures the fingerprint breaker: see BreakerConfig.
 	Breaker BreakerConfig
+	// FailureLogInterval is the interval over which the WARN lines of
+	// failing pairs ("projection failed, retrying", "dead-lettered") are
+	// aggregated per failure fingerprint: the first of each is written in
+	// full, the repeats as one line with their count when it ends.
+	// Default 1 min.
+	FailureLogInterval time.Duration
 	// CommitInterval is how often marked offsets are committed while
 	// running (they are also committed on revoke and at shutdown). Default
 	// 5 s (franz-go's default).
@@ -157,6 +163,12 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Breaker.Validate(); err != nil {
 		return err
+	}
+	if c.FailureLogInterval == 0 {
+		c.FailureLogInterval = DefaultFailureLogInterval
+	}
+	if c.FailureLogInterval < 0 {
+		return fmt.Errorf("failure log interval must be > 0, got %s", c.FailureLogInterval)
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = 5 * time.Second

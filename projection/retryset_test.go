@@ -28,6 +28,7 @@ func testPartition(t *testing.T, cfg Config) *partition {
 	}
 	t.Cleanup(cl.Close)
 	w := &Worker{cfg: cfg, log: slog.New(slog.DiscardHandler), cl: cl, drained: make(chan struct{}, 1)}
+	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
 	w.breaker = newBreaker(cfg.Breaker, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

@@ -93,14 +93,14 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		return &dl
 	}
 	ev := p.d.ev
-	level := slog.LevelWarn
-	if p.retries > 0 {
-		level = slog.LevelDebug // the first failure of the pair is at WARN
-	}
-	w.log.Log(context.Background(), level, "projection failed, retrying",
-		"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
+	attrs := []any{"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
 		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema,
-		"retry", p.retries+1, "wait", wait, "error", p.err)
+		"retry", p.retries + 1, "wait", wait, "error", p.err}
+	if p.retries == 0 { // the first failure of the pair is at WARN, repeats aggregated
+		w.failures.write(context.Background(), slog.LevelWarn, "projection failed, retrying", p.fp, attrs...)
+	} else {
+		w.log.Debug("projection failed, retrying", attrs...)
+	}
 	p.due = time.Now().Add(wait)
 	pc.retries.add(p)
 	return nil
@@ -316,17 +316,18 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 }
 
 // deadLettered records an acknowledged dead letter in the metrics and log
-// (WARN; DEBUG for a pair short-circuited by an open breaker).
+// (WARN, repeats of one fingerprint aggregated by failureLog; DEBUG for a
+// pair short-circuited by an open breaker).
 func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, dl.TenantSchema), dl.Class)
-	level := slog.LevelWarn
-	if dl.ShortCircuit != "" {
-		level = slog.LevelDebug // the breaker's ERROR line when it opened says it for all of them
-	}
-	w.log.Log(ctx, level, "dead-lettered",
-		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
+	attrs := []any{"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
-		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err)
+		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err}
+	if dl.ShortCircuit != "" {
+		w.log.Debug("dead-lettered", attrs...) // the breaker's ERROR line when it opened says it for all of them
+		return
+	}
+	w.failures.write(ctx, slog.LevelWarn, "dead-lettered", dl.Fingerprint(), attrs...)
 }
 
 func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack callStack, retries int, firstAt time.Time) dlq.DeadLetter {

@@ -44,6 +44,7 @@ type Worker struct {
 	dead     DeadLetterWriter
 	handlers []Handler
 	breaker  *breaker
+	failures *failureLog
 
 	queued  atomic.Int64  // record bytes queued in all partitions
 	drained chan struct{} // cap 1: a partition took records from its queue
@@ -91,6 +92,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	if b, ok := db.(Beginner); ok {
 		w.begin = b
 	}
+	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
 	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, exhausted int) {
 		if open {
 			cfg.Metrics.addBreakersOpen(context.Background(), 1)
@@ -170,6 +172,13 @@ func (w *Worker) Ready() error {
 // fails or the grace runs out. Run may be called once; it closes the
 // client.
 func (w *Worker) Run(ctx context.Context) error {
+	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		w.failures.run(fctx)
+	}()
+	defer func() { stop(); <-flushed }() // after shutdown: the last repeats are written
 	for {
 		if !w.waitForRoom(ctx) {
 			break

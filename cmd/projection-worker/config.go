@@ -30,24 +30,25 @@ type settings struct {
 	logLevel    string
 
 	// run
-	group          string
-	maxRetries     int
-	retryInitial   time.Duration
-	retryMax       time.Duration
-	onInfraError   string
-	shutdownGrace  time.Duration
-	httpAddr       string
-	workerID       string
-	dlqMaxBytes    int
-	dlqTimeout     time.Duration
-	createTopics   bool
-	maxPollRecords int
-	maxBatch       int
-	maxQueuedBytes int
-	copyMinRows    int
-	maxRetrying    int
-	maxRetryBytes  int
-	breaker        projection.BreakerConfig
+	group              string
+	maxRetries         int
+	retryInitial       time.Duration
+	retryMax           time.Duration
+	onInfraError       string
+	shutdownGrace      time.Duration
+	httpAddr           string
+	workerID           string
+	dlqMaxBytes        int
+	dlqTimeout         time.Duration
+	createTopics       bool
+	maxPollRecords     int
+	maxBatch           int
+	maxQueuedBytes     int
+	copyMinRows        int
+	maxRetrying        int
+	maxRetryBytes      int
+	breaker            projection.BreakerConfig
+	failureLogInterval time.Duration
 
 	// run and migrate
 	tenantSchemaPattern string
@@ -100,6 +101,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.breaker.Threshold, "breaker-threshold", "BREAKER_THRESHOLD", projection.DefaultBreakerThreshold, "pairs of one failure fingerprint that exhaust their retries within --breaker-window before later ones are dead-lettered at once (-1: no breaker)")
 	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
+	fs.Duration(&s.failureLogInterval, "failure-log-interval", "FAILURE_LOG_INTERVAL", projection.DefaultFailureLogInterval, "interval over which the WARN lines of failing pairs are aggregated per failure fingerprint: the first in full, the repeats as one line with their count")
 	s.registerTenantSchemaPattern(fs)
 }
 
@@ -255,6 +257,9 @@ func (s *settings) checkRun() error {
 	}
 	if s.breaker.Window <= 0 || s.breaker.ProbeInterval <= 0 {
 		return flagenv.Usagef("--breaker-window and --breaker-probe-interval must be > 0, got %s and %s", s.breaker.Window, s.breaker.ProbeInterval)
+	}
+	if s.failureLogInterval <= 0 {
+		return flagenv.Usagef("--failure-log-interval must be > 0, got %s", s.failureLogInterval)
 	}
 	if s.dlqTimeout <= 0 {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)

@@ -1,0 +1,78 @@
+package projection
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"testing"
+	"time"
+)
+
+// logLines decodes buf's JSON log lines.
+func logLines(t *testing.T, buf *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	dec := json.NewDecoder(buf)
+	for dec.More() {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestFailureLogAggregatesRepeatsPerFingerprint: 1000 dead letters of one
+// fingerprint and 1 of another within an interval write the first of each
+// in full and, when the interval ends, one line with the other 999; the
+// next interval starts in full again.
+func TestFailureLogAggregatesRepeatsPerFingerprint(t *testing.T) {
+	var buf bytes.Buffer
+	l := newFailureLog(slog.New(slog.NewJSONHandler(&buf, nil)), time.Minute)
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	l.now = clock.now
+	ctx := context.Background()
+	for i := range 1000 {
+		l.write(ctx, slog.LevelWarn, "dead-lettered", "fp-a", "partition", 3, "offset", i, "projection", "p")
+	}
+	l.write(ctx, slog.LevelWarn, "dead-lettered", "fp-b", "partition", 1, "offset", 7)
+	l.write(ctx, slog.LevelWarn, "projection failed, retrying", "fp-a", "partition", 3, "offset", 5)
+	l.flush(ctx, false) // the interval has not ended
+	lines := logLines(t, &buf)
+	if len(lines) != 3 {
+		t.Fatalf("%d lines within the interval, want 3 (the first of each message and fingerprint): %v", len(lines), lines)
+	}
+	if lines[0]["fingerprint"] != "fp-a" || lines[0]["offset"] != 0.0 || lines[0]["projection"] != "p" {
+		t.Errorf("first line = %v, want fp-a's first in full", lines[0])
+	}
+	clock.add(time.Minute)
+	l.flush(ctx, false)
+	lines = logLines(t, &buf)
+	if len(lines) != 1 || lines[0]["msg"] != "dead-lettered (repeated)" || lines[0]["count"] != 999.0 ||
+		lines[0]["fingerprint"] != "fp-a" || lines[0]["last_offset"] != 999.0 || lines[0]["level"] != "WARN" {
+		t.Fatalf("after the interval: %v, want one line with fp-a's 999 repeats", lines)
+	}
+	l.write(ctx, slog.LevelWarn, "dead-lettered", "fp-a", "offset", 1000)
+	l.write(ctx, slog.LevelWarn, "dead-lettered", "fp-a", "offset", 1001)
+	l.flush(ctx, true) // shutdown
+	lines = logLines(t, &buf)
+	if len(lines) != 2 || lines[0]["offset"] != 1000.0 || lines[1]["count"] != 1.0 {
+		t.Errorf("next interval and shutdown: %v, want offset 1000 in full, then 1 repeat", lines)
+	}
+}
+
+// TestFailureLogWritesNothingBelowItsLevel: a logger at ERROR counts
+// nothing, so nothing is written later either.
+func TestFailureLogWritesNothingBelowItsLevel(t *testing.T) {
+	var buf bytes.Buffer
+	l := newFailureLog(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError})), time.Minute)
+	for range 3 {
+		l.write(context.Background(), slog.LevelWarn, "dead-lettered", "fp", "offset", 1)
+	}
+	l.flush(context.Background(), true)
+	if buf.Len() != 0 {
+		t.Errorf("wrote %q at level ERROR", buf.String())
+	}
+}
