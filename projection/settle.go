@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
@@ -323,8 +324,13 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 	attrs := []any{"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
 		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err}
+	if rc := dl.Source.Context; rc != nil {
+		// The record's own trace (kotel's span of the record), for the
+		// log line's trace_id.
+		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(rc))
+	}
 	if dl.ShortCircuit != "" {
-		w.log.Debug("dead-lettered", attrs...) // the breaker's ERROR line when it opened says it for all of them
+		w.log.DebugContext(ctx, "dead-lettered", attrs...) // the breaker's ERROR line when it opened says it for all of them
 		return
 	}
 	w.failures.write(ctx, slog.LevelWarn, "dead-lettered", dl.Fingerprint(), attrs...)

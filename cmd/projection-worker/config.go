@@ -49,6 +49,7 @@ type settings struct {
 	maxRetryBytes      int
 	breaker            projection.BreakerConfig
 	failureLogInterval time.Duration
+	spanQueue          int
 
 	// run and migrate
 	tenantSchemaPattern string
@@ -101,6 +102,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.breaker.Threshold, "breaker-threshold", "BREAKER_THRESHOLD", projection.DefaultBreakerThreshold, "pairs of one failure fingerprint that exhaust their retries within --breaker-window before later ones are dead-lettered at once (-1: no breaker)")
 	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
+	fs.Int(&s.spanQueue, "trace-queue-size", "OTEL_BSP_MAX_QUEUE_SIZE", DefaultSpanQueueSize, "spans waiting for OTLP export; when full, new spans are dropped (and counted)")
 	fs.Duration(&s.failureLogInterval, "failure-log-interval", "FAILURE_LOG_INTERVAL", projection.DefaultFailureLogInterval, "interval over which the WARN lines of failing pairs are aggregated per failure fingerprint: the first in full, the repeats as one line with their count")
 	s.registerTenantSchemaPattern(fs)
 }
@@ -159,9 +161,9 @@ func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch strings.ToLower(s.logFormat) {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(traceContextHandler{slog.NewJSONHandler(w, opts)}), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(traceContextHandler{slog.NewTextHandler(w, opts)}), nil
 	default:
 		return nil, flagenv.Usagef("--log-format: %q is not json or text", s.logFormat)
 	}
@@ -257,6 +259,9 @@ func (s *settings) checkRun() error {
 	}
 	if s.breaker.Window <= 0 || s.breaker.ProbeInterval <= 0 {
 		return flagenv.Usagef("--breaker-window and --breaker-probe-interval must be > 0, got %s and %s", s.breaker.Window, s.breaker.ProbeInterval)
+	}
+	if s.spanQueue < 1 {
+		return flagenv.Usagef("--trace-queue-size must be >= 1, got %d", s.spanQueue)
 	}
 	if s.failureLogInterval <= 0 {
 		return flagenv.Usagef("--failure-log-interval must be > 0, got %s", s.failureLogInterval)

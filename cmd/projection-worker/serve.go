@@ -126,7 +126,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		}
 		defer ln.Close()
 	}
-	tel, err := newTelemetry(ctx, s.group)
+	tel, err := newTelemetry(ctx, telemetryConfig{group: s.group, workerID: s.workerID, spanQueue: s.spanQueue, log: log})
 	if err != nil {
 		return err
 	}

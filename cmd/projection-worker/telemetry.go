@@ -4,14 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
+
+	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -44,11 +50,41 @@ func otlpConfigured() bool {
 	return false
 }
 
-func newTelemetry(ctx context.Context, group string) (*telemetry, error) {
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
-		semconv.ServiceName("projection-worker"),
-		semconv.ServiceVersion(buildVersion()),
-	))
+// DefaultSpanQueueSize is the default --trace-queue-size: spans waiting for
+// export before the SDK drops new ones (the SDK's own default is 2048,
+// which drops about half the spans at a few thousand records a second).
+const DefaultSpanQueueSize = 65536
+
+// telemetryConfig is what newTelemetry takes from the flags.
+type telemetryConfig struct {
+	group    string
+	workerID string // service.instance.id
+	// spanQueue bounds the spans waiting for export (OTEL_BSP_MAX_QUEUE_SIZE).
+	spanQueue int
+	log       *slog.Logger
+}
+
+// newTelemetry builds the process's telemetry. Its resource is
+// service.name "projection-worker", service.version and
+// service.instance.id (the worker id), overridden by OTEL_SERVICE_NAME and
+// OTEL_RESOURCE_ATTRIBUTES; traces are sampled by OTEL_TRACES_SAMPLER and
+// OTEL_TRACES_SAMPLER_ARG (default parentbased_always_on). OpenTelemetry's
+// own errors and logs (an exporter that cannot reach its endpoint) go to
+// cfg.log.
+func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) {
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		cfg.log.Error("opentelemetry", "error", err)
+	}))
+	otel.SetLogger(logr.FromSlogHandler(cfg.log.With("component", "opentelemetry").Handler()))
+	res, err := resource.New(ctx,
+		resource.WithTelemetrySDK(),
+		resource.WithAttributes(
+			semconv.ServiceName("projection-worker"),
+			semconv.ServiceVersion(buildVersion()),
+			semconv.ServiceInstanceID(cfg.workerID),
+		),
+		resource.WithFromEnv(), // last: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
+	)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry resource: %w", err)
 	}
@@ -59,25 +95,37 @@ func newTelemetry(ctx context.Context, group string) (*telemetry, error) {
 	}
 	mopts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(exporter)}
 	t := &telemetry{registry: reg}
+	var texp *otlptrace.Exporter
 	if otlpConfigured() {
 		mexp, err := otlpmetrichttp.New(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("otlp metric exporter: %w", err)
 		}
 		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp)))
-		texp, err := otlptracehttp.New(ctx)
-		if err != nil {
+		if texp, err = otlptracehttp.New(ctx); err != nil {
 			return nil, fmt.Errorf("otlp trace exporter: %w", err)
 		}
-		t.sdkTrace = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(texp))
 	}
 	t.meters = sdkmetric.NewMeterProvider(mopts...)
+	if texp != nil {
+		// The SDK counts the spans its batch processor drops when the queue
+		// is full (otel.sdk.processor.span.processed, error.type
+		// queue_full) with the global meter provider, when its experimental
+		// observability is on: on unless OTEL_GO_X_OBSERVABILITY says
+		// otherwise.
+		if _, set := os.LookupEnv("OTEL_GO_X_OBSERVABILITY"); !set {
+			_ = os.Setenv("OTEL_GO_X_OBSERVABILITY", "true")
+		}
+		otel.SetMeterProvider(t.meters)
+		t.sdkTrace = sdktrace.NewTracerProvider(sdktrace.WithResource(res),
+			sdktrace.WithBatcher(texp, sdktrace.WithMaxQueueSize(cfg.spanQueue)))
+	}
 	kopts := []kotel.Opt{kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(t.meters)))}
 	if t.sdkTrace != nil {
 		// Spans only when they go somewhere: kotel's per-record hooks cost
 		// about 15% of the worker's CPU in make bench.
 		prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-		t.tracer = kotel.NewTracer(kotel.TracerProvider(t.sdkTrace), kotel.TracerPropagator(prop), kotel.ConsumerGroup(group))
+		t.tracer = kotel.NewTracer(kotel.TracerProvider(t.sdkTrace), kotel.TracerPropagator(prop), kotel.ConsumerGroup(cfg.group))
 		kopts = append(kopts, kotel.WithTracer(t.tracer))
 	}
 	t.kotel = kotel.NewKotel(kopts...)
@@ -106,4 +154,25 @@ func (t *telemetry) shutdown(ctx context.Context) error {
 		errs = append(errs, t.sdkTrace.Shutdown(ctx))
 	}
 	return errors.Join(errs...)
+}
+
+// traceContextHandler adds trace_id and span_id to a log record written
+// with a context that holds a valid span, so that a log line leads to its
+// trace.
+type traceContextHandler struct{ slog.Handler }
+
+func (h traceContextHandler) Handle(ctx context.Context, r slog.Record) error {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r = r.Clone()
+		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h traceContextHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return traceContextHandler{h.Handler.WithAttrs(attrs)}
+}
+
+func (h traceContextHandler) WithGroup(name string) slog.Handler {
+	return traceContextHandler{h.Handler.WithGroup(name)}
 }

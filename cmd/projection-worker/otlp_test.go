@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// otlpReceiver is an in-process OTLP/HTTP receiver: it keeps the resource
+// spans of every trace export and answers every other signal with 200.
+type otlpReceiver struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	spans []*tracepb.ResourceSpans
+}
+
+func newOTLPReceiver(t *testing.T) *otlpReceiver {
+	t.Helper()
+	r := &otlpReceiver{}
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if req.URL.Path == "/v1/traces" {
+			var msg coltrace.ExportTraceServiceRequest
+			if err := proto.Unmarshal(body, &msg); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.mu.Lock()
+			r.spans = append(r.spans, msg.ResourceSpans...)
+			r.mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *otlpReceiver) resourceSpans() []*tracepb.ResourceSpans {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*tracepb.ResourceSpans(nil), r.spans...)
+}
+
+func attr(attrs []*commonpb.KeyValue, key string) string {
+	for _, a := range attrs {
+		if a.Key == key {
+			return a.Value.GetStringValue()
+		}
+	}
+	return ""
+}
+
+// TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs: with an OTLP
+// endpoint set, the worker's spans reach an OTLP receiver with
+// service.name from OTEL_SERVICE_NAME (not the built-in default) and
+// service.instance.id = --worker-id, and a log line written for a record
+// (its dead letter) carries the trace_id of a span that was exported.
+func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
+	rcv := newOTLPReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.srv.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "billing-projections")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
+	b := kafkatest.Fake(t)
+	events := kafkatest.TopicName(t, "events")
+	b.CreateTopic(t, events, 3, nil)
+	w := startRun(t,
+		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
+		"--projections", exampleProjections, "--topic", events,
+		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
+		"--group", kafkatest.TopicName(t, "group"), "--worker-id", "pod-7")
+	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("poison-1"), Value: poison}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var traceIDs map[string]bool
+	w.waitFor(t, "a span exported and the dead letter logged", 30*time.Second, func() bool {
+		traceIDs = map[string]bool{}
+		for _, rs := range rcv.resourceSpans() {
+			for _, ss := range rs.ScopeSpans {
+				for _, sp := range ss.Spans {
+					traceIDs[hexID(sp.TraceId)] = true
+				}
+			}
+		}
+		return len(traceIDs) > 0 && w.logged("dead-lettered")
+	})
+	for _, rs := range rcv.resourceSpans() {
+		attrs := rs.Resource.GetAttributes()
+		if got := attr(attrs, "service.name"); got != "billing-projections" {
+			t.Errorf("service.name = %q, want OTEL_SERVICE_NAME's billing-projections", got)
+		}
+		if got := attr(attrs, "service.instance.id"); got != "pod-7" {
+			t.Errorf("service.instance.id = %q, want the worker id pod-7", got)
+		}
+	}
+	// The SDK's own count of processed (and dropped: error_type
+	// queue_full) spans is served.
+	if m := w.get(t, "/metrics"); !strings.Contains(m, "otel_sdk_processor_span_processed") {
+		t.Errorf("/metrics lacks otel_sdk_processor_span_processed (the batch processor's processed and dropped spans)")
+	}
+	var logged string
+	for _, line := range strings.Split(w.stderr.String(), "\n") {
+		if strings.Contains(line, "dead-lettered") {
+			logged = line
+		}
+	}
+	found := false
+	for id := range traceIDs {
+		found = found || strings.Contains(logged, "trace_id="+id)
+	}
+	if !found || !strings.Contains(logged, "span_id=") {
+		t.Errorf("dead-lettered log line %q carries no trace_id of the exported spans %v", logged, traceIDs)
+	}
+	w.shutdown(t)
+}
+
+func hexID(b []byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 0, 2*len(b))
+	for _, c := range b {
+		out = append(out, digits[c>>4], digits[c&15])
+	}
+	return string(out)
+}
+
+// TestRunLogsExporterErrorsThroughItsLogger: an OTLP endpoint that refuses
+// exports is reported in the worker's own log format (a line msg=opentelemetry),
+// not as plain text from the OpenTelemetry SDK.
+func TestRunLogsExporterErrorsThroughItsLogger(t *testing.T) {
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no", http.StatusBadRequest)
+	}))
+	t.Cleanup(refusing.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.URL)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+	b := kafkatest.Fake(t)
+	events := kafkatest.TopicName(t, "events")
+	b.CreateTopic(t, events, 1, nil)
+	w := startRun(t,
+		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
+		"--projections", exampleProjections, "--topic", events,
+		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
+		"--group", kafkatest.TopicName(t, "group"))
+	w.waitFor(t, "the refused export logged", 30*time.Second, func() bool {
+		return strings.Contains(w.stderr.String(), "level=ERROR msg=opentelemetry")
+	})
+	w.shutdown(t)
+}
