@@ -80,14 +80,7 @@ func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
 	t.Setenv("OTEL_SERVICE_NAME", "billing-projections")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
-	b := kafkatest.Fake(t)
-	events := kafkatest.TopicName(t, "events")
-	b.CreateTopic(t, events, 3, nil)
-	w := startRun(t,
-		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
-		"--projections", exampleProjections, "--topic", events,
-		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
-		"--group", kafkatest.TopicName(t, "group"), "--worker-id", "pod-7")
+	b, events, w := startOnKfake(t, 3, "--worker-id", "pod-7")
 	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -156,16 +149,25 @@ func TestRunLogsExporterErrorsThroughItsLogger(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.URL)
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
-	b := kafkatest.Fake(t)
-	events := kafkatest.TopicName(t, "events")
-	b.CreateTopic(t, events, 1, nil)
-	w := startRun(t,
-		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
-		"--projections", exampleProjections, "--topic", events,
-		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
-		"--group", kafkatest.TopicName(t, "group"))
+	_, _, w := startOnKfake(t, 1)
 	w.waitFor(t, "the refused export logged", 30*time.Second, func() bool {
 		return strings.Contains(w.stderr.String(), "level=ERROR msg=opentelemetry")
 	})
 	w.shutdown(t)
+}
+
+// startOnKfake starts `projection-worker run` with extra args on a kfake
+// broker of its own, with an events topic of the given partitions and the
+// example projections.
+func startOnKfake(t *testing.T, partitions int32, extra ...string) (*kafkatest.Broker, string, *running) {
+	t.Helper()
+	b := kafkatest.Fake(t)
+	events := kafkatest.TopicName(t, "events")
+	b.CreateTopic(t, events, partitions, nil)
+	w := startRun(t, append([]string{
+		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
+		"--projections", exampleProjections, "--topic", events,
+		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
+		"--group", kafkatest.TopicName(t, "group")}, extra...)...)
+	return b, events, w
 }

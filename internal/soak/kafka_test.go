@@ -615,9 +615,12 @@ func (k *kafkaSoak) scanLogs() {
 // produce writes the stream at s.rate events per second until ctx is done
 // (riding out the broker's restart), adds each record to the model once the
 // broker has acknowledged it, and migrates the late tenant half-way.
+// AlwaysRetryEOF: kgo takes an EOF right after a request for a
+// misconfiguration (TLS, SASL) and fails the record; here the broker's
+// restart causes it, on a loaded machine.
 func (k *kafkaSoak) produce(ctx context.Context) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.brokers), kgo.DefaultProduceTopic(k.topic), kgo.ProducerLinger(0),
-		kgo.RecordDeliveryTimeout(5*time.Minute), kgo.RecordRetries(1<<20), kgo.UnknownTopicRetries(-1))
+		kgo.RecordDeliveryTimeout(5*time.Minute), kgo.RecordRetries(1<<20), kgo.UnknownTopicRetries(-1), kgo.AlwaysRetryEOF())
 	if err != nil {
 		k.t.Error(err)
 		return
