@@ -78,6 +78,11 @@ type Entry struct {
 	// ReplayCount is how many times the event had been replayed from the DLQ
 	// before this failure (header causet.dlq.replay-count, 0 when absent).
 	ReplayCount int
+	// Omitted is the original value left out of the dead letter because it
+	// did not fit the topic (header causet.dlq.original-omitted, with the
+	// causet.dlq.original-topic, -partition and -offset headers); nil when
+	// the message carries the original.
+	Omitted *OmittedOriginal
 }
 
 // Coordinates returns the entry's place in the dead-letter topic.
@@ -106,6 +111,7 @@ type headerValues struct {
 	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint   bool
 	originalPartition                                                 int32
 	replayCount                                                       int
+	originalTopic, originalOffset, omitted                            string
 }
 
 func readHeaders(hs []kgo.RecordHeader) headerValues {
@@ -132,6 +138,12 @@ func readHeaders(hs []kgo.RecordHeader) headerValues {
 			hv.sqlstate = string(h.Value)
 		case HeaderOriginalPartition:
 			hv.originalPartition = parseOriginalPartition(h.Value)
+		case HeaderOriginalTopic:
+			hv.originalTopic = string(h.Value)
+		case HeaderOriginalOffset:
+			hv.originalOffset = string(h.Value)
+		case HeaderOriginalOmitted:
+			hv.omitted = string(h.Value)
 		case HeaderReplayCount:
 			if n, err := strconv.Atoi(string(h.Value)); err == nil && n > 0 {
 				hv.replayCount = n
@@ -169,6 +181,15 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	// it copies originalEvent's bytes verbatim into the RawMessage too.
 	if err := segjson.Unmarshal(r.Value, &e.Message); err != nil {
 		return nil, fmt.Errorf("decode dead-letter message: %w", err)
+	}
+	if hv.omitted != "" {
+		o := &OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition}
+		off, err := strconv.ParseInt(hv.originalOffset, 10, 64)
+		if err != nil || off < 0 || o.Topic == "" || o.Partition < 0 || !parseOmitted(hv.omitted, o) {
+			return nil, fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed", e.Coordinates(), HeaderOriginalOmitted, hv.omitted)
+		}
+		o.Offset = off
+		e.Omitted = o
 	}
 	if !hv.hasProjection {
 		e.Projection = e.Message.ProjectionName

@@ -64,6 +64,13 @@ const (
 	// HeaderShortCircuit is the fingerprint whose breaker dead-lettered the
 	// pair without retries (SPEC §5); absent otherwise.
 	HeaderShortCircuit = "causet.dlq.short-circuit"
+	// HeaderOriginalOmitted is set when the original record value did not
+	// fit the dead-letter topic and was left out (originalEvent null,
+	// originalValueBase64 ""): "size=<bytes> sha256=<lowercase hex>" of the
+	// value, which dlq-replayer reads again from the original topic,
+	// partition and offset (the causet.dlq.original-* headers) while that
+	// topic retains it.
+	HeaderOriginalOmitted = "causet.dlq.original-omitted"
 )
 
 // Headers the replayer adds to a republished event (SPEC §7).

@@ -2,6 +2,8 @@ package dlq
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -153,8 +155,14 @@ func validTopicName(t string) error {
 // "…[truncated N bytes]", then to that marker alone, then to "", and only
 // then does the same to Error; it never cuts OriginalEvent or
 // OriginalValueBase64, and it lists the fields it cut in header
-// causet.dlq.truncated ("stackTrace" or "stackTrace,error"). If the record
-// is still too large, it returns an error wrapping ErrTooLarge.
+// causet.dlq.truncated ("stackTrace" or "stackTrace,error"). When even
+// that does not fit, the original value is left out whole (OriginalEvent
+// null, OriginalValueBase64 "") and header causet.dlq.original-omitted
+// gives its size and SHA-256 ("size=N sha256=hex"), StackTrace and Error
+// are cut again from their full text as needed: the dead letter is still
+// written, and dlq-replayer reads the value again from the original
+// topic. If the record is still too large (a key or headers larger than
+// the limit), it returns an error wrapping ErrTooLarge.
 //
 // It also returns an error when cfg is invalid, dl.Source or dl.Err is nil,
 // dl.Retries or dl.ReplayCount is negative, or now is zero.
@@ -238,11 +246,39 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	rec := &kgo.Record{
 		Topic:     cfg.Topic,
 		Key:       bytes.Clone(src.Key),
-		Headers:   headers,
 		Timestamp: now,
 	}
-	stack := cutter{full: stackTrace(dl.Err, dl.Stack)}
+	fullStack := stackTrace(dl.Err, dl.Stack)
+	size, err := fit(rec, &msg, headers, fullStack, errText, cfg.MaxBytes)
+	if err == nil {
+		return rec, nil
+	}
+	if len(src.Value) > 0 {
+		// The original value does not fit even with stackTrace and error
+		// emptied: it is left out, and its size and digest say which
+		// bytes dlq-replayer must read again from the original topic.
+		sum := sha256.Sum256(src.Value)
+		msg.OriginalEvent, msg.OriginalValueBase64 = json.RawMessage("null"), ""
+		omitted := append(headers[:len(headers):len(headers)], kgo.RecordHeader{Key: HeaderOriginalOmitted,
+			Value: []byte("size=" + strconv.Itoa(len(src.Value)) + " sha256=" + hex.EncodeToString(sum[:]))})
+		if size, err = fit(rec, &msg, omitted, fullStack, errText, cfg.MaxBytes); err == nil {
+			return rec, nil
+		}
+	}
+	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original value (%d bytes) left out, over the limit of %d: %w",
+		sourceName(src), size, len(src.Value), cfg.MaxBytes, ErrTooLarge)
+}
+
+// fit sets rec's value (msg with stackTrace and error) and headers
+// (headers, plus causet.dlq.truncated when something was cut) so that rec
+// encodes in at most maxBytes: it cuts stackTrace to a prefix followed by
+// "…[truncated N bytes]", then to that marker alone, then to "", and only
+// then does the same to error. It returns the last size and, when even
+// that does not fit, an error.
+func fit(rec *kgo.Record, msg *Message, headers []kgo.RecordHeader, stackTrace, errText string, maxBytes int) (int, error) {
+	stack := cutter{full: stackTrace}
 	errField := cutter{full: errText}
+	size := 0
 	// Each pass cuts at least the measured excess, so the loop ends within
 	// a few passes per field; the bound only guards against a bug.
 	for range 64 {
@@ -252,16 +288,15 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		if cut := truncatedFields(&stack, &errField); cut != "" {
 			rec.Headers = append(headers[:len(headers):len(headers)], kgo.RecordHeader{Key: HeaderTruncated, Value: []byte(cut)})
 		}
-		size := recordSize(rec)
-		if size <= cfg.MaxBytes {
-			return rec, nil
+		size = recordSize(rec)
+		if size <= maxBytes {
+			return size, nil
 		}
-		if !stack.shrink(size-cfg.MaxBytes) && !errField.shrink(size-cfg.MaxBytes) {
-			return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied, over the limit of %d (original value %d bytes, never cut): %w",
-				sourceName(src), size, cfg.MaxBytes, len(src.Value), ErrTooLarge)
+		if !stack.shrink(size-maxBytes) && !errField.shrink(size-maxBytes) {
+			return size, errors.New("too large")
 		}
 	}
-	return nil, fmt.Errorf("dead letter for %s: could not fit %d bytes: %w", sourceName(src), cfg.MaxBytes, ErrTooLarge)
+	return size, errors.New("could not fit")
 }
 
 // embedsVerbatim reports whether dl's source value goes into originalEvent

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	ratelimit "golang.org/x/time/rate"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
 )
 
 // DefaultMaxReplays is how many times an event may be replayed from the DLQ
@@ -289,12 +292,18 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		res.Matched++
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
 		d, decided := r.ledger.Lookup(e.Coordinates())
+		var omittedErr error
+		if e.Omitted != nil && !decided {
+			omittedErr = r.restoreOmitted(ctx, e)
+		}
 		switch {
 		case decided && d.Action == ActionSkipped:
 			o.Kind, o.Reason = OutcomeSkipped, fmt.Sprintf("skipped by %s: %s", d.Actor, d.Reason)
 		case decided && d.Action == ActionReplayed && !cfg.IncludeReplayed:
 			o.Kind = OutcomeAlreadyReplayed
 			o.Reason = fmt.Sprintf("replayed at %s by %s (run %s)", d.AtTime().UTC().Format(time.RFC3339), d.Actor, d.RunID)
+		case omittedErr != nil:
+			o.Kind, o.Reason = OutcomeRefused, omittedErr.Error()
 		case !e.HasOriginalEvent():
 			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a valid JSON object): nothing to replay"
 		case e.ReplayCount >= cfg.MaxReplays && !cfg.Force:
@@ -326,6 +335,21 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("replay from %s: %w", cfg.DLQTopic, err)
 	}
 	return res, nil
+}
+
+// restoreOmitted reads e's omitted original value again from its topic
+// (ReadOmitted) and puts it in e.Message.OriginalEvent when it is a JSON
+// object every strict parser reads; a value that is not stays out, and the
+// entry is refused as not an event.
+func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
+	v, err := ReadOmitted(ctx, r.opts, e.Omitted)
+	if err != nil {
+		return err
+	}
+	if jsonstrict.IsObject(v) {
+		e.Message.OriginalEvent = json.RawMessage(v)
+	}
+	return nil
 }
 
 // Skip records a "skipped" decision (Actor, Reason, RunID) in the ledger for

@@ -1,6 +1,8 @@
 package dlq
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -104,8 +106,49 @@ func TestNewRecordFitsExactlyWithoutTruncating(t *testing.T) {
 	}
 }
 
-func TestNewRecordRefusesAnEventTooLargeToFit(t *testing.T) {
-	dl := testDeadLetter([]byte(`{"blob":"` + strings.Repeat("x", 2000) + `"}`))
+// TestNewRecordLeavesOutAnOriginalTooLargeToFit: an original value that
+// cannot fit even with stackTrace and error emptied is left out (JSON or
+// not, where base64 grows it by a third): the dead letter is still
+// written, valid against the schema, with the error kept, and
+// causet.dlq.original-omitted gives the value's size and SHA-256.
+func TestNewRecordLeavesOutAnOriginalTooLargeToFit(t *testing.T) {
+	for name, value := range map[string][]byte{
+		"JSON event":    []byte(`{"blob":"` + strings.Repeat("x", 4000) + `"}`),
+		"not JSON":      bytes.Repeat([]byte{0xff}, 3000),
+		"10 MB garbage": bytes.Repeat([]byte("z"), 10<<20),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dl := testDeadLetter(value)
+			rec, err := NewRecord(dl, RecordConfig{MaxBytes: 2048}, testNow)
+			if err != nil {
+				t.Fatalf("NewRecord: %v, want the dead letter written without its original", err)
+			}
+			if s := recordSize(rec); s > 2048 {
+				t.Errorf("record is %d bytes, over 2048", s)
+			}
+			m := decodeMessage(t, rec.Value)
+			if m.OriginalEvent != nil && string(m.OriginalEvent) != "null" || m.OriginalValueBase64 != "" {
+				t.Errorf("originalEvent %s, originalValueBase64 %q; want null and \"\"", m.OriginalEvent, m.OriginalValueBase64)
+			}
+			sum := sha256.Sum256(value)
+			want := fmt.Sprintf("size=%d sha256=%x", len(value), sum)
+			if got, _ := header(rec, HeaderOriginalOmitted); got != want {
+				t.Errorf("%s = %q, want %q", HeaderOriginalOmitted, got, want)
+			}
+			if !strings.Contains(m.Error, "SQLSTATE 42703") {
+				t.Errorf("error = %q, want the failure kept", m.Error)
+			}
+		})
+	}
+}
+
+// TestNewRecordRefusesAKeyTooLargeToFit: what cannot be left out (the key)
+// still fails with ErrTooLarge.
+func TestNewRecordRefusesAKeyTooLargeToFit(t *testing.T) {
+	dl := testDeadLetter([]byte(testEvent))
+	src := *dl.Source
+	src.Key = bytes.Repeat([]byte("k"), 2000)
+	dl.Source = &src
 	_, err := NewRecord(dl, RecordConfig{MaxBytes: 1024}, testNow)
 	if !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("NewRecord error %v, want ErrTooLarge", err)

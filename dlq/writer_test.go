@@ -299,7 +299,10 @@ func TestWriterReturnsBuildErrorsWithoutProducing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl := testDeadLetter([]byte(`{"blob":"` + string(bytes.Repeat([]byte("x"), 8192)) + `"}`))
+	dl := testDeadLetter([]byte(testEvent))
+	src := *dl.Source
+	src.Key = bytes.Repeat([]byte("k"), 8192) // a key is never left out
+	dl.Source = &src
 	if err := w.Write(context.Background(), dl); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("Write error %v, want ErrTooLarge", err)
 	}
@@ -408,7 +411,7 @@ func TestWriteBatchKeepsOrderAndReportsEachDeadLetter(t *testing.T) {
 		src := *dl.Source
 		src.Key, src.Offset = []byte("same-key"), int64(i) // one dead-letter partition
 		if i == 2 {
-			src.Value = make([]byte, 128<<10) // not JSON: base64 over the limit
+			src.Key = make([]byte, 128<<10) // a key over the limit (a value would be left out)
 		}
 		dl.Source = &src
 		dls = append(dls, dl)

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
 )
@@ -74,4 +78,50 @@ func TestRunReportsStuckWhenTheDeadLetterTopicNeverAcknowledges(t *testing.T) {
 			w.shutdown(t)
 		})
 	}
+}
+
+// TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes: a record too
+// large for the dead-letter topic even as a dead letter (10 MB, not JSON:
+// base64 makes it larger still) once held its partition until someone
+// raised max.message.bytes. Now its dead letter is written without the
+// original (causet.dlq.original-omitted gives size and SHA-256), the
+// partition is never stuck, and the records after it are applied.
+func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
+	t.Parallel()
+	dlqTopic := kafkatest.TopicName(t, "bigdlq")
+	b, events, w := startOnKfake(t, 1, "--dlq-max-bytes", "4096", "--dlq-topic", dlqTopic)
+	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0), kgo.ProducerBatchMaxBytes(16<<20))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	huge := bytes.Repeat([]byte{0xfe}, 10<<20)
+	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("huge"), Value: huge}, &kgo.Record{Key: []byte("poison-after"), Value: poison}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cons := b.Client(t, kgo.ConsumeTopics(dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var dls []*kgo.Record
+	for len(dls) < 2 {
+		fs := cons.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("%d dead letters within a minute, want 2\nstderr:\n%s", len(dls), w.stderr.String())
+		}
+		dls = append(dls, fs.Records()...)
+	}
+	sum := sha256.Sum256(huge)
+	want := fmt.Sprintf("size=%d sha256=%x", len(huge), sum)
+	var omitted string
+	for _, h := range dls[0].Headers {
+		if h.Key == dlq.HeaderOriginalOmitted {
+			omitted = string(h.Value)
+		}
+	}
+	if string(dls[0].Key) != "huge" || omitted != want || len(dls[0].Value) > 4096 {
+		t.Errorf("first dead letter: key %q, %d bytes, %s %q; want huge, <= 4096 bytes, %q", dls[0].Key, len(dls[0].Value), dlq.HeaderOriginalOmitted, omitted, want)
+	}
+	if string(dls[1].Key) != "poison-after" {
+		t.Errorf("second dead letter key %q, want poison-after: the partition went on", dls[1].Key)
+	}
+	if body := w.get(t, "/readyz"); strings.Contains(body, "stuck") {
+		t.Errorf("/readyz %q: a partition stuck on the large dead letter", body)
+	}
+	w.shutdown(t)
 }
