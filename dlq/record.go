@@ -204,9 +204,17 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		FirstFailedAt:  firstFailedAt,
 		FailedAt:       failedAt,
 	}
-	if embedsVerbatim(dl) {
+	verbatim := embedsVerbatim(dl)
+	origLen := base64.StdEncoding.EncodedLen(len(src.Value))
+	if verbatim {
+		origLen = len(src.Value)
+	}
+	switch {
+	case origLen >= cfg.MaxBytes:
+		// It cannot fit (see below): not even encoded.
+	case verbatim:
 		msg.OriginalEvent = json.RawMessage(src.Value)
-	} else {
+	default:
 		msg.OriginalEvent = json.RawMessage("null")
 		msg.OriginalValueBase64 = base64.StdEncoding.EncodeToString(src.Value)
 	}
@@ -249,9 +257,12 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		Timestamp: now,
 	}
 	fullStack := stackTrace(dl.Err, dl.Stack)
-	size, err := fit(rec, &msg, headers, fullStack, errText, cfg.MaxBytes)
-	if err == nil {
-		return rec, nil
+	size := origLen
+	if origLen < cfg.MaxBytes { // else it cannot fit: no encoding of megabytes to find out
+		var err error
+		if size, err = fit(rec, &msg, headers, fullStack, errText, cfg.MaxBytes); err == nil {
+			return rec, nil
+		}
 	}
 	if len(src.Value) > 0 {
 		// The original value does not fit even with stackTrace and error
@@ -261,6 +272,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		msg.OriginalEvent, msg.OriginalValueBase64 = json.RawMessage("null"), ""
 		omitted := append(headers[:len(headers):len(headers)], kgo.RecordHeader{Key: HeaderOriginalOmitted,
 			Value: []byte("size=" + strconv.Itoa(len(src.Value)) + " sha256=" + hex.EncodeToString(sum[:]))})
+		var err error
 		if size, err = fit(rec, &msg, omitted, fullStack, errText, cfg.MaxBytes); err == nil {
 			return rec, nil
 		}

@@ -113,7 +113,8 @@ func TestNewRecordFitsExactlyWithoutTruncating(t *testing.T) {
 // causet.dlq.original-omitted gives the value's size and SHA-256.
 func TestNewRecordLeavesOutAnOriginalTooLargeToFit(t *testing.T) {
 	for name, value := range map[string][]byte{
-		"JSON event":    []byte(`{"blob":"` + strings.Repeat("x", 4000) + `"}`),
+		"JSON event": []byte(`{"blob":"` + strings.Repeat("x", 4000) + `"}`),
+		"just under the limit, not with the headers": []byte(`{"blob":"` + strings.Repeat("x", 1900) + `"}`),
 		"not JSON":      bytes.Repeat([]byte{0xff}, 3000),
 		"10 MB garbage": bytes.Repeat([]byte("z"), 10<<20),
 	} {

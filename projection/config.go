@@ -71,7 +71,13 @@ type Config struct {
 	// partition holding three quarters of it, such as one waiting for the
 	// database, has its fetching paused instead, so that it does not stall
 	// the others; pausing drops what the client had fetched for it, which is
-	// fetched again on resume. Default 8 MiB.
+	// fetched again on resume. It also bounds the record bytes of large
+	// batches (over an eighth of it and over 64 KiB) being processed (decoded, planned,
+	// applied, dead-lettered) at a time, all partitions together: such a
+	// batch waits for room, and a single record larger than the bound is
+	// processed alone; smaller batches never wait. Processing memory is
+	// then at most a few times MaxQueuedBytes plus an eighth of it per
+	// partition. Default 8 MiB.
 	MaxQueuedBytes int
 	// MaxRetrying bounds the pairs of one partition that wait for a retry
 	// while its later records go on (non-blocking retries); at the bound the

@@ -184,7 +184,7 @@ func (pc *partition) run() {
 			for len(recs) > 0 {
 				n := inOrder(recs)
 				pc.rewound(recs[0])
-				if err := pc.processBatch(pc.ctx, recs[:n]); err != nil {
+				if err := pc.processWithinBudget(recs[:n]); err != nil {
 					return // ctx is done: the unfinished records go to the next owner
 				}
 				recs = recs[n:]
@@ -208,6 +208,33 @@ func (pc *partition) run() {
 		case <-pc.writingDone():
 		}
 	}
+}
+
+// largeBatchFloor is the smallest batch, in record bytes, that takes from
+// the processing budget, however small Config.MaxQueuedBytes is.
+const largeBatchFloor = 64 << 10
+
+// processWithinBudget processes recs (processBatch). A batch of more than
+// an eighth of Config.MaxQueuedBytes (and more than 64 KiB) first waits
+// until the worker's
+// processing budget (MaxQueuedBytes) has room for its bytes; a batch
+// larger than the whole budget takes all of it, so it runs alone among
+// the large ones. Smaller batches never wait: a partition blocked on a
+// slow pair holds no budget the others need. It returns an error only when
+// the partition's ctx is done first.
+func (pc *partition) processWithinBudget(recs []*kgo.Record) error {
+	n := 0
+	for _, r := range recs {
+		n += recordBytes(r)
+	}
+	if budget := pc.w.cfg.MaxQueuedBytes; n > max(budget/8, largeBatchFloor) {
+		n = min(n, budget)
+		if err := pc.w.processing.Acquire(pc.ctx, int64(n)); err != nil {
+			return err
+		}
+		defer pc.w.processing.Release(int64(n))
+	}
+	return pc.processBatch(pc.ctx, recs)
 }
 
 // release undoes what the partition holds in the worker's accounting: its

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/causet/projection-worker/dlq"
 )
@@ -46,8 +47,13 @@ type Worker struct {
 	breaker  *breaker
 	failures *failureLog
 
-	queued  atomic.Int64  // record bytes queued in all partitions
-	drained chan struct{} // cap 1: a partition took records from its queue
+	queued atomic.Int64 // record bytes queued in all partitions
+	// processing is the budget of record bytes being processed, all
+	// partitions together (Config.MaxQueuedBytes): processing memory is a
+	// multiple of the bytes processed, so one partition's huge records do
+	// not add up with another's.
+	processing *semaphore.Weighted
+	drained    chan struct{} // cap 1: a partition took records from its queue
 
 	mu         sync.Mutex
 	partitions map[int32]*partition
@@ -93,6 +99,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		w.begin = b
 	}
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
+	w.processing = semaphore.NewWeighted(int64(cfg.MaxQueuedBytes))
 	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, exhausted int) {
 		if open {
 			cfg.Metrics.addBreakersOpen(context.Background(), 1)

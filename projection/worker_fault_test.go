@@ -404,3 +404,61 @@ func TestWorkerShutdownLetsADeadLetterWriteInFlightFinish(t *testing.T) {
 		t.Errorf("dead letters = %d, want 1", len(dls))
 	}
 }
+
+// concurrent is a Go projection that applies LARGE events slowly and
+// counts how many it applies at once.
+type concurrent struct {
+	mu        sync.Mutex
+	now, most int
+	applied   int
+}
+
+func (c *concurrent) Name() string          { return "concurrent" }
+func (c *concurrent) Handles(t string) bool { return t == "LARGE" }
+func (c *concurrent) Apply(ctx context.Context, _ projection.DB, _ *projection.Event) (projection.Outcome, error) {
+	c.mu.Lock()
+	c.now++
+	c.most = max(c.most, c.now)
+	c.mu.Unlock()
+	time.Sleep(200 * time.Millisecond)
+	c.mu.Lock()
+	c.now--
+	c.applied++
+	c.mu.Unlock()
+	return projection.Applied, nil
+}
+
+func (c *concurrent) counts() (most, applied int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.most, c.applied
+}
+
+// TestWorkerProcessesLargeBatchesWithinTheBudget: records of 600 KiB on
+// three partitions, with MaxQueuedBytes 1 MiB, are processed one at a time
+// (each takes more than half the processing budget), so that processing
+// memory does not add up across partitions; with a budget of 4 MiB they are
+// processed side by side (so the check above can fail).
+func TestWorkerProcessesLargeBatchesWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		budget   int
+		parallel bool
+	}{{1 << 20, false}, {4 << 20, true}} {
+		r := newRig(t, rigOptions{partitions: 3})
+		manual := r.broker.Client(t, kgo.DefaultProduceTopic(r.topic), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		for p := range int32(3) {
+			entity := fmt.Sprintf("large-%d", p)
+			value := r.event("LARGE", entity, 1, fmt.Sprintf(`{"blob":%q}`, strings.Repeat("x", 600<<10)))
+			if err := manual.ProduceSync(context.Background(), &kgo.Record{Partition: p, Key: []byte(entity), Value: []byte(value)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c := &concurrent{}
+		r.start(func(cfg *projection.Config) { cfg.MaxQueuedBytes = tt.budget }, append([]projection.Handler{c}, r.handlers...)...)
+		waitFor(t, "the three large records to be applied", func() bool { _, n := c.counts(); return n == 3 })
+		if most, _ := c.counts(); (most > 1) != tt.parallel {
+			t.Errorf("budget %d: at most %d large records applied at once, want parallel=%v", tt.budget, most, tt.parallel)
+		}
+	}
+}
