@@ -286,11 +286,15 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 		log.Warn("dead-letter topic keeps less than 30 days: dead letters may expire before anyone replays them",
 			"topic", cfg.DLQTopic, "retention", rep.DLQRetention.String(), "want_at_least", dlq.MinRetention.String())
 	}
-	_, err = meter.Int64ObservableGauge("causet.dlq.retention",
-		metric.WithUnit("ms"),
-		metric.WithDescription("retention.ms of the dead-letter topic at start (-1 = unlimited); should be >= 2592000000 (30 days)."),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			o.Observe(rep.DLQRetention.Milliseconds())
+	retention := -1.0 // unlimited
+	if rep.DLQRetention >= 0 {
+		retention = rep.DLQRetention.Seconds()
+	}
+	_, err = meter.Float64ObservableGauge("causet.dlq.retention",
+		metric.WithUnit("s"),
+		metric.WithDescription("Retention of the dead-letter topic (its retention.ms) read at start, in seconds (-1 = unlimited); should be >= 2592000 (30 days)."),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			o.Observe(retention)
 			return nil
 		}))
 	if err != nil {
