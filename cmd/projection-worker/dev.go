@@ -55,7 +55,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defs, _, err := loadProjections(s.projections)
 	if err != nil {
-		return flagenv.Usagef("%v", err)
+		return err
 	}
 	stack, err := devstack.Start(ctx, devstack.Options{
 		KafkaPort:   kafkaPort,

@@ -57,3 +57,20 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 		t.Fatal("dev did not stop within 40s of Ctrl-C")
 	}
 }
+
+// TestDevExitStatusFollowsTheRule: dev exits as every command does (see
+// TestExitStatusIsOneRuleForEveryCommand): 2 for a bad definitions file or
+// flag, before it starts anything.
+func TestDevExitStatusFollowsTheRule(t *testing.T) {
+	clearSettingsEnv(t)
+	badDefs := writeFile(t, "projections.yaml", badPrimaryKey)
+	for _, args := range [][]string{
+		{"dev", "--kafka-port", "-1", "--projections", badDefs},
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--retry-initial", "5"},
+	} {
+		r := runCmd(t, 10*time.Second, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "projection-worker: --") {
+			t.Errorf("run(%q) = %d, want 2 naming the flag\n%s", args, r.code, r)
+		}
+	}
+}

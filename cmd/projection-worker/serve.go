@@ -40,16 +40,17 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	return serve(ctx, &s, log, nil)
 }
 
-// loadProjections loads and checks the definitions file; its errors name the
-// file, projection and field.
+// loadProjections loads and checks the definitions file. Its errors are
+// usage errors (exit 2, as every command treats a bad definitions file)
+// naming --projections, the file, projection and field.
 func loadProjections(path string) (*projection.Definitions, []projection.Handler, error) {
 	defs, err := projection.LoadDefinitions(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
 	}
 	tables, err := projection.NewTableProjections(defs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
 	}
 	handlers := make([]projection.Handler, len(tables))
 	for i, t := range tables {
@@ -91,7 +92,7 @@ func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*projection.Worker)) error {
 	defs, handlers, err := loadProjections(s.projections)
 	if err != nil {
-		return flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
+		return err
 	}
 	policy, err := s.retryPolicy()
 	if err != nil {
