@@ -145,6 +145,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
 
 	admCl, err := kgo.NewClient(kopts...)
 	if err != nil {
@@ -249,6 +250,22 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}
 	log.Info("projection worker stopped")
 	return nil
+}
+
+// checkDatabase pings the database once at start (bounded by the pool's
+// 5 s connect timeout) and logs a warning with the reason when it does not
+// answer, so that a wrong DATABASE_URL or a database that is down shows
+// before the first record. The worker starts anyway: what happens to
+// records then is --on-infra-error's, and /readyz reports the database.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) {
+	if err := pool.Ping(ctx); err != nil && ctx.Err() == nil {
+		then := "partitions pause until it answers, and /readyz fails"
+		if mode == projection.InfraDeadLetter {
+			then = "records are retried, then dead-lettered, until it answers"
+		}
+		log.Warn("database unreachable at start: check --database-url (DATABASE_URL) and the database; the worker starts, and "+then,
+			"on_infra_error", string(mode), "error", err)
+	}
 }
 
 // checkTopics creates missing topics (with --create-topics=false it only
