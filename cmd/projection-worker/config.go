@@ -49,6 +49,9 @@ type settings struct {
 	maxRetryBytes  int
 	breaker        projection.BreakerConfig
 
+	// quietKgo logs kgo's INFO lines at DEBUG (dev; no flag).
+	quietKgo bool
+
 	// run and migrate
 	tenantSchemaPattern string
 

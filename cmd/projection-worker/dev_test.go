@@ -4,10 +4,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/causet/projection-worker/internal/devstack"
 	"github.com/causet/projection-worker/internal/pgtest"
 )
 
@@ -41,6 +43,15 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), want) {
 		t.Fatalf("dev never printed %q\nstdout:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
+	}
+	// The README says this line means it is ready.
+	if ready := fmt.Sprintf("dev: produced %d example events:", len(devstack.Examples(time.Now()))); !strings.Contains(stdout.String(), ready) {
+		t.Errorf("stdout lacks %q\n%s", ready, stdout.String())
+	}
+	// franz-go's group-join and metadata steps are at debug level: the
+	// terminal shows the worker's own lines (issue 12).
+	if strings.Contains(stderr.String(), "component=kgo") {
+		t.Errorf("the log shows the Kafka client's INFO lines, want them at debug level only\nstderr:\n%s", stderr.String())
 	}
 	for _, cause := range []string{`column \"followed_at\" of relation \"artist_followers\" does not exist`, "SQLSTATE 23502", "SQLSTATE 42P01", "division by zero"} {
 		if !strings.Contains(stderr.String(), cause) {

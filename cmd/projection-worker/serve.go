@@ -138,7 +138,11 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			log.Warn("telemetry shutdown", "error", err)
 		}
 	}()
-	kopts = append(kopts, kgo.WithLogger(kslog.New(log.With("component", "kgo"))), tel.hooks())
+	var klog kgo.Logger = kslog.New(log.With("component", "kgo"))
+	if s.quietKgo {
+		klog = quietKgo{klog}
+	}
+	kopts = append(kopts, kgo.WithLogger(klog), tel.hooks())
 
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
