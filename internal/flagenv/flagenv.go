@@ -192,7 +192,10 @@ func (l *stringList) Set(v string) error {
 
 // Parse parses args, then sets every flag not given on the command line from
 // its environment variable when that is set and non-empty. Errors are
-// *UsageError naming the flag or variable; -h/--help gives flag.ErrHelp.
+// *UsageError naming the flag or variable and what it expects
+// (`--retry-initial "5": a duration needs a unit, e.g. 5s or 5ms`), also for
+// a bool flag given its value as a separate argument; -h/--help gives
+// flag.ErrHelp.
 func (s *Set) Parse(args []string) error {
 	if err := s.FlagSet.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
