@@ -113,13 +113,19 @@ const maxEventDepth = jsonstrict.MaxDepth
 // copy of value, so keeping any of them keeps that copy alive; clone
 // (strings.Clone) a string that must outlive the event.
 //
+// A nil value (a Kafka tombstone) and an empty, non-null one are refused
+// with different reasons, so a dead letter tells them apart.
+//
 // TenantSchemas.DecodeEvent narrows the accepted tenant schemas further.
 func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil) }
 
 // decodeEvent is DecodeEvent with tenantSchema checked by tenants.Check.
 func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
+	if value == nil {
+		return nil, &ValidationError{Reason: "record value is a Kafka tombstone (null), want an object"}
+	}
 	if len(value) == 0 {
-		return nil, &ValidationError{Reason: "record value is empty (tombstone)"}
+		return nil, &ValidationError{Reason: "record value is empty (0 bytes, not a tombstone), want an object"}
 	}
 	root, err := jsonstrict.Parse(value)
 	m, isObject := root.(map[string]any)

@@ -197,7 +197,7 @@ func TestDecodeEventRejects(t *testing.T) {
 		field      string
 		wantReason string // substring of the reason
 	}{
-		{"empty value (tombstone)", ``, "", "record value is empty (tombstone)"},
+		{"empty value, not a tombstone", ``, "", "record value is empty (0 bytes, not a tombstone), want an object"},
 		{"null", `null`, "", "record value is JSON null, want an object"},
 		{"null with whitespace", " null\n", "", "record value is JSON null, want an object"},
 		{"array", `[]`, "", "record value is a JSON array, want an object"},
@@ -347,8 +347,13 @@ func TestValidationErrorMessage(t *testing.T) {
 	if got, want := err.Error(), `invalid event: sequenceNumber: must be a JSON integer, got string "7"`; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
+	// A tombstone (null value) and an empty value read differently.
 	_, err = DecodeEvent(nil)
-	if got, want := err.Error(), `invalid event: record value is empty (tombstone)`; got != want {
+	if got, want := err.Error(), `invalid event: record value is a Kafka tombstone (null), want an object`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	_, err = DecodeEvent([]byte{})
+	if got, want := err.Error(), `invalid event: record value is empty (0 bytes, not a tombstone), want an object`; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
 }

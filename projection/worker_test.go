@@ -494,13 +494,16 @@ func TestWorkerPermanentInputsBetweenGoodEvents(t *testing.T) {
 	// but names no tenant: it must never reach SQL (where it was retried as
 	// a 42P01 projection error), and its dead letter keeps the name.
 	notTenant := func(schema string) string { return strings.Replace(r.follow("u", "a", 1), r.tenant, schema, 1) }
+	const tombstone = "tombstone" // produced with a null value; "" is an empty one
 	poison := []struct {
-		name, value, field string
-		tenant             string // the dead letter's tenantSchema, when checked
+		name, value string
+		field       string // in the error: the field, or what the value is
+		tenant      string // the dead letter's tenantSchema, when checked
 	}{
 		{"not JSON", "this is not json", "", ""},
 		{"truncated JSON", `{"eventType":"ARTIST_FOLLOWED","entityId":`, "", ""},
-		{"tombstone", "", "", ""},
+		{tombstone, "", "record value is a Kafka tombstone (null)", ""},
+		{"empty value", "", "record value is empty (0 bytes, not a tombstone)", ""},
 		{"JSON null", "null", "", ""},
 		{"duplicate key", strings.Replace(r.follow("u", "a", 1), `"forkId":"production"`, `"forkId":"production","forkId":"staging"`, 1), "forkId", ""},
 		{"sequenceNumber as string", strings.Replace(r.follow("u", "a", 1), `"sequenceNumber":1`, `"sequenceNumber":"7"`, 1), "sequenceNumber", ""},
@@ -518,9 +521,9 @@ func TestWorkerPermanentInputsBetweenGoodEvents(t *testing.T) {
 	r.start(nil)
 	r.produce("good-1", []byte(r.follow("good-1", "artist-1", 1)))
 	for _, p := range poison {
-		var v []byte
-		if p.value != "" {
-			v = []byte(p.value)
+		v := []byte(p.value)
+		if p.name == tombstone {
+			v = nil
 		}
 		r.produce("poison", v)
 	}

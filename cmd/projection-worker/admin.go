@@ -43,7 +43,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defs, _, err := loadProjections(s.projections)
 	if err != nil {
-		return flagenv.Usagef("%v", err)
+		return err
 	}
 	pool, err := newPool(ctx, s.databaseURL, 2)
 	if err != nil {
@@ -102,8 +102,9 @@ func retentionText(d time.Duration) string {
 	return fmt.Sprintf("%s (%d ms)", d, d.Milliseconds())
 }
 
-// runValidate checks a definitions file: exit 0 when it loads, 1 with every
-// problem named otherwise (2 for a usage error).
+// runValidate checks a definitions file: exit 0 when it loads, 2 with the
+// problem named otherwise (a definitions file is configuration: see
+// exitCode).
 func runValidate(args []string, stdout, stderr io.Writer) error {
 	var s settings
 	fs := flagenv.New("projection-worker validate", stderr)

@@ -51,6 +51,9 @@ type settings struct {
 	failureLogInterval time.Duration
 	spanQueue          int
 
+	// quietKgo logs kgo's INFO lines at DEBUG (dev; no flag).
+	quietKgo bool
+
 	// run and migrate
 	tenantSchemaPattern string
 
@@ -231,6 +234,10 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 	return cfg, nil
 }
 
+// maxDLQBytes is the largest --dlq-max-bytes: 1 GiB, under Kafka's int32
+// message size limit with room for the record batch around it.
+const maxDLQBytes = 1 << 30
+
 // checkRun returns a usage error naming the first run flag out of range;
 // it runs before anything is dialled.
 func (s *settings) checkRun() error {
@@ -269,8 +276,14 @@ func (s *settings) checkRun() error {
 	if s.dlqTimeout <= 0 {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)
 	}
-	if s.dlqMaxBytes != 0 && s.dlqMaxBytes < 1024 {
-		return flagenv.Usagef("--dlq-max-bytes must be >= 1024, got %d", s.dlqMaxBytes)
+	if s.dlqMaxBytes != 0 && (s.dlqMaxBytes < 1024 || s.dlqMaxBytes > maxDLQBytes) {
+		return flagenv.Usagef("--dlq-max-bytes must be in 1024..%d (or 0: the dead-letter topic's max.message.bytes), got %d", maxDLQBytes, s.dlqMaxBytes)
+	}
+	if s.copyMinRows == 0 || s.copyMinRows < -1 {
+		return flagenv.Usagef("--copy-min-rows must be >= 1, or -1 for never, got %d", s.copyMinRows)
+	}
+	if strings.TrimSpace(s.workerID) == "" {
+		return flagenv.Usagef("--worker-id (POD_NAME) is empty: set this worker's name for the dead-letter headers")
 	}
 	return nil
 }

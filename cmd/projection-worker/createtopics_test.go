@@ -14,7 +14,7 @@ import (
 
 // TestRunWithoutCreateTopicsStillChecksTheTopics: --create-topics=false
 // skips creating topics, nothing else. The worker still describes the
-// existing topics: it warns about and exports (causet_dlq_retention) a
+// existing topics: it warns about and exports (causet_dlq_retention_seconds) a
 // dead-letter topic that keeps less than 30 days (SPEC §2), and sizes dead
 // letters by the topic's max.message.bytes. A missing events or dead-letter
 // topic stops it with an error naming the topic and the flag; a missing
@@ -80,12 +80,12 @@ func TestRunWithoutCreateTopicsStillChecksTheTopics(t *testing.T) {
 					t.Errorf("dead letters not sized by the topic's max.message.bytes 2000000\nstderr:\n%s", w.stderr.String())
 				}
 				var metrics string
-				w.waitFor(t, "/metrics exports causet_dlq_retention", 10*time.Second, func() bool {
+				w.waitFor(t, "/metrics exports causet_dlq_retention_seconds", 10*time.Second, func() bool {
 					metrics = w.get(t, "/metrics")
-					return metricLine(metrics, "causet_dlq_retention") != ""
+					return metricLine(metrics, "causet_dlq_retention_seconds") != ""
 				})
-				if line := metricLine(metrics, "causet_dlq_retention"); !strings.HasSuffix(line, " 8.64e+07") {
-					t.Errorf("/metrics: %q, want causet_dlq_retention 8.64e+07 (86400000 ms)", line)
+				if line := metricLine(metrics, "causet_dlq_retention_seconds"); !strings.HasSuffix(line, " 86400") {
+					t.Errorf("/metrics: %q, want causet_dlq_retention_seconds 86400 (1 day)", line)
 				}
 				w.shutdown(t)
 			}

@@ -55,7 +55,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defs, _, err := loadProjections(s.projections)
 	if err != nil {
-		return flagenv.Usagef("%v", err)
+		return err
 	}
 	stack, err := devstack.Start(ctx, devstack.Options{
 		KafkaPort:   kafkaPort,
@@ -69,6 +69,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	s.kafka.Brokers = stack.Brokers
 	s.databaseURL = stack.DatabaseURL
 	s.topic, s.dlqTopic, s.ledgerTopic, s.partitions = projection.DefaultEventsTopic, dlq.DefaultTopic, dlq.DefaultLedgerTopic, 3
+	s.quietKgo = true // the client's group-join steps at --log-level debug only
 
 	pool, err := newPool(ctx, s.databaseURL, 2)
 	if err != nil {

@@ -4,10 +4,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/causet/projection-worker/internal/devstack"
 	"github.com/causet/projection-worker/internal/pgtest"
 )
 
@@ -42,6 +44,15 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 	if !strings.Contains(stdout.String(), want) {
 		t.Fatalf("dev never printed %q\nstdout:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
 	}
+	// The README says this line means it is ready.
+	if ready := fmt.Sprintf("dev: produced %d example events:", len(devstack.Examples(time.Now()))); !strings.Contains(stdout.String(), ready) {
+		t.Errorf("stdout lacks %q\n%s", ready, stdout.String())
+	}
+	// franz-go's group-join and metadata steps are at debug level: the
+	// terminal shows the worker's own lines (issue 12).
+	if strings.Contains(stderr.String(), "component=kgo") {
+		t.Errorf("the log shows the Kafka client's INFO lines, want them at debug level only\nstderr:\n%s", stderr.String())
+	}
 	for _, cause := range []string{`column \"followed_at\" of relation \"artist_followers\" does not exist`, "SQLSTATE 23502", "SQLSTATE 42P01", "division by zero"} {
 		if !strings.Contains(stderr.String(), cause) {
 			t.Errorf("the log shows no dead letter for %s", cause)
@@ -55,5 +66,22 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 		}
 	case <-time.After(40 * time.Second):
 		t.Fatal("dev did not stop within 40s of Ctrl-C")
+	}
+}
+
+// TestDevExitStatusFollowsTheRule: dev exits as every command does (see
+// TestExitStatusIsOneRuleForEveryCommand): 2 for a bad definitions file or
+// flag, before it starts anything.
+func TestDevExitStatusFollowsTheRule(t *testing.T) {
+	clearSettingsEnv(t)
+	badDefs := writeFile(t, "projections.yaml", badPrimaryKey)
+	for _, args := range [][]string{
+		{"dev", "--kafka-port", "-1", "--projections", badDefs},
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--retry-initial", "5"},
+	} {
+		r := runCmd(t, 10*time.Second, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "projection-worker: --") {
+			t.Errorf("run(%q) = %d, want 2 naming the flag\n%s", args, r.code, r)
+		}
 	}
 }

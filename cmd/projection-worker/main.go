@@ -11,7 +11,11 @@
 //	projection-worker dev      [flags]   the embedded default behind `make run` (-tags dev builds only)
 //	projection-worker version
 //
-// Exit status: 0 on success, 1 on a runtime failure, 2 on a usage error.
+// Exit status, the same rule for every command: 0 on success; 2 when the
+// command line, the environment or a file they name (the definitions file)
+// is wrong, found before the command connects to anything; 1 when the
+// command fails while it works (a service refuses or fails, an address is
+// taken).
 package main
 
 import (
@@ -85,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitCode(err, stderr)
 }
 
+// exitCode prints err and returns the exit status of the package doc's
+// rule: 2 for a *flagenv.UsageError, 1 for any other error.
 func exitCode(err error, stderr io.Writer) int {
 	var ue *flagenv.UsageError
 	switch {

@@ -181,9 +181,15 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 0, wantStdout: []string{exampleProjections, "IR v42", "3 projections: ok"}},
 		{name: "validate without projections", args: []string{"validate"}, wantCode: 2, wantStderr: []string{"--projections", "PROJECTIONS_FILE"}},
 		{name: "validate unknown primary key column", args: []string{"validate", "--projections", badDefs},
-			wantCode: 1, wantStderr: []string{badDefs, `projection "artist_followers"`, "primaryKey", `"no_such_column"`}},
+			wantCode: 2, wantStderr: []string{badDefs, `projection "artist_followers"`, "primaryKey", `"no_such_column"`}},
 		{name: "validate missing file", args: []string{"validate", "--projections", "/nonexistent/projections.yaml"},
-			wantCode: 1, wantStderr: []string{"/nonexistent/projections.yaml", "no such file"}},
+			wantCode: 2, wantStderr: []string{"/nonexistent/projections.yaml", "no such file"}},
+		{name: "run duration without unit", args: runArgs("--retry-initial", "5"),
+			wantCode: 2, wantStderr: []string{`--retry-initial "5": a duration needs a unit, e.g. 5s or 5ms`}},
+		{name: "run bool with a separate value", args: runArgs("--create-topics", "maybe"),
+			wantCode: 2, wantStderr: []string{`unexpected argument "maybe" after --create-topics: a bool flag takes its value after =, e.g. --create-topics=false`}},
+		{name: "run bool not a bool", args: runArgs("--create-topics=maybe"),
+			wantCode: 2, wantStderr: []string{`--create-topics "maybe": not true or false`}},
 		{name: "migrate bad tenant schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", `bad"name`},
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `bad\"name`, "^[a-z_][a-z0-9_]{0,62}$"}},
 		{name: "migrate public", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "public"},
@@ -226,6 +232,49 @@ func TestCommandLineContract(t *testing.T) {
 			}
 			if r.took > 10*time.Second {
 				t.Errorf("run(%q) took %s: a usage error must not wait for a service", tt.args, r.took)
+			}
+		})
+	}
+}
+
+// TestExitStatusIsOneRuleForEveryCommand (issue 12): every command exits 2
+// when its command line, environment or definitions file is wrong, found
+// before it connects to anything, and 1 when it fails while working. `run`
+// failing while working is TestRunHTTPAddrInUseExitsOne; `dev` is
+// TestDevExitStatusFollowsTheRule (a -tags dev build).
+func TestExitStatusIsOneRuleForEveryCommand(t *testing.T) {
+	clearSettingsEnv(t)
+	noKafka := closedAddr(t)
+	noDB := "postgres://postgres:postgres@" + closedAddr(t) + "/postgres?sslmode=disable"
+	badDefs := writeFile(t, "projections.yaml", badPrimaryKey)
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStderr string
+	}{
+		{name: "run bad definitions", args: []string{"run", "--brokers", noKafka, "--database-url", noDB, "--projections", badDefs, "--http-addr", ""},
+			wantCode: 2, wantStderr: "--projections (PROJECTIONS_FILE): " + badDefs},
+		{name: "run bad flag value", args: []string{"run", "--brokers", noKafka, "--database-url", noDB, "--projections", exampleProjections, "--shutdown-grace", "25"},
+			wantCode: 2, wantStderr: `--shutdown-grace "25": a duration needs a unit`},
+		{name: "migrate bad definitions", args: []string{"migrate", "--database-url", noDB, "--projections", badDefs, "--tenant-schema", "t1"},
+			wantCode: 2, wantStderr: "--projections (PROJECTIONS_FILE): " + badDefs},
+		{name: "migrate database unreachable", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t1"},
+			wantCode: 1, wantStderr: "migrate t1"},
+		{name: "validate bad definitions", args: []string{"validate", "--projections", badDefs},
+			wantCode: 2, wantStderr: "--projections (PROJECTIONS_FILE): " + badDefs},
+		{name: "topics bad flag value", args: []string{"topics", "--brokers", noKafka, "--partitions", "eight"},
+			wantCode: 2, wantStderr: `--partitions "eight": not an integer`},
+		// Nothing answers at noKafka: the command fails while working when
+		// its context ends (here after 3s; its own limit is 30s).
+		{name: "topics kafka unreachable", args: []string{"topics", "--brokers", noKafka},
+			wantCode: 1, wantStderr: "topics:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCmd(t, 3*time.Second, tt.args...)
+			if r.code != tt.wantCode || !strings.Contains(r.stderr, tt.wantStderr) {
+				t.Errorf("run(%q) = %d, want %d with %q on stderr\n%s", tt.args, r.code, tt.wantCode, tt.wantStderr, r)
 			}
 		})
 	}
@@ -279,9 +328,19 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--breaker-threshold", args: []string{"--breaker-threshold", "0"}},
 		{flag: "--breaker-window", args: []string{"--breaker-window", "0s"}},
 		{flag: "--tenant-schema-pattern", args: []string{"--tenant-schema-pattern", "("}},
+		{flag: "--copy-min-rows", args: []string{"--copy-min-rows", "-2"}},
+		{flag: "--copy-min-rows", args: []string{"--copy-min-rows", "0"}},
+		{flag: "--worker-id", args: []string{"--worker-id", ""}},
+		{flag: "--dlq-max-bytes", args: []string{"--dlq-max-bytes", "4294967296"}},
+		{flag: "--breaker-threshold", args: []string{"--breaker-threshold", "-2"}},
+		{flag: "--breaker-probe-interval", args: []string{"--breaker-probe-interval", "-1s"}},
+		{flag: "--retry-max-interval", args: []string{"--retry-max-interval", "1ms"}},
+		{flag: "--retry-initial", args: []string{"--retry-initial", "5"}},
+		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
+		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
 	}
 	for _, tt := range tests {
-		t.Run(strings.TrimPrefix(tt.flag, "--"), func(t *testing.T) {
+		t.Run(strings.TrimPrefix(tt.flag, "--")+" "+tt.args[len(tt.args)-1], func(t *testing.T) {
 			args := append([]string{"run", "--brokers", noKafka, "--database-url", noDB,
 				"--projections", exampleProjections, "--http-addr", ""}, tt.args...)
 			r := runCmd(t, 30*time.Second, args...)

@@ -40,16 +40,17 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	return serve(ctx, &s, log, nil)
 }
 
-// loadProjections loads and checks the definitions file; its errors name the
-// file, projection and field.
+// loadProjections loads and checks the definitions file. Its errors are
+// usage errors (exit 2, as every command treats a bad definitions file)
+// naming --projections, the file, projection and field.
 func loadProjections(path string) (*projection.Definitions, []projection.Handler, error) {
 	defs, err := projection.LoadDefinitions(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
 	}
 	tables, err := projection.NewTableProjections(defs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
 	}
 	handlers := make([]projection.Handler, len(tables))
 	for i, t := range tables {
@@ -91,7 +92,7 @@ func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*projection.Worker)) error {
 	defs, handlers, err := loadProjections(s.projections)
 	if err != nil {
-		return flagenv.Usagef("--projections (PROJECTIONS_FILE): %v", err)
+		return err
 	}
 	policy, err := s.retryPolicy()
 	if err != nil {
@@ -137,13 +138,18 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			log.Warn("telemetry shutdown", "error", err)
 		}
 	}()
-	kopts = append(kopts, kgo.WithLogger(kslog.New(log.With("component", "kgo"))), tel.hooks())
+	var klog kgo.Logger = kslog.New(log.With("component", "kgo"))
+	if s.quietKgo {
+		klog = quietKgo{klog}
+	}
+	kopts = append(kopts, kgo.WithLogger(klog), tel.hooks())
 
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
+	checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
 
 	admCl, err := kgo.NewClient(kopts...)
 	if err != nil {
@@ -251,6 +257,22 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	return nil
 }
 
+// checkDatabase pings the database once at start (bounded by the pool's
+// 5 s connect timeout) and logs a warning with the reason when it does not
+// answer, so that a wrong DATABASE_URL or a database that is down shows
+// before the first record. The worker starts anyway: what happens to
+// records then is --on-infra-error's, and /readyz reports the database.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) {
+	if err := pool.Ping(ctx); err != nil && ctx.Err() == nil {
+		then := "partitions pause until it answers, and /readyz fails"
+		if mode == projection.InfraDeadLetter {
+			then = "records are retried, then dead-lettered, until it answers"
+		}
+		log.Warn("database unreachable at start: check --database-url (DATABASE_URL) and the database; the worker starts, and "+then,
+			"on_infra_error", string(mode), "error", err)
+	}
+}
+
 // checkTopics creates missing topics (with --create-topics=false it only
 // looks them up, and a missing events or dead-letter topic is an error),
 // warns about a dead-letter topic that keeps less than 30 days and exports
@@ -287,11 +309,15 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 		log.Warn("dead-letter topic keeps less than 30 days: dead letters may expire before anyone replays them",
 			"topic", cfg.DLQTopic, "retention", rep.DLQRetention.String(), "want_at_least", dlq.MinRetention.String())
 	}
-	_, err = meter.Int64ObservableGauge("causet.dlq.retention",
-		metric.WithUnit("ms"),
-		metric.WithDescription("retention.ms of the dead-letter topic at start (-1 = unlimited); should be >= 2592000000 (30 days)."),
-		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			o.Observe(rep.DLQRetention.Milliseconds())
+	retention := -1.0 // unlimited
+	if rep.DLQRetention >= 0 {
+		retention = rep.DLQRetention.Seconds()
+	}
+	_, err = meter.Float64ObservableGauge("causet.dlq.retention",
+		metric.WithUnit("s"),
+		metric.WithDescription("Retention of the dead-letter topic (its retention.ms) read at start, in seconds (-1 = unlimited); should be >= 2592000 (30 days)."),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			o.Observe(retention)
 			return nil
 		}))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -31,6 +32,9 @@ type Set struct {
 	*flag.FlagSet
 	env    map[string]string // flag name -> environment variable
 	lookup func(string) (string, bool)
+	// invalid is the last value an Int, Bool or Duration flag refused, in
+	// the form Parse returns it: `--name "value": reason`.
+	invalid error
 }
 
 // New returns an empty Set named name that writes usage to out and reads the
@@ -78,9 +82,11 @@ func (s *Set) String(p *string, name, env, def, usage string) {
 	s.bind(name, env)
 }
 
-// Int defines an int flag with an environment variable.
+// Int defines an int flag with an environment variable. A value that is
+// not a decimal integer (or 0x hex) is refused naming the flag.
 func (s *Set) Int(p *int, name, env string, def int, usage string) {
-	s.IntVar(p, name, def, usage)
+	*p = def
+	s.Var(&checkedValue[int]{set: s, name: name, p: p, parse: parseInt}, name, usage)
 	s.bind(name, env)
 }
 
@@ -90,17 +96,83 @@ func (s *Set) Float64(p *float64, name, env string, def float64, usage string) {
 	s.bind(name, env)
 }
 
-// Bool defines a bool flag with an environment variable.
+// Bool defines a bool flag with an environment variable. On the command
+// line it is given as --name (true) or --name=false; Parse refuses
+// "--name false", which the flag package would read as --name and an
+// argument.
 func (s *Set) Bool(p *bool, name, env string, def bool, usage string) {
-	s.BoolVar(p, name, def, usage)
+	*p = def
+	s.Var(&checkedValue[bool]{set: s, name: name, p: p, parse: parseBool, boolFlag: true}, name, usage)
 	s.bind(name, env)
 }
 
 // Duration defines a time.Duration flag (Go syntax: 200ms, 10s, 1m) with an
-// environment variable.
+// environment variable. A number without a unit ("5") is refused with a
+// message saying a unit is needed.
 func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	s.DurationVar(p, name, def, usage)
+	*p = def
+	s.Var(&checkedValue[time.Duration]{set: s, name: name, p: p, parse: parseDuration}, name, usage)
 	s.bind(name, env)
+}
+
+// checkedValue is a flag.Value of type T whose parse errors say what is
+// expected; the flag package reports them as "parse error" otherwise.
+type checkedValue[T any] struct {
+	set      *Set
+	name     string
+	p        *T
+	parse    func(string) (T, error)
+	boolFlag bool
+}
+
+func (v *checkedValue[T]) String() string {
+	var x T
+	if v != nil && v.p != nil { // nil: the flag package's zero value, for PrintDefaults
+		x = *v.p
+	}
+	return fmt.Sprint(x)
+}
+
+func (v *checkedValue[T]) Set(in string) error {
+	x, err := v.parse(in)
+	if err != nil {
+		v.set.invalid = fmt.Errorf("--%s %q: %w", v.name, in, err)
+		return err
+	}
+	*v.p = x
+	return nil
+}
+
+func (v *checkedValue[T]) IsBoolFlag() bool { return v.boolFlag }
+
+func parseInt(in string) (int, error) {
+	n, err := strconv.ParseInt(in, 0, strconv.IntSize)
+	if errors.Is(err, strconv.ErrRange) {
+		return 0, errors.New("out of range for an integer")
+	}
+	if err != nil {
+		return 0, errors.New("not an integer")
+	}
+	return int(n), nil
+}
+
+func parseDuration(in string) (time.Duration, error) {
+	d, err := time.ParseDuration(in)
+	if err == nil {
+		return d, nil
+	}
+	if _, nerr := strconv.ParseFloat(in, 64); nerr == nil {
+		return 0, fmt.Errorf("a duration needs a unit, e.g. %ss or %sms", in, in)
+	}
+	return 0, errors.New("not a duration: write e.g. 5s, 200ms or 1m30s")
+}
+
+func parseBool(in string) (bool, error) {
+	b, err := strconv.ParseBool(in)
+	if err != nil {
+		return false, errors.New("not true or false")
+	}
+	return b, nil
 }
 
 // Strings defines a repeatable string flag; the environment variable holds a
@@ -120,13 +192,22 @@ func (l *stringList) Set(v string) error {
 
 // Parse parses args, then sets every flag not given on the command line from
 // its environment variable when that is set and non-empty. Errors are
-// *UsageError naming the flag or variable; -h/--help gives flag.ErrHelp.
+// *UsageError naming the flag or variable and what it expects
+// (`--retry-initial "5": a duration needs a unit, e.g. 5s or 5ms`), also for
+// a bool flag given its value as a separate argument; -h/--help gives
+// flag.ErrHelp.
 func (s *Set) Parse(args []string) error {
 	if err := s.FlagSet.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
+		if s.invalid != nil {
+			return &UsageError{s.invalid}
+		}
 		return &UsageError{err}
+	}
+	if err := s.checkBoolValue(args); err != nil {
+		return err
 	}
 	given := map[string]bool{}
 	s.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -159,4 +240,22 @@ func (s *Set) Parse(args []string) error {
 		}
 	}
 	return nil
+}
+
+// checkBoolValue refuses "--name value" for a bool flag, which the flag
+// package reads as --name (true) followed by the argument value.
+func (s *Set) checkBoolValue(args []string) error {
+	i := len(args) - s.NArg() // the first argument after the flags
+	if s.NArg() == 0 || i == 0 || args[i-1] == "--" {
+		return nil
+	}
+	name := strings.TrimLeft(args[i-1], "-")
+	f := s.Lookup(name)
+	if f == nil {
+		return nil // --name=value, or not a flag
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+		return nil
+	}
+	return Usagef("unexpected argument %q after --%s: a bool flag takes its value after =, e.g. --%s=false", args[i], name, name)
 }

@@ -15,6 +15,7 @@ type settings struct {
 	retries int
 	grace   time.Duration
 	tenants []string
+	create  bool
 }
 
 func parse(t *testing.T, args []string, env map[string]string) (settings, error) {
@@ -25,6 +26,7 @@ func parse(t *testing.T, args []string, env map[string]string) (settings, error)
 	fs.Int(&s.retries, "max-retries", "MAX_RETRIES", 5, "retries")
 	fs.Duration(&s.grace, "shutdown-grace", "SHUTDOWN_GRACE", 25*time.Second, "grace")
 	fs.Strings(&s.tenants, "tenant-schema", "TENANT_SCHEMAS", "tenants")
+	fs.Bool(&s.create, "create-topics", "CREATE_TOPICS", true, "create")
 	return s, fs.Parse(args)
 }
 
@@ -35,13 +37,15 @@ func TestParsePrecedence(t *testing.T) {
 		env  map[string]string
 		want settings
 	}{
-		{"defaults", nil, nil, settings{brokers: "127.0.0.1:9092", retries: 5, grace: 25 * time.Second}},
-		{"env", nil, map[string]string{"KAFKA_BROKERS": "k:1", "MAX_RETRIES": "2", "TENANT_SCHEMAS": "a, b"},
-			settings{brokers: "k:1", retries: 2, grace: 25 * time.Second, tenants: []string{"a", "b"}}},
-		{"flag beats env", []string{"--brokers", "f:1", "--tenant-schema", "c", "--tenant-schema", "d"},
-			map[string]string{"KAFKA_BROKERS": "k:1", "TENANT_SCHEMAS": "a"},
-			settings{brokers: "f:1", retries: 5, grace: 25 * time.Second, tenants: []string{"c", "d"}}},
-		{"empty env ignored", nil, map[string]string{"KAFKA_BROKERS": ""}, settings{brokers: "127.0.0.1:9092", retries: 5, grace: 25 * time.Second}},
+		{"defaults", nil, nil, settings{brokers: "127.0.0.1:9092", retries: 5, grace: 25 * time.Second, create: true}},
+		{"env", nil, map[string]string{"KAFKA_BROKERS": "k:1", "MAX_RETRIES": "2", "TENANT_SCHEMAS": "a, b", "CREATE_TOPICS": "false", "SHUTDOWN_GRACE": "1m"},
+			settings{brokers: "k:1", retries: 2, grace: time.Minute, tenants: []string{"a", "b"}}},
+		{"flag beats env", []string{"--brokers", "f:1", "--tenant-schema", "c", "--tenant-schema", "d", "--create-topics", "--max-retries", "0x10"},
+			map[string]string{"KAFKA_BROKERS": "k:1", "TENANT_SCHEMAS": "a", "CREATE_TOPICS": "false"},
+			settings{brokers: "f:1", retries: 16, grace: 25 * time.Second, tenants: []string{"c", "d"}, create: true}},
+		{"bool with =", []string{"--create-topics=false", "--shutdown-grace=0"}, nil,
+			settings{brokers: "127.0.0.1:9092", retries: 5}},
+		{"empty env ignored", nil, map[string]string{"KAFKA_BROKERS": ""}, settings{brokers: "127.0.0.1:9092", retries: 5, grace: 25 * time.Second, create: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -64,8 +68,16 @@ func TestParseErrorsAreUsageErrorsNamingTheSetting(t *testing.T) {
 		want string
 	}{
 		{"unknown flag", []string{"--nope"}, nil, "nope"},
-		{"bad flag value", []string{"--max-retries", "x"}, nil, "max-retries"},
+		{"bad flag value", []string{"--max-retries", "x"}, nil, `--max-retries "x": not an integer`},
+		{"int out of range", []string{"--max-retries", "99999999999999999999"}, nil, `--max-retries "99999999999999999999": out of range`},
 		{"bad env value", nil, map[string]string{"SHUTDOWN_GRACE": "soon"}, "SHUTDOWN_GRACE"},
+		{"duration without unit", []string{"--shutdown-grace", "5"}, nil, `--shutdown-grace "5": a duration needs a unit, e.g. 5s or 5ms`},
+		{"duration without unit in env", nil, map[string]string{"SHUTDOWN_GRACE": "2.5"}, `SHUTDOWN_GRACE (flag --shutdown-grace): invalid value "2.5": a duration needs a unit`},
+		{"not a duration", []string{"--shutdown-grace=soon"}, nil, `--shutdown-grace "soon": not a duration`},
+		{"bool not a bool", []string{"--create-topics=maybe"}, nil, `--create-topics "maybe": not true or false`},
+		{"bool not a bool in env", nil, map[string]string{"CREATE_TOPICS": "maybe"}, `CREATE_TOPICS (flag --create-topics): invalid value "maybe": not true or false`},
+		{"bool with a separate value", []string{"--create-topics", "maybe"}, nil, `unexpected argument "maybe" after --create-topics: a bool flag takes its value after =, e.g. --create-topics=false`},
+		{"bool with a separate false", []string{"--create-topics", "false"}, nil, `unexpected argument "false" after --create-topics: a bool flag takes its value after =`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/causet/projection-worker/internal/kafkatest"
+)
+
+// TestRunWarnsAtStartWhenTheDatabaseIsUnreachable (issue 12): a database
+// that does not answer at start is reported at once, before any record
+// arrives: a WARN naming the setting and the reason, the worker keeps
+// running (it resumes when the database answers) and /readyz says why it is
+// not ready.
+func TestRunWarnsAtStartWhenTheDatabaseIsUnreachable(t *testing.T) {
+	tests := []struct {
+		mode     string // --on-infra-error
+		wantThen string // what the warning says happens to records
+	}{
+		{mode: "pause", wantThen: "partitions pause until it answers"},
+		{mode: "dlq", wantThen: "records are retried, then dead-lettered"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.mode, func(t *testing.T) {
+			t.Parallel()
+			b := kafkatest.New(t)
+			w := startRun(t, "--brokers", strings.Join(b.Addrs, ","),
+				"--database-url", "postgres://postgres:postgres@"+closedAddr(t)+"/postgres?sslmode=disable",
+				"--projections", exampleProjections, "--on-infra-error", tt.mode,
+				"--topic", kafkatest.TopicName(t, "events"), "--dlq-topic", kafkatest.TopicName(t, "dlq"),
+				"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"))
+			w.waitFor(t, "a warning that the database is unreachable", 30*time.Second, func() bool {
+				return w.logged("level=WARN msg=\"database unreachable at start")
+			})
+			for _, want := range []string{"DATABASE_URL", tt.wantThen, "connection refused"} {
+				if !w.logged(want) {
+					t.Errorf("the warning lacks %q\nstderr:\n%s", want, w.stderr.String())
+				}
+			}
+			w.waitFor(t, "the worker started", 30*time.Second, func() bool { return w.logged("projection worker started") })
+			if got := w.get(t, "/readyz"); !strings.HasPrefix(got, "503") || !strings.Contains(got, "database unreachable") {
+				t.Errorf("GET /readyz = %q, want 503 naming the database", got)
+			}
+			w.shutdown(t)
+		})
+	}
+}
