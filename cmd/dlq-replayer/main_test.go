@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -205,14 +207,32 @@ func TestSeedCommands(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "DLQ ") {
 		t.Fatalf("list table:\n%s", r.stdout)
 	}
-	for _, col := range []string{"FAILED AT", "PROJECTION", "TENANT", "EVENT TYPE", "ENTITY", "RETRIES", "REPLAYS", "LEDGER", "ERROR"} {
-		if !strings.Contains(lines[0], col) {
-			t.Errorf("table header has no %s column: %s", col, lines[0])
+	if got := strings.Fields(lines[0]); !slices.Equal(got, []string{"DLQ", "FAILED", "AT", "PROJECTION", "TENANT", "LEDGER", "ERROR"}) {
+		t.Errorf("default table header %q, want DLQ FAILED AT PROJECTION TENANT LEDGER ERROR", lines[0])
+	}
+	for _, l := range lines {
+		if n := utf8.RuneCountInString(l); n > 100 {
+			t.Errorf("default table line of %d columns, want <= 100: %s", n, l)
 		}
 	}
-	if !strings.Contains(lines[1], at[0].String()) || !strings.Contains(lines[1], "user-1") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") ||
-		!strings.Contains(lines[1], `ERROR: column "followed_at"`) || !strings.Contains(lines[1], " — ") {
-		t.Errorf("list row: %s", lines[1])
+	if !strings.HasPrefix(lines[1], at[0].String()+" ") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") ||
+		!strings.Contains(lines[1], `ERROR: column "followed_at"`) || !strings.Contains(lines[1], " — ") || !strings.HasSuffix(lines[1], "…") {
+		t.Errorf("list row (the long error cut with an ellipsis): %s", lines[1])
+	}
+
+	r = runCmd(t, f.env, "list", "--fork-id", "production", "--projection", "artist_followers", "--wide")
+	lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 {
+		t.Fatalf("list --wide: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for _, col := range []string{"FAILED AT", "PROJECTION", "TENANT", "EVENT TYPE", "ENTITY", "RETRIES", "REPLAYS", "LEDGER", "FINGERPRINT", "ERROR"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("--wide table header has no %s column: %s", col, lines[0])
+		}
+	}
+	if !strings.Contains(lines[1], at[0].String()) || !strings.Contains(lines[1], "user-1") ||
+		!strings.HasSuffix(lines[1], `ERROR: column "followed_at" of relation "artist_followers" does not exist (SQLSTATE 42703)`) {
+		t.Errorf("--wide list row: %s", lines[1])
 	}
 
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
@@ -270,7 +290,7 @@ func TestSeedCommands(t *testing.T) {
 func TestSummary(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
 	f.seed(t)
-	r := runCmd(t, f.env, "summary", "--all", "--by", "projection")
+	r := runCmd(t, f.env, "summary", "--all", "--by", "projection", "--wide")
 	if r.code != 0 {
 		t.Fatalf("summary: exit %d\n%s", r.code, r.stderr)
 	}
@@ -324,7 +344,7 @@ func TestDryRunSendsNothing(t *testing.T) {
 	if !strings.Contains(r.stdout, "would replay "+at[0].String()+" -> "+f.events+"[2] (original partition)") {
 		t.Errorf("dry run output:\n%s", r.stdout)
 	}
-	if got := r.lastLine(); got != "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
+	if got := r.lastLine(); got != "matched=3 would-replay=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
 		t.Errorf("summary line %q", got)
 	}
 	if n := f.eventsCount(t); n != 0 {
