@@ -387,3 +387,85 @@ func TestMissingDeadLetterTopicExitsOne(t *testing.T) {
 		t.Errorf("exit %d\n%s", r.code, r.stderr)
 	}
 }
+
+// TestRetryAndSkipSayWhenNothingMatched: a filter that selects nothing is
+// said on stdout ("no dead letter matched the filter") before the counters,
+// exit 0; with --fail-on-empty the exit status is 3, for scripts (issue 12).
+func TestRetryAndSkipSayWhenNothingMatched(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{"retry", []string{"retry", "--projection", "nope"}, 0,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"retry --fail-on-empty", []string{"retry", "--projection", "nope", "--fail-on-empty"}, 3,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"retry --dry-run --fail-on-empty", []string{"retry", "--projection", "nope", "--dry-run", "--fail-on-empty"}, 3,
+			"no dead letter matched the filter\nmatched=0 would-replay=0 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
+		{"skip", []string{"skip", "--fork-id", "nope", "--reason", "r", "--actor", "a"}, 0,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"skip --fail-on-empty", []string{"skip", "--fork-id", "nope", "--reason", "r", "--actor", "a", "--fail-on-empty"}, 3,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"skip --fail-on-empty with a match", []string{"skip", "--fork-id", "staging", "--reason", "r", "--actor", "a", "--fail-on-empty", "--dry-run"}, 0,
+			"would skip 0:2 key=\"user-3\" projection=\"artist_stats\" tenant=\"acme_staging\" event=\"ARTIST_FOLLOWED\" replay-count=0: r\n" +
+				"matched=1 replayed=0 would-skip=1 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCmd(t, f.env, tt.args...)
+			if r.code != tt.wantCode {
+				t.Errorf("exit status %d, want %d\nstderr: %s", r.code, tt.wantCode, r.stderr)
+			}
+			if diff := cmp.Diff(tt.wantOut, r.stdout); diff != "" {
+				t.Errorf("stdout (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSummaryCountsReplayedAndSkipped: summary shows, per group, how many
+// dead letters the ledger marks replayed and skipped, in the table and in
+// JSON (issue 12).
+func TestSummaryCountsReplayedAndSkipped(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	f.add(t, "user-4", "production", "acme_prod", "artist_followers", columnErr, t0.Add(3*time.Minute))
+	if r := runCmd(t, f.env, "skip", "--fork-id", "staging", "--reason", "upstream bug", "--actor", "alice"); r.code != 0 {
+		t.Fatalf("skip: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := runCmd(t, f.env, "retry", "--tenant-schema", "acme_prod", "--until", "2024-06-25T12:02:00Z"); r.code != 0 {
+		t.Fatalf("retry: exit %d\n%s", r.code, r.stderr)
+	}
+	r := runCmd(t, f.env, "summary", "--all", "--by", "projection")
+	if r.code != 0 {
+		t.Fatalf("summary: exit %d\n%s", r.code, r.stderr)
+	}
+	var got [][]string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		got = append(got, strings.Fields(l)[:4])
+	}
+	want := [][]string{
+		{"COUNT", "REPLAYED", "SKIPPED", "PROJECTION"},
+		{"3", "2", "0", "artist_followers"},
+		{"1", "0", "1", "artist_stats"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("summary table, first columns (-want +got):\n%s\n%s", diff, r.stdout)
+	}
+	r = runCmd(t, f.env, "summary", "--all", "--by", "projection", "--output", "json")
+	var counts []string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var g dlq.Group
+		if err := json.Unmarshal([]byte(l), &g); err != nil {
+			t.Fatalf("json line %q: %v", l, err)
+		}
+		counts = append(counts, fmt.Sprintf("%s %d %d %d", g.Key, g.Count, g.Replayed, g.Skipped))
+	}
+	if diff := cmp.Diff([]string{"artist_followers 3 2 0", "artist_stats 1 0 1"}, counts); diff != "" {
+		t.Errorf("summary json (-want +got):\n%s", diff)
+	}
+}
