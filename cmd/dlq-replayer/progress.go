@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
@@ -74,19 +75,52 @@ func (p *progress) update(scanned, total int64) {
 	pct := int(scanned * 100 / total)
 	switch {
 	case p.bar == nil:
-		p.bar = progressbar.NewOptions64(total,
-			progressbar.OptionSetWriter(p.w),
-			progressbar.OptionSetDescription(p.what+": reading"),
-			progressbar.OptionSetWidth(30),
-			progressbar.OptionShowCount(),
-			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("dead letters"),
-		)
+		p.bar = newBar(p.w, p.what+": reading", total)
 	case pct == p.percent && (p.shown || time.Since(p.drawn) < redrawAfter):
 		return
 	}
 	p.percent, p.drawn, p.shown = pct, time.Now(), true
 	_ = p.bar.Set64(scanned)
+}
+
+// newBar returns a bar for total records on w whose line is never wider
+// than the terminal: a line that wraps could not be cleared. From the
+// widest to the narrowest terminal it shows "desc  45% |====    | (N/T)
+// [elapsed:left]", then without the times, then without the count, then
+// without the description.
+func newBar(w io.Writer, desc string, total int64) *progressbar.ProgressBar {
+	cols := 80
+	if f, ok := w.(*os.File); ok {
+		if c, _, err := term.GetSize(int(f.Fd())); err == nil && c > 0 {
+			cols = c
+		}
+	}
+	count := len(fmt.Sprintf(" (%d/%d)", total, total))
+	const percent, frame, times = len(" 100% "), len("|| "), len(" [59m59s:59m59s]")
+	// The room left for the bar itself, keeping the last column free.
+	room := cols - 1 - utf8.RuneCountInString(desc) - percent - frame - count - times
+	showTimes, showCount, showDesc := true, true, true
+	if room < 10 {
+		showTimes, room = false, room+times
+	}
+	if room < 10 {
+		showCount, room = false, room+count
+	}
+	if room < 10 {
+		showDesc, room = false, room+utf8.RuneCountInString(desc)
+	}
+	opts := []progressbar.Option{
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetPredictTime(showTimes),
+		progressbar.OptionSetWidth(max(1, min(room, 40))),
+	}
+	if showCount {
+		opts = append(opts, progressbar.OptionShowCount())
+	}
+	if showDesc {
+		opts = append(opts, progressbar.OptionSetDescription(desc))
+	}
+	return progressbar.NewOptions64(total, opts...)
 }
 
 // clearLocked removes the bar from the screen: back to the start of its

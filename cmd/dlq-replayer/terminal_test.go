@@ -257,9 +257,26 @@ func TestTerminalShowsAMovingBarThenATableThatFits(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("exit %d:\n%s", code, out)
 		}
-		for i, l := range screen(t, out, 80) {
+		checkBar(t, out)
+		lines := screen(t, out, 80)
+		checkScreen(t, lines, "COUNT  REPLAYED  SKIPPED  FINGERPRINT ", 2)
+		for i, l := range lines {
 			if w := utf8.RuneCountInString(l); w > 80 {
 				t.Errorf("line %d is %d columns wide on an 80-column terminal, want the table to fit: %q", i, w, l)
+			}
+		}
+	})
+	t.Run("very narrow terminal", func(t *testing.T) {
+		// The bar drops its times, count and description to stay on one
+		// line: a line that wraps could not be cleared.
+		code, out := onTerminal(t, f.env, 30, "summary", "--all")
+		if code != 0 {
+			t.Fatalf("exit %d:\n%s", code, out)
+		}
+		checkBar(t, out)
+		for i, l := range screen(t, out, 30) {
+			if barText.MatchString(l) || strings.Contains(l, "█") {
+				t.Errorf("line %d still shows the progress bar: %q", i, l)
 			}
 		}
 	})
