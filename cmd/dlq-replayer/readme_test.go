@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/testtool"
 )
 
 // readmeSession returns the commands and outputs of the first console
@@ -59,6 +60,7 @@ func TestREADMEReplayerSession(t *testing.T) {
 	if len(cmds) < 3 {
 		t.Fatalf("README.md's dlq-replayer session has %d commands, want summary, then skip or retry by fingerprint", len(cmds))
 	}
+	bash := testtool.Require(t, "bash")
 	bin := t.TempDir()
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -71,7 +73,7 @@ func TestREADMEReplayerSession(t *testing.T) {
 	}
 	for i, c := range cmds {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		sh := exec.CommandContext(ctx, "bash", "-c", c)
+		sh := exec.CommandContext(ctx, bash, "-c", c)
 		sh.Env = env
 		var stdout, stderr bytes.Buffer
 		sh.Stdout, sh.Stderr = &stdout, &stderr
