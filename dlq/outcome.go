@@ -50,8 +50,12 @@ type Result struct {
 	AlreadyReplayed int
 	Refused         int
 	Failed          int
-	// DryRun is set when nothing was sent or recorded; Replayed and Skipped
-	// then count what would have been.
+	// Action is what the run does to the selected dead letters:
+	// OutcomeReplayed for Retry, OutcomeSkipped for Skip.
+	Action OutcomeKind
+	// DryRun is set when nothing was sent or recorded; the counter of
+	// Action (Replayed for Retry, Skipped for Skip) then counts what would
+	// have been.
 	DryRun bool
 	// Scan is what was read from the dead-letter topic.
 	Scan ScanStats
@@ -59,9 +63,21 @@ type Result struct {
 
 // String returns the summary line
 // "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
+// In a dry run the counter of what would have been done is named for it:
+// "would-replay=N" in place of "replayed=N" (Retry), "would-skip=N" in
+// place of "skipped=N" (Skip).
 func (r Result) String() string {
-	return fmt.Sprintf("matched=%d replayed=%d skipped=%d already-replayed=%d refused=%d failed=%d",
-		r.Matched, r.Replayed, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
+	replayed, skipped := "replayed", "skipped"
+	if r.DryRun {
+		switch r.Action {
+		case OutcomeReplayed:
+			replayed = "would-replay"
+		case OutcomeSkipped:
+			skipped = "would-skip"
+		}
+	}
+	return fmt.Sprintf("matched=%d %s=%d %s=%d already-replayed=%d refused=%d failed=%d",
+		r.Matched, replayed, r.Replayed, skipped, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
 }
 
 func (r *Result) count(k OutcomeKind) {

@@ -27,9 +27,13 @@ type ScanConfig struct {
 	Topic string
 	// Filters select the entries passed on; the zero value selects all.
 	Filters Filters
-	// Progress, when not nil, is called from Scan's goroutine after each
-	// fetch with the offsets covered so far and the total to cover (the sum
-	// over partitions of end offset − start offset at the start of Scan).
+	// Progress, when not nil, is called from Scan's goroutine once with
+	// (0, total) before the first fetch, then after each record read, with
+	// the offsets covered so far and the total to cover: the sum over
+	// partitions of end offset − start offset listed at the start of Scan,
+	// so scanned/total is the fraction of the records to read that were
+	// read (offsets of control records and compacted-away records count as
+	// read once passed). It must be cheap: it runs once per record.
 	Progress func(scanned, total int64)
 	// Logger receives warnings (undecodable dead letters, data loss).
 	// Default: discard.
@@ -182,6 +186,14 @@ func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, progress func(
 	defer cl.Close()
 
 	remaining := len(spans)
+	var done int64 // offsets covered, over all partitions
+	advance := func(sp *span, next int64) {
+		done += next - sp.next
+		sp.next = next
+		if progress != nil {
+			progress(done, total)
+		}
+	}
 	for remaining > 0 {
 		fetches := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
@@ -213,11 +225,13 @@ func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, progress func(
 				if r.Offset < sp.next {
 					continue // re-delivered after a reset
 				}
-				sp.next = r.Offset + 1
 				if r.Attrs.IsControl() {
+					advance(sp, r.Offset+1)
 					continue
 				}
-				if err := each(r); err != nil {
+				err := each(r)
+				advance(sp, r.Offset+1)
+				if err != nil {
 					perr = err
 					return
 				}
@@ -229,13 +243,6 @@ func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, progress func(
 		})
 		if perr != nil {
 			return len(spans), perr
-		}
-		if progress != nil {
-			var done int64
-			for _, sp := range spans {
-				done += sp.next - sp.start
-			}
-			progress(done, total)
 		}
 	}
 	return len(spans), nil

@@ -77,6 +77,43 @@ func TestScanTerminatesWhileDeadLettersKeepArriving(t *testing.T) {
 	}
 }
 
+// TestScanProgressMovesWithEachRecordRead: the dead letters of one
+// partition arrive in one fetch, yet Progress reports every record read
+// (0, 1, ..., n of n), so a progress bar moves during a long fetch instead
+// of jumping from 0 % to 100 % (issue 12).
+func TestScanProgressMovesWithEachRecordRead(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 1)
+	const n = 50
+	for i := range n {
+		f.add(deadLetter{key: "user-" + strconv.Itoa(i), fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+	}
+	var got []int64
+	var seenAtEntry []int64 // the progress reported when each entry is passed on
+	_, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Progress: func(scanned, total int64) {
+		if total != n {
+			t.Errorf("progress total %d, want %d", total, n)
+		}
+		got = append(got, scanned)
+	}}, func(e *dlq.Entry) error {
+		seenAtEntry = append(seenAtEntry, got[len(got)-1])
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]int64, n+1)
+	for i := range want {
+		want[i] = int64(i)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("progress calls (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want[:n], seenAtEntry); diff != "" {
+		t.Errorf("progress when each entry is passed on (-want +got):\n%s", diff)
+	}
+}
+
 func TestScanEntryFields(t *testing.T) {
 	b := kafkatest.New(t)
 	f := newFixture(t, b, 4, 1)

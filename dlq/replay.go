@@ -204,7 +204,7 @@ func (r *Replayer) RunID() string { return r.cfg.RunID }
 func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	cfg := &r.cfg
 	log := cfg.Logger
-	res := Result{DryRun: cfg.DryRun}
+	res := Result{Action: OutcomeReplayed, DryRun: cfg.DryRun}
 
 	nparts, err := partitionCount(ctx, r.opts, cfg.EventsTopic)
 	if err != nil {
@@ -358,7 +358,7 @@ func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
 // counted in Result.Failed; Skip returns an error only when it cannot run.
 func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 	cfg := &r.cfg
-	res := Result{DryRun: cfg.DryRun}
+	res := Result{Action: OutcomeSkipped, DryRun: cfg.DryRun}
 	if strings.TrimSpace(cfg.Reason) == "" || strings.TrimSpace(cfg.Actor) == "" {
 		return res, errors.New("skip needs a reason and an actor")
 	}

@@ -609,12 +609,39 @@ func TestRetryLedger(t *testing.T) {
 	}
 }
 
+// TestResultStringNamesWhatADryRunWouldDo: a dry run's line says
+// would-replay (retry) or would-skip (skip), not replayed or skipped, for
+// what it did not do (issue 12); a real run's line is unchanged.
+func TestResultStringNamesWhatADryRunWouldDo(t *testing.T) {
+	tests := []struct {
+		name string
+		res  dlq.Result
+		want string
+	}{
+		{"retry", dlq.Result{Action: dlq.OutcomeReplayed, Matched: 4, Replayed: 3, Skipped: 1},
+			"matched=4 replayed=3 skipped=1 already-replayed=0 refused=0 failed=0"},
+		{"retry dry run", dlq.Result{Action: dlq.OutcomeReplayed, DryRun: true, Matched: 4, Replayed: 3, Skipped: 1},
+			"matched=4 would-replay=3 skipped=1 already-replayed=0 refused=0 failed=0"},
+		{"skip", dlq.Result{Action: dlq.OutcomeSkipped, Matched: 2, Skipped: 2},
+			"matched=2 replayed=0 skipped=2 already-replayed=0 refused=0 failed=0"},
+		{"skip dry run", dlq.Result{Action: dlq.OutcomeSkipped, DryRun: true, Matched: 2, Skipped: 2},
+			"matched=2 replayed=0 would-skip=2 already-replayed=0 refused=0 failed=0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.res.String(); got != tt.want {
+				t.Errorf("String() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestRetryDryRunSendsAndRecordsNothing(t *testing.T) {
 	b := kafkatest.New(t)
 	f := newFixture(t, b, 3, 2)
 	filterFixture(f, false)
 	res, outs := f.retry(dlq.ReplayConfig{DryRun: true})
-	if got, want := res.String(), "matched=5 replayed=4 skipped=0 already-replayed=0 refused=1 failed=0"; got != want || !res.DryRun {
+	if got, want := res.String(), "matched=5 would-replay=4 skipped=0 already-replayed=0 refused=1 failed=0"; got != want || !res.DryRun {
 		t.Fatalf("dry run: %s (dry %t), want %s", got, res.DryRun, want)
 	}
 	for _, o := range outs {
@@ -790,30 +817,31 @@ func TestSummaryGroups(t *testing.T) {
 		{Projection: "b", TenantSchema: "t2", Fingerprint: "f2", Message: dlq.Message{Error: "bang", FailedAt: 2000}},
 		{Projection: "c", TenantSchema: "t2", Fingerprint: "f3", Message: dlq.Message{Error: "bang", FailedAt: 4000}},
 	}
+	statuses := []string{dlq.ActionReplayed, dlq.ActionSkipped, "", dlq.ActionReplayed} // of entries, from the ledger
 	tests := []struct {
 		by   dlq.GroupBy
 		want []dlq.Group
 	}{
 		{dlq.GroupByFingerprint, []dlq.Group{
-			{Key: "f1", Count: 2, FirstFailedAt: 1000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "f1", Count: 2, Replayed: 1, Skipped: 1, FirstFailedAt: 1000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
 			{Key: "f2", Count: 1, FirstFailedAt: 2000, LastFailedAt: 2000, Projections: []string{"b"}, SampleError: "bang"},
-			{Key: "f3", Count: 1, FirstFailedAt: 4000, LastFailedAt: 4000, Projections: []string{"c"}, SampleError: "bang"},
+			{Key: "f3", Count: 1, Replayed: 1, FirstFailedAt: 4000, LastFailedAt: 4000, Projections: []string{"c"}, SampleError: "bang"},
 		}},
 		{dlq.GroupByTenant, []dlq.Group{
-			{Key: "t2", Count: 3, FirstFailedAt: 1000, LastFailedAt: 4000, Projections: []string{"a", "b", "c"}, SampleError: "boom 2"},
-			{Key: "t1", Count: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "t2", Count: 3, Replayed: 1, Skipped: 1, FirstFailedAt: 1000, LastFailedAt: 4000, Projections: []string{"a", "b", "c"}, SampleError: "boom 2"},
+			{Key: "t1", Count: 1, Replayed: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
 		}},
 		{dlq.GroupByError, []dlq.Group{
-			{Key: "bang", Count: 2, FirstFailedAt: 2000, LastFailedAt: 4000, Projections: []string{"b", "c"}, SampleError: "bang"},
-			{Key: "boom 1", Count: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
-			{Key: "boom 2", Count: 1, FirstFailedAt: 1000, LastFailedAt: 1000, Projections: []string{"a"}, SampleError: "boom 2"},
+			{Key: "bang", Count: 2, Replayed: 1, FirstFailedAt: 2000, LastFailedAt: 4000, Projections: []string{"b", "c"}, SampleError: "bang"},
+			{Key: "boom 1", Count: 1, Replayed: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "boom 2", Count: 1, Skipped: 1, FirstFailedAt: 1000, LastFailedAt: 1000, Projections: []string{"a"}, SampleError: "boom 2"},
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(string(tt.by), func(t *testing.T) {
 			s := dlq.NewSummary(tt.by)
-			for _, e := range entries {
-				s.Add(e)
+			for i, e := range entries {
+				s.Add(e, statuses[i])
 			}
 			if diff := cmp.Diff(tt.want, s.Groups()); diff != "" {
 				t.Errorf("groups (-want +got):\n%s", diff)
@@ -992,14 +1020,14 @@ func ExampleSummary() {
 		{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719334800000}},
 		{Projection: "artist_ratings", Message: dlq.Message{Error: "derive stars: division by zero", FailedAt: 1719338400000}},
 	} {
-		s.Add(e)
+		s.Add(e, "") // no ledger decision
 	}
 	for _, g := range s.Groups() {
-		fmt.Println(g.Count, g.Key, g.FirstFailedAt, g.LastFailedAt, g.SampleError)
+		fmt.Println(g.Count, g.Replayed, g.Skipped, g.Key, g.FirstFailedAt, g.LastFailedAt, g.SampleError)
 	}
 	// Output:
-	// 2 artist_followers 1719331200000 1719334800000 ERROR: column "followed_at" does not exist (SQLSTATE 42703)
-	// 1 artist_ratings 1719338400000 1719338400000 derive stars: division by zero
+	// 2 0 0 artist_followers 1719331200000 1719334800000 ERROR: column "followed_at" does not exist (SQLSTATE 42703)
+	// 1 0 0 artist_ratings 1719338400000 1719338400000 derive stars: division by zero
 }
 
 // A dlq-replayer run in code: open the ledger, then retry what a filter

@@ -35,6 +35,11 @@ type Group struct {
 	Key string `json:"key"`
 	// Count is the number of dead letters in the group.
 	Count int `json:"count"`
+	// Replayed and Skipped count the dead letters of the group whose newest
+	// ledger decision is ActionReplayed or ActionSkipped; the others
+	// (Count − Replayed − Skipped) have none.
+	Replayed int `json:"replayed"`
+	Skipped  int `json:"skipped"`
 	// FirstFailedAt and LastFailedAt are the smallest and largest failedAt
 	// (epoch ms) in the group.
 	FirstFailedAt int64 `json:"firstFailedAt"`
@@ -57,8 +62,10 @@ func NewSummary(by GroupBy) *Summary {
 	return &Summary{by: by, groups: map[string]*Group{}, projs: map[string]map[string]bool{}}
 }
 
-// Add counts e in its group.
-func (s *Summary) Add(e *Entry) {
+// Add counts e in its group, with ledgerStatus the action of its newest
+// ledger decision (Ledger.Status: ActionReplayed, ActionSkipped, or "" for
+// none).
+func (s *Summary) Add(e *Entry, ledgerStatus string) {
 	var key string
 	switch s.by {
 	case GroupByProjection:
@@ -77,6 +84,12 @@ func (s *Summary) Add(e *Entry) {
 		s.projs[key] = map[string]bool{}
 	}
 	g.Count++
+	switch ledgerStatus {
+	case ActionReplayed:
+		g.Replayed++
+	case ActionSkipped:
+		g.Skipped++
+	}
 	g.FirstFailedAt = min(g.FirstFailedAt, e.Message.FailedAt)
 	g.LastFailedAt = max(g.LastFailedAt, e.Message.FailedAt)
 	if !s.projs[key][e.Projection] {

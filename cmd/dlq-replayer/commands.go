@@ -17,11 +17,21 @@ import (
 )
 
 // execute validates the remaining settings and runs cmd.
+// Everything written to stdout and stderr while it runs goes through the
+// progress bar's writers, which clear the bar first when it is on the same
+// terminal.
 func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Writer) error {
-	log, kgoLog, err := s.logger(stderr)
+	progress := newProgress(stderr, cmd)
+	defer progress.done()
+	log, kgoLog, err := s.logger(progress.writer(stderr), progress.tty)
 	if err != nil {
 		return err
 	}
+	progress.log = log
+	if !s.wide {
+		s.width = tableWidth(stdout)
+	}
+	stdout = progress.writer(stdout)
 	filters, err := s.filters(time.Now())
 	if err != nil {
 		return err
@@ -31,7 +41,6 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 		return err
 	}
 	opts = append(opts, kgo.WithLogger(kslog.New(kgoLog)), kgo.ClientID("dlq-replayer"))
-	progress := newProgress(stderr, log, cmd)
 
 	var runErr error
 	switch cmd {
@@ -44,7 +53,7 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 	}
 	progress.done()
 	var ue *flagenv.UsageError
-	if runErr != nil && !errors.As(runErr, &ue) {
+	if runErr != nil && !errors.As(runErr, &ue) && !errors.Is(runErr, errNothingMatched) {
 		if ctx.Err() != nil {
 			log.Error("interrupted", "err", runErr)
 		} else {
@@ -58,7 +67,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if s.limit < 0 {
 		return flagenv.Usagef("--limit must be >= 0, got %d", s.limit)
 	}
-	lw, err := newListWriter(stdout, s.output)
+	lw, err := newListWriter(stdout, s.output, s.width, s.wide)
 	if err != nil {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
@@ -81,6 +90,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 		}
 		return nil
 	})
+	progress.done()
 	if ferr := lw.flush(); err == nil {
 		err = ferr
 	}
@@ -99,18 +109,24 @@ func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filt
 	if s.output != "table" && s.output != "json" {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, ReadOnly: true, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer ledger.Close()
 	sum := dlq.NewSummary(by)
 	st, err := dlq.Scan(ctx, opts, dlq.ScanConfig{Topic: s.dlqTopic, Filters: filters, Progress: progress.update, Logger: log}, func(e *dlq.Entry) error {
-		sum.Add(e)
+		sum.Add(e, ledger.Status(e.Coordinates()))
 		return nil
 	})
+	progress.done()
 	if err != nil {
 		return err
 	}
 	if s.output == "json" {
 		err = writeSummaryJSON(stdout, sum)
 	} else {
-		err = writeSummaryTable(stdout, sum)
+		err = writeSummaryTable(stdout, sum, s.width, s.wide)
 	}
 	if err != nil {
 		return err
@@ -143,7 +159,7 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 		Actor: s.actor, Reason: s.reason, Progress: progress.update, Logger: log,
 	}
 	if s.dryRun {
-		cfg.OnOutcome = func(o dlq.Outcome) { progress.println(stdout, outcomeLine(o)) }
+		cfg.OnOutcome = func(o dlq.Outcome) { fmt.Fprintln(stdout, outcomeLine(o)) }
 	}
 	r, err := dlq.NewReplayer(opts, ledger, cfg)
 	if err != nil {
@@ -158,6 +174,9 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 		res, err = r.Skip(ctx)
 	}
 	progress.done()
+	if err == nil && res.Matched == 0 {
+		fmt.Fprintln(stdout, noMatch)
+	}
 	line := res.String()
 	if res.DryRun {
 		line += " (dry run: nothing sent or recorded)"
@@ -172,5 +191,16 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	if res.Failed > 0 {
 		return fmt.Errorf("%d of %d dead letters failed (see the errors above); run again to retry them", res.Failed, res.Matched)
 	}
+	if res.Matched == 0 && s.failOnEmpty {
+		return errNothingMatched
+	}
 	return nil
 }
+
+// noMatch is the line retry and skip print when the filters select no
+// dead letter.
+const noMatch = "no dead letter matched the filter"
+
+// errNothingMatched is returned by retry and skip with --fail-on-empty when
+// the filters select no dead letter: exit status 3.
+var errNothingMatched = errors.New(noMatch)

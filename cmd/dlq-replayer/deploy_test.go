@@ -80,7 +80,7 @@ func TestDeployReplayJobs(t *testing.T) {
 			if _, err := s.kafka.Opts(); err != nil {
 				t.Error(err)
 			}
-			if _, _, err := s.logger(io.Discard); err != nil {
+			if _, _, err := s.logger(io.Discard, false); err != nil {
 				t.Error(err)
 			}
 			if s.kafka.Brokers != cm.Data["KAFKA_BROKERS"] || s.topic != cm.Data["EVENTS_TOPIC"] ||

@@ -32,8 +32,12 @@ type settings struct {
 	all                                                                     bool
 
 	output string // list, summary
+	wide   bool   // list, summary
+	width  int    // list, summary: of the tables, 0 for no limit (set by execute)
 	limit  int    // list
 	by     string // summary
+
+	failOnEmpty bool // retry, skip
 
 	dryRun          bool    // retry, skip
 	includeReplayed bool    // retry
@@ -57,8 +61,8 @@ func (s *settings) register(fs *flagenv.Set, cmd string, lookupEnv func(string) 
 	fs.String(&s.topic, "topic", "EVENTS_TOPIC", defaultEventsTopic, "events topic replayed events are written to")
 	fs.String(&s.dlqTopic, "dlq-topic", "DLQ_TOPIC", dlq.DefaultTopic, "dead-letter topic")
 	fs.String(&s.ledgerTopic, "ledger-topic", "LEDGER_TOPIC", dlq.DefaultLedgerTopic, "replay ledger topic (compacted; created when missing)")
-	fs.String(&s.logLevel, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn or error")
-	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", "json", "log format: json or text")
+	fs.String(&s.logLevel, "log-level", "LOG_LEVEL", "", "log level: debug, info, warn or error (default: warn when stderr is a terminal, else info)")
+	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", "", "log format: json or text (default: text when stderr is a terminal, else json)")
 
 	fs.String(&s.forkID, "fork-id", "DLQ_FORK_ID", "", "select dead letters of this fork")
 	fs.String(&s.projection, "projection", "DLQ_PROJECTION", "", "select dead letters of this projection")
@@ -73,10 +77,12 @@ func (s *settings) register(fs *flagenv.Set, cmd string, lookupEnv func(string) 
 	switch cmd {
 	case "list":
 		fs.String(&s.output, "output", "DLQ_OUTPUT", "table", "output format: table or json (one dead letter per line)")
+		fs.Bool(&s.wide, "wide", "DLQ_WIDE", false, "table: every column, long cells kept (default: fit 100 columns, or a narrower terminal)")
 		fs.Int(&s.limit, "limit", "DLQ_LIMIT", 0, "list at most this many dead letters (0: all)")
 	case "summary":
 		fs.String(&s.by, "by", "DLQ_BY", string(dlq.GroupByFingerprint), "group by fingerprint, projection, tenant or error")
 		fs.String(&s.output, "output", "DLQ_OUTPUT", "table", "output format: table or json (one group per line)")
+		fs.Bool(&s.wide, "wide", "DLQ_WIDE", false, "table: every column, long cells kept (default: fit 100 columns, or a narrower terminal)")
 	case "retry":
 		fs.Bool(&s.dryRun, "dry-run", "DLQ_DRY_RUN", false, "print what would be sent; send and record nothing")
 		fs.Bool(&s.includeReplayed, "include-replayed", "DLQ_INCLUDE_REPLAYED", false, "also replay dead letters the ledger marks replayed (never skipped ones)")
@@ -89,6 +95,9 @@ func (s *settings) register(fs *flagenv.Set, cmd string, lookupEnv func(string) 
 		fs.Bool(&s.dryRun, "dry-run", "DLQ_DRY_RUN", false, "print what would be skipped; record nothing")
 		fs.String(&s.actor, "actor", "DLQ_ACTOR", "", "who decides the skip, recorded in the ledger (required)")
 		fs.String(&s.reason, "reason", "DLQ_REASON", "", "why the dead letters are skipped, recorded in the ledger (required)")
+	}
+	if cmd == "retry" || cmd == "skip" {
+		fs.Bool(&s.failOnEmpty, "fail-on-empty", "DLQ_FAIL_ON_EMPTY", false, "exit with status 3 when the filters select no dead letter (default: say so and exit 0)")
 	}
 	return aliases
 }
@@ -140,14 +149,30 @@ func (s *settings) filters(now time.Time) (dlq.Filters, error) {
 
 // logger returns the slog logger of --log-level and --log-format, and the
 // one given to kgo (warnings and errors only, unless --log-level debug).
-func (s *settings) logger(w io.Writer) (*slog.Logger, *slog.Logger, error) {
+// When they are not set, a terminal (tty) gets text logs of warnings and
+// errors only, so that they do not bury the tables; anything else gets
+// JSON from info up.
+func (s *settings) logger(w io.Writer, tty bool) (*slog.Logger, *slog.Logger, error) {
+	levelName, format := s.logLevel, s.logFormat
+	if levelName == "" {
+		levelName = "info"
+		if tty {
+			levelName = "warn"
+		}
+	}
+	if format == "" {
+		format = "json"
+		if tty {
+			format = "text"
+		}
+	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(levelName)); err != nil {
 		return nil, nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
 	}
 	newHandler := func(l slog.Level) (slog.Handler, error) {
 		opts := &slog.HandlerOptions{Level: l}
-		switch strings.ToLower(s.logFormat) {
+		switch strings.ToLower(format) {
 		case "json":
 			return slog.NewJSONHandler(w, opts), nil
 		case "text":

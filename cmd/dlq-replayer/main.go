@@ -4,17 +4,21 @@
 // when it starts, so it always terminates, and it never commits a
 // consumer-group offset.
 //
-//	dlq-replayer list    [filters] [--output table|json] [--limit N]
-//	dlq-replayer summary [filters] [--by fingerprint|projection|tenant|error] [--output table|json]
-//	dlq-replayer retry   [filters] [--dry-run] [--include-replayed] [--max-replays N] [--force] [--rate N]
-//	dlq-replayer skip    [filters] --reason TEXT --actor NAME
+//	dlq-replayer list    [filters] [--output table|json] [--wide] [--limit N]
+//	dlq-replayer summary [filters] [--by fingerprint|projection|tenant|error] [--output table|json] [--wide]
+//	dlq-replayer retry   [filters] [--dry-run] [--include-replayed] [--max-replays N] [--force] [--rate N] [--fail-on-empty]
+//	dlq-replayer skip    [filters] --reason TEXT --actor NAME [--dry-run] [--fail-on-empty]
 //	dlq-replayer version
 //
 // Filters (AND): --fork-id, --projection, --tenant-schema, --event-type,
 // --error-contains, --fingerprint, --since, --until; --all is required when
-// no filter is given. Data goes to stdout, logs (JSON) and progress to
-// stderr. Exit status: 0 when nothing failed, 1 when a produce or ledger
-// write failed (or the run could not complete), 2 for a usage error.
+// no filter is given. Data goes to stdout, logs and progress to stderr:
+// on a terminal a progress bar and text logs of warnings and errors, else
+// JSON logs from info up (--log-format, --log-level). Tables fit 100
+// columns (or a narrower terminal) unless --wide. Exit status: 0 when
+// nothing failed, 1 when a produce or ledger write failed (or the run could
+// not complete), 2 for a usage error, 3 when retry or skip with
+// --fail-on-empty selected no dead letter.
 package main
 
 import (
@@ -51,23 +55,28 @@ func main() {
 const usage = `Usage: dlq-replayer <command> [flags]
 
 Commands:
-  list     list dead letters (--output table|json, --limit N)
-  summary  count dead letters by group (--by fingerprint|projection|tenant|error)
+  list     list dead letters (--output table|json, --wide, --limit N)
+  summary  count dead letters by group, with how many were replayed or skipped
+           (--by fingerprint|projection|tenant|error, --wide)
   retry    republish dead letters to the events topic (--dry-run, --include-replayed,
-           --max-replays N, --force, --rate N)
-  skip     record dead letters as permanently skipped (--reason TEXT --actor NAME)
+           --max-replays N, --force, --rate N, --fail-on-empty)
+  skip     record dead letters as permanently skipped (--reason TEXT --actor NAME,
+           --dry-run, --fail-on-empty)
   version  print the build version
 
 Filters (combined with AND): --fork-id, --projection, --tenant-schema, --event-type,
 --error-contains, --fingerprint, --since, --until (RFC 3339 or a duration such as 24h);
 --all selects every dead letter and is required when no filter is given.
 
+Exit status: 0 done, 1 a produce or ledger write failed, 2 usage error,
+3 retry or skip --fail-on-empty selected nothing.
+
 Examples:
   dlq-replayer list --fork-id production --projection artist_followers
-  dlq-replayer summary --all --by fingerprint
+  dlq-replayer summary --all --by fingerprint      # copy a FINGERPRINT from here
   dlq-replayer retry --fork-id production --projection artist_followers --dry-run
   dlq-replayer retry --fork-id production --all
-  dlq-replayer skip --fingerprint 3f2a9c0d11e4b7a2 --reason "bad upstream data" --actor alice
+  dlq-replayer skip --fingerprint FINGERPRINT --reason "bad upstream data" --actor alice
 
 Run 'dlq-replayer <command> -h' for the flags of a command.
 `
@@ -118,6 +127,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "dlq-replayer %s: %v\n", cmd, err)
 		return 2
+	case errors.Is(err, errNothingMatched):
+		return 3 // said on stdout
 	default:
 		return 1 // logged by execute
 	}

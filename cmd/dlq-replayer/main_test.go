@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -205,14 +207,32 @@ func TestSeedCommands(t *testing.T) {
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "DLQ ") {
 		t.Fatalf("list table:\n%s", r.stdout)
 	}
-	for _, col := range []string{"FAILED AT", "PROJECTION", "TENANT", "EVENT TYPE", "ENTITY", "RETRIES", "REPLAYS", "LEDGER", "ERROR"} {
-		if !strings.Contains(lines[0], col) {
-			t.Errorf("table header has no %s column: %s", col, lines[0])
+	if got := strings.Fields(lines[0]); !slices.Equal(got, []string{"DLQ", "FAILED", "AT", "PROJECTION", "TENANT", "LEDGER", "ERROR"}) {
+		t.Errorf("default table header %q, want DLQ FAILED AT PROJECTION TENANT LEDGER ERROR", lines[0])
+	}
+	for _, l := range lines {
+		if n := utf8.RuneCountInString(l); n > 100 {
+			t.Errorf("default table line of %d columns, want <= 100: %s", n, l)
 		}
 	}
-	if !strings.Contains(lines[1], at[0].String()) || !strings.Contains(lines[1], "user-1") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") ||
-		!strings.Contains(lines[1], `ERROR: column "followed_at"`) || !strings.Contains(lines[1], " — ") {
-		t.Errorf("list row: %s", lines[1])
+	if !strings.HasPrefix(lines[1], at[0].String()+" ") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") ||
+		!strings.Contains(lines[1], `ERROR: column "followed_at"`) || !strings.Contains(lines[1], " — ") || !strings.HasSuffix(lines[1], "…") {
+		t.Errorf("list row (the long error cut with an ellipsis): %s", lines[1])
+	}
+
+	r = runCmd(t, f.env, "list", "--fork-id", "production", "--projection", "artist_followers", "--wide")
+	lines = strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 {
+		t.Fatalf("list --wide: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for _, col := range []string{"FAILED AT", "PROJECTION", "TENANT", "EVENT TYPE", "ENTITY", "RETRIES", "REPLAYS", "LEDGER", "FINGERPRINT", "ERROR"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("--wide table header has no %s column: %s", col, lines[0])
+		}
+	}
+	if !strings.Contains(lines[1], at[0].String()) || !strings.Contains(lines[1], "user-1") ||
+		!strings.HasSuffix(lines[1], `ERROR: column "followed_at" of relation "artist_followers" does not exist (SQLSTATE 42703)`) {
+		t.Errorf("--wide list row: %s", lines[1])
 	}
 
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
@@ -270,7 +290,7 @@ func TestSeedCommands(t *testing.T) {
 func TestSummary(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
 	f.seed(t)
-	r := runCmd(t, f.env, "summary", "--all", "--by", "projection")
+	r := runCmd(t, f.env, "summary", "--all", "--by", "projection", "--wide")
 	if r.code != 0 {
 		t.Fatalf("summary: exit %d\n%s", r.code, r.stderr)
 	}
@@ -324,7 +344,7 @@ func TestDryRunSendsNothing(t *testing.T) {
 	if !strings.Contains(r.stdout, "would replay "+at[0].String()+" -> "+f.events+"[2] (original partition)") {
 		t.Errorf("dry run output:\n%s", r.stdout)
 	}
-	if got := r.lastLine(); got != "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
+	if got := r.lastLine(); got != "matched=3 would-replay=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
 		t.Errorf("summary line %q", got)
 	}
 	if n := f.eventsCount(t); n != 0 {
@@ -365,5 +385,87 @@ func TestMissingDeadLetterTopicExitsOne(t *testing.T) {
 	r := runCmd(t, f.env, "list", "--all")
 	if r.code != 1 || !strings.Contains(r.stderr, "topic does not exist") {
 		t.Errorf("exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// TestRetryAndSkipSayWhenNothingMatched: a filter that selects nothing is
+// said on stdout ("no dead letter matched the filter") before the counters,
+// exit 0; with --fail-on-empty the exit status is 3, for scripts (issue 12).
+func TestRetryAndSkipSayWhenNothingMatched(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{"retry", []string{"retry", "--projection", "nope"}, 0,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"retry --fail-on-empty", []string{"retry", "--projection", "nope", "--fail-on-empty"}, 3,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"retry --dry-run --fail-on-empty", []string{"retry", "--projection", "nope", "--dry-run", "--fail-on-empty"}, 3,
+			"no dead letter matched the filter\nmatched=0 would-replay=0 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
+		{"skip", []string{"skip", "--fork-id", "nope", "--reason", "r", "--actor", "a"}, 0,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"skip --fail-on-empty", []string{"skip", "--fork-id", "nope", "--reason", "r", "--actor", "a", "--fail-on-empty"}, 3,
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+		{"skip --fail-on-empty with a match", []string{"skip", "--fork-id", "staging", "--reason", "r", "--actor", "a", "--fail-on-empty", "--dry-run"}, 0,
+			"would skip 0:2 key=\"user-3\" projection=\"artist_stats\" tenant=\"acme_staging\" event=\"ARTIST_FOLLOWED\" replay-count=0: r\n" +
+				"matched=1 replayed=0 would-skip=1 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCmd(t, f.env, tt.args...)
+			if r.code != tt.wantCode {
+				t.Errorf("exit status %d, want %d\nstderr: %s", r.code, tt.wantCode, r.stderr)
+			}
+			if diff := cmp.Diff(tt.wantOut, r.stdout); diff != "" {
+				t.Errorf("stdout (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSummaryCountsReplayedAndSkipped: summary shows, per group, how many
+// dead letters the ledger marks replayed and skipped, in the table and in
+// JSON (issue 12).
+func TestSummaryCountsReplayedAndSkipped(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	f.add(t, "user-4", "production", "acme_prod", "artist_followers", columnErr, t0.Add(3*time.Minute))
+	if r := runCmd(t, f.env, "skip", "--fork-id", "staging", "--reason", "upstream bug", "--actor", "alice"); r.code != 0 {
+		t.Fatalf("skip: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := runCmd(t, f.env, "retry", "--tenant-schema", "acme_prod", "--until", "2024-06-25T12:02:00Z"); r.code != 0 {
+		t.Fatalf("retry: exit %d\n%s", r.code, r.stderr)
+	}
+	r := runCmd(t, f.env, "summary", "--all", "--by", "projection")
+	if r.code != 0 {
+		t.Fatalf("summary: exit %d\n%s", r.code, r.stderr)
+	}
+	var got [][]string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		got = append(got, strings.Fields(l)[:4])
+	}
+	want := [][]string{
+		{"COUNT", "REPLAYED", "SKIPPED", "PROJECTION"},
+		{"3", "2", "0", "artist_followers"},
+		{"1", "0", "1", "artist_stats"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("summary table, first columns (-want +got):\n%s\n%s", diff, r.stdout)
+	}
+	r = runCmd(t, f.env, "summary", "--all", "--by", "projection", "--output", "json")
+	var counts []string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var g dlq.Group
+		if err := json.Unmarshal([]byte(l), &g); err != nil {
+			t.Fatalf("json line %q: %v", l, err)
+		}
+		counts = append(counts, fmt.Sprintf("%s %d %d %d", g.Key, g.Count, g.Replayed, g.Skipped))
+	}
+	if diff := cmp.Diff([]string{"artist_followers 3 2 0", "artist_stats 1 0 1"}, counts); diff != "" {
+		t.Errorf("summary json (-want +got):\n%s", diff)
 	}
 }

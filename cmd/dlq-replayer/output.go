@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/term"
 
 	"github.com/causet/projection-worker/dlq"
 )
@@ -47,16 +51,20 @@ func outcomeLine(o dlq.Outcome) string {
 }
 
 // writeSummaryTable writes the groups of s as an aligned table: COUNT,
-// FIRST FAILED, LAST FAILED (UTC, RFC 3339), the grouping key, PROJECTIONS
-// and the first line of a SAMPLE ERROR.
-func writeSummaryTable(w io.Writer, s *dlq.Summary) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "COUNT\tFIRST FAILED\tLAST FAILED\t%s\tPROJECTIONS\tSAMPLE ERROR\n", strings.ToUpper(string(s.By())))
+// REPLAYED and SKIPPED (by their newest ledger decision), the grouping key
+// (a fingerprint is never cut), PROJECTIONS and the first line of a SAMPLE
+// ERROR, cut with an ellipsis so that lines fit width columns; wide (width
+// 0) adds FIRST FAILED and LAST FAILED (UTC, RFC 3339) and cuts only very
+// long cells.
+func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error {
+	key := strings.ToUpper(string(s.By()))
+	t := newTable(width, col("COUNT"), col("REPLAYED"), col("SKIPPED"), wideCol("FIRST FAILED", wide), wideCol("LAST FAILED", wide),
+		column{name: key, shrink: s.By() != dlq.GroupByFingerprint}, shrinkCol("PROJECTIONS"), shrinkCol("SAMPLE ERROR"))
 	for _, g := range s.Groups() {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", g.Count, fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
+		t.add(strconv.Itoa(g.Count), strconv.Itoa(g.Replayed), strconv.Itoa(g.Skipped), fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
 			cell(orDash(g.Key), 80), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))
 	}
-	return tw.Flush()
+	return t.write(w)
 }
 
 // writeSummaryJSON writes one JSON object per group per line, largest
@@ -80,27 +88,28 @@ func writeSummaryJSON(w io.Writer, s *dlq.Summary) error {
 type listWriter struct {
 	json bool
 	w    io.Writer
-	tw   *tabwriter.Writer
+	t    *table
 }
 
 // newListWriter returns a writer of format "table" or "json" to w.
 //
 // Table columns: DLQ (partition:offset), FAILED AT (UTC), PROJECTION,
-// TENANT, EVENT TYPE, ENTITY (the record key), RETRIES (retryCount),
-// REPLAYS (replay count), LEDGER (replayed, skipped or —) and the first line
-// of the ERROR. JSON: one object per line, the dead-letter message's fields
-// plus dlqPartition, dlqOffset, key, forkId, eventType, fingerprint,
-// errorClass, sqlstate, originalPartition (-1 when unknown), replayCount,
-// ledgerStatus ("replayed", "skipped" or "") and ledger (the decision, or
-// null), for jq.
-func newListWriter(w io.Writer, format string) (*listWriter, error) {
+// TENANT, LEDGER (replayed, skipped or —) and the first line of the ERROR,
+// the long ones cut with an ellipsis so that lines fit width columns; wide
+// (width 0) adds EVENT TYPE, ENTITY (the record key), RETRIES (retryCount),
+// REPLAYS (replay count) and FINGERPRINT, and cuts only very long cells.
+// JSON: one object per line, the dead-letter message's fields plus
+// dlqPartition, dlqOffset, key, forkId, eventType, fingerprint, errorClass,
+// sqlstate, originalPartition (-1 when unknown), replayCount, ledgerStatus
+// ("replayed", "skipped" or "") and ledger (the decision, or null), for jq.
+func newListWriter(w io.Writer, format string, width int, wide bool) (*listWriter, error) {
 	switch format {
 	case "json":
 		return &listWriter{json: true, w: w}, nil
 	case "table", "":
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "DLQ\tFAILED AT\tPROJECTION\tTENANT\tEVENT TYPE\tENTITY\tRETRIES\tREPLAYS\tLEDGER\tERROR")
-		return &listWriter{tw: tw}, nil
+		return &listWriter{w: w, t: newTable(width, col("DLQ"), col("FAILED AT"), shrinkCol("PROJECTION"), shrinkCol("TENANT"),
+			wideCol("EVENT TYPE", wide), wideCol("ENTITY", wide), wideCol("RETRIES", wide), wideCol("REPLAYS", wide),
+			col("LEDGER"), wideCol("FINGERPRINT", wide), shrinkCol("ERROR"))}, nil
 	}
 	return nil, fmt.Errorf("output format %q is not table or json", format)
 }
@@ -154,17 +163,16 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 	if e.Key != nil {
 		entity = string(e.Key)
 	}
-	_, err := fmt.Fprintf(lw.tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n",
-		e.Coordinates(), fmtMillis(e.Message.FailedAt), cell(orDash(e.Projection), 60), cell(orDash(e.TenantSchema), 63),
-		cell(orDash(e.EventType), 60), cell(entity, 60), e.Message.RetryCount, e.ReplayCount, orDash(status),
-		cell(firstLine(e.Message.Error), 160))
-	return err
+	lw.t.add(e.Coordinates().String(), fmtMillis(e.Message.FailedAt), cell(orDash(e.Projection), 60), cell(orDash(e.TenantSchema), 63),
+		cell(orDash(e.EventType), 60), cell(entity, 60), strconv.Itoa(e.Message.RetryCount), strconv.Itoa(e.ReplayCount), orDash(status),
+		orDash(e.Fingerprint), cell(firstLine(e.Message.Error), 160))
+	return nil
 }
 
 // flush writes out a table; JSON lines are written as they come.
 func (lw *listWriter) flush() error {
-	if lw.tw != nil {
-		return lw.tw.Flush()
+	if lw.t != nil {
+		return lw.t.write(lw.w)
 	}
 	return nil
 }
@@ -196,6 +204,114 @@ func joinDash(names []string) string {
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return strings.TrimSpace(s)
+}
+
+// tableWidth is the width the tables fit by default: 100 columns, or the
+// terminal's width when out is a narrower terminal.
+func tableWidth(out io.Writer) int {
+	const width = 100
+	if f, ok := out.(*os.File); ok {
+		if w, _, err := term.GetSize(int(f.Fd())); err == nil && w > 0 && w < width {
+			return w
+		}
+	}
+	return width
+}
+
+// column is a column of a table.
+type column struct {
+	name string
+	// shrink: the column may be cut to make lines fit.
+	shrink bool
+	// hidden: the column is not shown (its cells are given all the same).
+	hidden bool
+}
+
+func col(name string) column       { return column{name: name} }
+func shrinkCol(name string) column { return column{name: name, shrink: true} }
+
+// wideCol is a column shown only in wide tables.
+func wideCol(name string, wide bool) column { return column{name: name, hidden: !wide} }
+
+// table is a text table: columns separated by two spaces, each as wide as
+// its widest cell, except that when lines would be wider than width (0:
+// no limit) the shrinkable columns are narrowed, the widest first, never
+// below their header, and their cells cut with an ellipsis. Rows are kept
+// until write.
+type table struct {
+	width int
+	cols  []column
+	rows  [][]string
+}
+
+func newTable(width int, cols ...column) *table {
+	return &table{width: width, cols: cols}
+}
+
+// add adds a row: one cell per column, hidden ones included. Cells must
+// be free of tabs and control characters (cell).
+func (t *table) add(cells ...string) {
+	t.rows = append(t.rows, cells)
+}
+
+// write writes the header and the rows to w.
+func (t *table) write(w io.Writer) error {
+	var show []int
+	for i, c := range t.cols {
+		if !c.hidden {
+			show = append(show, i)
+		}
+	}
+	widths := make([]int, len(show))
+	for j, i := range show {
+		widths[j] = utf8.RuneCountInString(t.cols[i].name)
+		for _, r := range t.rows {
+			widths[j] = max(widths[j], utf8.RuneCountInString(r[i]))
+		}
+	}
+	if t.width > 0 {
+		excess := -t.width + 2*(len(show)-1)
+		for _, n := range widths {
+			excess += n
+		}
+		for ; excess > 0; excess-- {
+			widest := -1
+			for j, i := range show {
+				if t.cols[i].shrink && widths[j] > utf8.RuneCountInString(t.cols[i].name) && (widest < 0 || widths[j] > widths[widest]) {
+					widest = j
+				}
+			}
+			if widest < 0 {
+				break // nothing left to narrow
+			}
+			widths[widest]--
+		}
+	}
+	bw := bufio.NewWriter(w)
+	line := func(cells []string) {
+		var b strings.Builder
+		for j, i := range show {
+			s := cells[i]
+			if utf8.RuneCountInString(s) > widths[j] {
+				s = cell(s, widths[j])
+			}
+			b.WriteString(s)
+			if j < len(show)-1 {
+				b.WriteString(strings.Repeat(" ", widths[j]-utf8.RuneCountInString(s)+2))
+			}
+		}
+		bw.WriteString(strings.TrimRight(b.String(), " "))
+		bw.WriteByte('\n')
+	}
+	header := make([]string, len(t.cols))
+	for i, c := range t.cols {
+		header[i] = c.name
+	}
+	line(header)
+	for _, r := range t.rows {
+		line(r)
+	}
+	return bw.Flush()
 }
 
 // cell makes s fit a table cell: no tabs or control characters, at most n

@@ -11,23 +11,83 @@ import (
 
 func TestSummaryTableAlignsGroupsLargestFirst(t *testing.T) {
 	s := dlq.NewSummary(dlq.GroupByProjection)
-	for _, e := range []*dlq.Entry{
-		{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719331200000}},
-		{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719334800000}},
-		{Projection: "artist_ratings", Message: dlq.Message{Error: "derive stars: division by zero\nat line 2", FailedAt: 1719338400000}},
+	for _, a := range []struct {
+		e      *dlq.Entry
+		status string
+	}{
+		{&dlq.Entry{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719331200000}}, dlq.ActionReplayed},
+		{&dlq.Entry{Projection: "artist_followers", Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719334800000}}, ""},
+		{&dlq.Entry{Projection: "artist_ratings", Message: dlq.Message{Error: "derive stars: division by zero\nat line 2", FailedAt: 1719338400000}}, dlq.ActionSkipped},
 	} {
-		s.Add(e)
+		s.Add(a.e, a.status)
 	}
-	var b strings.Builder
-	if err := writeSummaryTable(&b, s); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name  string
+		width int
+		wide  bool
+		want  string
+	}{
+		{"default", 100, false, `COUNT  REPLAYED  SKIPPED  PROJECTION        PROJECTIONS       SAMPLE ERROR
+2      1         0        artist_followers  artist_followers  ERROR: column "followed_at" does not …
+1      0         1        artist_ratings    artist_ratings    derive stars: division by zero
+`},
+		{"narrow terminal", 80, false, `COUNT  REPLAYED  SKIPPED  PROJECTION        PROJECTIONS       SAMPLE ERROR
+2      1         0        artist_followers  artist_followers  ERROR: column "fo…
+1      0         1        artist_ratings    artist_ratings    derive stars: div…
+`},
+		{"wide", 0, true, `COUNT  REPLAYED  SKIPPED  FIRST FAILED          LAST FAILED           PROJECTION        PROJECTIONS       SAMPLE ERROR
+2      1         0        2024-06-25T16:00:00Z  2024-06-25T17:00:00Z  artist_followers  artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42703)
+1      0         1        2024-06-25T18:00:00Z  2024-06-25T18:00:00Z  artist_ratings    artist_ratings    derive stars: division by zero
+`},
 	}
-	want := `COUNT  FIRST FAILED          LAST FAILED           PROJECTION        PROJECTIONS       SAMPLE ERROR
-2      2024-06-25T16:00:00Z  2024-06-25T17:00:00Z  artist_followers  artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42703)
-1      2024-06-25T18:00:00Z  2024-06-25T18:00:00Z  artist_ratings    artist_ratings    derive stars: division by zero
-`
-	if diff := cmp.Diff(want, b.String()); diff != "" {
-		t.Errorf("table (-want +got):\n%s", diff)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			if err := writeSummaryTable(&b, s, tt.width, tt.wide); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, b.String()); diff != "" {
+				t.Errorf("table (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestTableFitsWidth: lines never exceed the width while a shrinkable
+// column can give way; the widest shrinkable column gives way first, a
+// column never gets narrower than its header, and the others are never
+// cut.
+func TestTableFitsWidth(t *testing.T) {
+	long := strings.Repeat("x", 150)
+	tests := []struct {
+		name  string
+		width int
+		rows  [][]string
+		want  string
+	}{
+		{"fits: nothing cut", 40, [][]string{{"0:1", "short", "err"}},
+			"DLQ  PROJECTION  ERROR\n0:1  short       err\n"},
+		{"the widest shrinks first", 40, [][]string{{"0:1", "artist_followers", long}},
+			"DLQ  PROJECTION        ERROR\n0:1  artist_followers  xxxxxxxxxxxxxxxx…\n"},
+		{"then the widest of them in turn", 30, [][]string{{"0:1", "artist_followers", long}},
+			"DLQ  PROJECTION   ERROR\n0:1  artist_fol…  xxxxxxxxxxx…\n"},
+		{"never below the header", 24, [][]string{{"0:12345", "artist_followers", long}},
+			"DLQ      PROJECTION  ERROR\n0:12345  artist_fo…  xxxx…\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := newTable(tt.width, col("DLQ"), shrinkCol("PROJECTION"), shrinkCol("ERROR"))
+			for _, r := range tt.rows {
+				tb.add(r...)
+			}
+			var b strings.Builder
+			if err := tb.write(&b); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, b.String()); diff != "" {
+				t.Errorf("table (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
