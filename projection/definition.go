@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -101,6 +102,11 @@ var typeAliases = map[string]string{
 	"bool":                     "boolean",
 	"timestamp with time zone": "timestamptz",
 }
+
+// ColumnTypeAliases returns the other names accepted for column types, each
+// mapped to its canonical name in [ColumnTypes] ("int8" → "bigint"). The
+// map is a fresh copy on each call.
+func ColumnTypeAliases() map[string]string { return maps.Clone(typeAliases) }
 
 // normalizeType returns the canonical name of a column type, or "" when it
 // is not accepted.
