@@ -48,6 +48,7 @@ type settings struct {
 	maxRetrying    int
 	maxRetryBytes  int
 	breaker        projection.BreakerConfig
+	maxTenants     int
 
 	// run and migrate
 	tenantSchemaPattern string
@@ -100,7 +101,17 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.breaker.Threshold, "breaker-threshold", "BREAKER_THRESHOLD", projection.DefaultBreakerThreshold, "pairs of one failure fingerprint that exhaust their retries within --breaker-window before later ones are dead-lettered at once (-1: no breaker)")
 	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
+	fs.Int(&s.maxTenants, "metrics-max-tenants", "METRICS_MAX_TENANTS", projection.DefaultMaxTenantSchemas,
+		"tenant schemas that get their own tenant_schema label in /metrics (the first ones seen); later ones are counted under \""+projection.OtherTenantSchemas+"\" (0: every tenant under it)")
 	s.registerTenantSchemaPattern(fs)
+}
+
+// metricsConfig returns the bounds of the worker's metrics.
+func (s *settings) metricsConfig() projection.MetricsConfig {
+	if s.maxTenants == 0 {
+		return projection.MetricsConfig{MaxTenantSchemas: -1}
+	}
+	return projection.MetricsConfig{MaxTenantSchemas: s.maxTenants}
 }
 
 func (s *settings) registerTenantSchemaPattern(fs *flagenv.Set) {
@@ -255,6 +266,9 @@ func (s *settings) checkRun() error {
 	}
 	if s.breaker.Window <= 0 || s.breaker.ProbeInterval <= 0 {
 		return flagenv.Usagef("--breaker-window and --breaker-probe-interval must be > 0, got %s and %s", s.breaker.Window, s.breaker.ProbeInterval)
+	}
+	if s.maxTenants < 0 {
+		return flagenv.Usagef("--metrics-max-tenants must be >= 0, got %d", s.maxTenants)
 	}
 	if s.dlqTimeout <= 0 {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)

@@ -38,7 +38,7 @@ var settingsEnv = []string{
 	"EVENTS_PARTITIONS", "LOG_FORMAT", "LOG_LEVEL", "CONSUMER_GROUP", "MAX_RETRIES",
 	"RETRY_INITIAL", "RETRY_MAX_INTERVAL", "ON_INFRA_ERROR", "SHUTDOWN_GRACE",
 	"HTTP_ADDR", "POD_NAME", "DLQ_MAX_BYTES", "DLQ_WRITE_TIMEOUT", "CREATE_TOPICS", "MAX_POLL_RECORDS",
-	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS", "TENANT_SCHEMA_PATTERN",
+	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS", "TENANT_SCHEMA_PATTERN", "METRICS_MAX_TENANTS",
 }
 
 // clearSettingsEnv unsets (sets to "", which flagenv ignores) every
@@ -279,6 +279,7 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--breaker-threshold", args: []string{"--breaker-threshold", "0"}},
 		{flag: "--breaker-window", args: []string{"--breaker-window", "0s"}},
 		{flag: "--tenant-schema-pattern", args: []string{"--tenant-schema-pattern", "("}},
+		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimPrefix(tt.flag, "--"), func(t *testing.T) {

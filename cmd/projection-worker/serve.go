@@ -191,7 +191,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 
-	metrics, err := projection.NewMetrics(tel.meter())
+	metrics, err := projection.NewMetrics(tel.meter(), s.metricsConfig())
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
