@@ -12,6 +12,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 )
@@ -186,6 +187,13 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 		return p, flagenv.Usagef("--max-retries/--retry-initial/--retry-max-interval: %v", err)
 	}
 	return p, nil
+}
+
+// redactor returns the Redactor of every secret of s: what may be a
+// password in --database-url (redact.PostgresSecrets, which also reads
+// PGPASSWORD and the passfile) and --kafka-sasl-password.
+func (s *settings) redactor() *redact.Redactor {
+	return redact.New(append(redact.PostgresSecrets(s.databaseURL), s.kafka.SASLPassword)...)
 }
 
 func (s *settings) requireDatabase() error {
