@@ -80,7 +80,6 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 	const role = "nosuchrole_redact"
 	hostPort := fmt.Sprintf("%s:%d", pg.Host, pg.Port)
 	kv := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", pg.Host, pg.Port, role, pg.Database)
-	const saslPassword = "Kafka-Sasl-pw-6060"
 
 	tests := []struct {
 		name, connString string

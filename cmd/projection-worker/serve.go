@@ -19,6 +19,7 @@ import (
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/kafkaconn"
 	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 )
@@ -228,9 +229,17 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 
+	watch := &joinWatch{}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		watch.run(watchCtx, w, s.group, log)
+	}()
+
 	var srv *http.Server
 	if ln != nil {
-		srv = &http.Server{Handler: httpHandler(w, pool, tel, red), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: httpHandler(w, pool, tel, red, watch), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server", "error", err)
@@ -245,6 +254,8 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		started(w)
 	}
 	runErr := w.Run(ctx)
+	stopWatch()
+	<-watchDone
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = srv.Shutdown(sctx)
@@ -271,6 +282,9 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 	}
 	rep, err := check(tctx, adm, cfg)
 	if err != nil {
+		if reason := kafkaconn.Explain(err); reason != "" {
+			return rep, fmt.Errorf("topics: %s: %w", reason, err)
+		}
 		return rep, fmt.Errorf("topics: %w", err)
 	}
 	for _, t := range rep.Created {
@@ -354,9 +368,10 @@ func (r redactedWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []
 }
 
 // httpHandler serves /healthz (the process is up), /readyz (group joined,
-// database reachable, no partition paused; the reason redacted by red) and
-// /metrics.
-func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *redact.Redactor) http.Handler {
+// database reachable, no partition paused; else the reason, with
+// kafkaconn.Explain's cause first and why the brokers refuse the worker's
+// connection from watch, redacted by red) and /metrics.
+func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *redact.Redactor, watch *joinWatch) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(rw, "ok\n")
@@ -371,7 +386,14 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 			}
 		}
 		if err != nil {
-			http.Error(rw, "not ready: "+red.String(err.Error()), http.StatusServiceUnavailable)
+			msg := err.Error()
+			if reason := kafkaconn.Explain(err); reason != "" {
+				msg = reason + ": " + msg
+			}
+			if reason := watch.reason(); reason != "" {
+				msg += ": " + reason
+			}
+			http.Error(rw, "not ready: "+red.String(msg), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(rw, "ready\n")
