@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -30,8 +31,14 @@ import (
 //     cannot be written
 //   - causet.projection.pairs.retrying, {pair}: pairs waiting for a retry
 //   - causet.projection.breakers.open, {fingerprint}: fingerprints whose breaker is open
+//
+// The tenant_schema attribute comes from the events, so its values are
+// bounded: the first MetricsConfig.MaxTenantSchemas distinct tenant schemas
+// recorded since the start keep their name, every later one is recorded as
+// OtherTenantSchemas.
 type Metrics struct {
 	meter        metric.Meter
+	tenants      *tenantBound // nil: tenant_schema as recorded (the zero Metrics)
 	appliedC     metric.Int64Counter
 	staleC       metric.Int64Counter
 	failedC      metric.Int64Counter
@@ -46,10 +53,38 @@ type Metrics struct {
 	breakersC    metric.Int64UpDownCounter
 }
 
-// NewMetrics creates the instruments on meter. It returns the first
-// instrument-creation error.
-func NewMetrics(meter metric.Meter) (*Metrics, error) {
-	m := &Metrics{meter: meter}
+// DefaultMaxTenantSchemas is MetricsConfig.MaxTenantSchemas when it is 0.
+const DefaultMaxTenantSchemas = 100
+
+// OtherTenantSchemas is the tenant_schema attribute of the pairs of every
+// tenant schema beyond MetricsConfig.MaxTenantSchemas. It is not a valid
+// tenant schema name, so it cannot be mistaken for one.
+const OtherTenantSchemas = "(other)"
+
+// MetricsConfig bounds what the instruments record.
+type MetricsConfig struct {
+	// MaxTenantSchemas is how many distinct tenant_schema values the
+	// instruments keep: the first ones recorded since the start; every later
+	// tenant schema is recorded as OtherTenantSchemas, so that events for
+	// many tenants cannot grow /metrics without bound (each tenant adds a
+	// series per projection to every per-pair instrument, about 40 lines of
+	// Prometheus text with the latency histogram). Default (0)
+	// DefaultMaxTenantSchemas; negative: none, every pair is recorded as
+	// OtherTenantSchemas (the label carries no tenant).
+	MaxTenantSchemas int
+}
+
+// NewMetrics creates the instruments on meter, bounded by cfg. It returns
+// the first instrument-creation error.
+func NewMetrics(meter metric.Meter, cfg MetricsConfig) (*Metrics, error) {
+	limit := cfg.MaxTenantSchemas
+	switch {
+	case limit == 0:
+		limit = DefaultMaxTenantSchemas
+	case limit < 0:
+		limit = 0
+	}
+	m := &Metrics{meter: meter, tenants: &tenantBound{limit: limit, kept: map[string]struct{}{}}}
 	var err error
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		if err != nil {
@@ -119,10 +154,55 @@ func pairAttrs(projection, tenant string) metric.MeasurementOption {
 	))
 }
 
+// tenantBound keeps the first limit tenant schemas it is asked about.
+type tenantBound struct {
+	limit int
+	mu    sync.RWMutex
+	kept  map[string]struct{}
+}
+
+// keeps reports whether tenant keeps its own tenant_schema value: it is one
+// of the first limit tenant schemas asked about.
+func (b *tenantBound) keeps(tenant string) bool {
+	b.mu.RLock()
+	_, ok := b.kept[tenant]
+	full := len(b.kept) >= b.limit
+	b.mu.RUnlock()
+	if ok || full {
+		return ok
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.kept[tenant]; ok {
+		return true
+	}
+	if len(b.kept) >= b.limit {
+		return false
+	}
+	b.kept[tenant] = struct{}{}
+	return true
+}
+
+// bounded returns attrs (made by pairAttrs) with its tenant_schema replaced
+// by OtherTenantSchemas when that tenant schema is beyond the bound.
+func (m *Metrics) bounded(attrs metric.MeasurementOption) metric.MeasurementOption {
+	if m.tenants == nil {
+		return attrs
+	}
+	set := metric.NewAddConfig([]metric.AddOption{attrs}).Attributes()
+	tenant, ok := set.Value("tenant_schema")
+	if !ok || m.tenants.keeps(tenant.AsString()) {
+		return attrs
+	}
+	projection, _ := set.Value("projection")
+	return pairAttrs(projection.AsString(), OtherTenantSchemas)
+}
+
 func (m *Metrics) applied(ctx context.Context, attrs metric.MeasurementOption, out Outcome) {
 	if m.appliedC == nil {
 		return
 	}
+	attrs = m.bounded(attrs)
 	if out == Stale {
 		m.staleC.Add(ctx, 1, attrs)
 		return
@@ -132,25 +212,25 @@ func (m *Metrics) applied(ctx context.Context, attrs metric.MeasurementOption, o
 
 func (m *Metrics) failed(ctx context.Context, attrs metric.MeasurementOption, class retry.Class) {
 	if m.failedC != nil {
-		m.failedC.Add(ctx, 1, attrs, metric.WithAttributes(attribute.String("error_class", class.String())))
+		m.failedC.Add(ctx, 1, m.bounded(attrs), metric.WithAttributes(attribute.String("error_class", class.String())))
 	}
 }
 
 func (m *Metrics) retried(ctx context.Context, attrs metric.MeasurementOption) {
 	if m.retriedC != nil {
-		m.retriedC.Add(ctx, 1, attrs)
+		m.retriedC.Add(ctx, 1, m.bounded(attrs))
 	}
 }
 
 func (m *Metrics) deadLettered(ctx context.Context, attrs metric.MeasurementOption, class retry.Class) {
 	if m.deadC != nil {
-		m.deadC.Add(ctx, 1, attrs, metric.WithAttributes(attribute.String("error_class", class.String())))
+		m.deadC.Add(ctx, 1, m.bounded(attrs), metric.WithAttributes(attribute.String("error_class", class.String())))
 	}
 }
 
 func (m *Metrics) observeApply(ctx context.Context, attrs metric.MeasurementOption, d time.Duration) {
 	if m.applyLatency != nil {
-		m.applyLatency.Record(ctx, d.Seconds(), attrs)
+		m.applyLatency.Record(ctx, d.Seconds(), m.bounded(attrs))
 	}
 }
 

@@ -58,6 +58,7 @@ type Worker struct {
 	mu         sync.Mutex
 	partitions map[int32]*partition
 	joined     bool
+	pollErr    error          // the last error a poll returned while not joined
 	wg         sync.WaitGroup // partition goroutines
 }
 
@@ -139,16 +140,29 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	return w, nil
 }
 
+// Joined reports whether the worker is a member of its consumer group (it
+// has been assigned partitions, possibly none, and not lost them).
+func (w *Worker) Joined() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.joined
+}
+
 // Client returns the worker's franz-go client (for admin calls and tests).
 func (w *Worker) Client() *kgo.Client { return w.cl }
 
 // Ready returns nil when the worker has joined its consumer group, no
 // partition is paused waiting for the database and no partition is stuck on
-// a dead letter it cannot write, else an error saying why.
+// a dead letter it cannot write, else an error saying why. Before the group
+// is joined, the error wraps the last error a poll returned (franz-go's
+// group or connection error, such as kerr.SaslAuthenticationFailed), if any.
 func (w *Worker) Ready() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.joined {
+		if w.pollErr != nil {
+			return fmt.Errorf("consumer group not joined: %w", w.pollErr)
+		}
 		return errors.New("consumer group not joined")
 	}
 	var paused []int32
@@ -196,6 +210,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) {
+				return
+			}
+			w.mu.Lock()
+			joined := w.joined
+			if !joined {
+				w.pollErr = err
+			}
+			w.mu.Unlock()
+			if !joined {
+				w.log.Error("consumer group not joined", "group", w.cfg.Group, "topic", topic, "partition", p, "error", err)
 				return
 			}
 			w.log.Error("fetch failed", "topic", topic, "partition", p, "error", err)
@@ -317,6 +341,7 @@ func (w *Worker) partition(p int32) *partition {
 func (w *Worker) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	w.mu.Lock()
 	w.joined = true
+	w.pollErr = nil
 	w.mu.Unlock()
 	// The client keeps a partition's fetch pause across rebalances, while
 	// the partition's new state starts unpaused: a partition paused by its

@@ -16,12 +16,14 @@ import (
 )
 
 // runMigrate creates the schema, tables and missing columns of the loaded
-// definitions in every --tenant-schema.
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// definitions in every --tenant-schema. Its error is redacted of the
+// database password.
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	var s settings
 	if err := parseFlags(migrateFlags(&s, stderr), args); err != nil {
 		return err
 	}
+	defer func() { err = s.redactor().Error(err) }()
 	if err := s.requireDatabase(); err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 )
@@ -50,6 +51,7 @@ type settings struct {
 	breaker            projection.BreakerConfig
 	failureLogInterval time.Duration
 	spanQueue          int
+	maxTenants         int
 
 	// quietKgo logs kgo's INFO lines at DEBUG (dev; no flag).
 	quietKgo bool
@@ -107,7 +109,17 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
 	fs.Int(&s.spanQueue, "trace-queue-size", "OTEL_BSP_MAX_QUEUE_SIZE", DefaultSpanQueueSize, "spans waiting for OTLP export; when full, new spans are dropped (and counted)")
 	fs.Duration(&s.failureLogInterval, "failure-log-interval", "FAILURE_LOG_INTERVAL", projection.DefaultFailureLogInterval, "interval over which the WARN lines of failing pairs are aggregated per failure fingerprint: the first in full, the repeats as one line with their count")
+	fs.Int(&s.maxTenants, "metrics-max-tenants", "METRICS_MAX_TENANTS", projection.DefaultMaxTenantSchemas,
+		"tenant schemas that get their own tenant_schema label in /metrics (the first ones seen); later ones are counted under \""+projection.OtherTenantSchemas+"\" (0: every tenant under it)")
 	s.registerTenantSchemaPattern(fs)
+}
+
+// metricsConfig returns the bounds of the worker's metrics.
+func (s *settings) metricsConfig() projection.MetricsConfig {
+	if s.maxTenants == 0 {
+		return projection.MetricsConfig{MaxTenantSchemas: -1}
+	}
+	return projection.MetricsConfig{MaxTenantSchemas: s.maxTenants}
 }
 
 func (s *settings) registerTenantSchemaPattern(fs *flagenv.Set) {
@@ -182,6 +194,13 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 		return p, flagenv.Usagef("--max-retries/--retry-initial/--retry-max-interval: %v", err)
 	}
 	return p, nil
+}
+
+// redactor returns the Redactor of every secret of s: what may be a
+// password in --database-url (redact.PostgresSecrets, which also reads
+// PGPASSWORD and the passfile) and --kafka-sasl-password.
+func (s *settings) redactor() *redact.Redactor {
+	return redact.New(append(redact.PostgresSecrets(s.databaseURL), s.kafka.SASLPassword)...)
 }
 
 func (s *settings) requireDatabase() error {
@@ -272,6 +291,9 @@ func (s *settings) checkRun() error {
 	}
 	if s.failureLogInterval <= 0 {
 		return flagenv.Usagef("--failure-log-interval must be > 0, got %s", s.failureLogInterval)
+	}
+	if s.maxTenants < 0 {
+		return flagenv.Usagef("--metrics-max-tenants must be >= 0, got %d", s.maxTenants)
 	}
 	if s.dlqTimeout <= 0 {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)

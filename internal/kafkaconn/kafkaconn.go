@@ -5,12 +5,14 @@ package kafkaconn
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
@@ -26,8 +28,9 @@ const DefaultBrokers = "127.0.0.1:9092"
 type Settings struct {
 	// Brokers is a comma-separated host:port list. Default 127.0.0.1:9092.
 	Brokers string
-	// TLS enables TLS; TLSCA is a PEM bundle of CAs (default: system roots);
-	// TLSServerName overrides the name checked in the broker's certificate.
+	// TLS enables TLS; TLSCA is a PEM bundle of CAs (default: system roots),
+	// and setting it enables TLS too; TLSServerName overrides the name
+	// checked in the broker's certificate.
 	TLS           bool
 	TLSCA         string
 	TLSServerName string
@@ -43,7 +46,7 @@ type Settings struct {
 func (s *Settings) Register(fs *flagenv.Set) {
 	fs.String(&s.Brokers, "brokers", "KAFKA_BROKERS", DefaultBrokers, "Kafka seed brokers, comma-separated host:port")
 	fs.Bool(&s.TLS, "kafka-tls", "KAFKA_TLS", false, "connect to Kafka with TLS")
-	fs.String(&s.TLSCA, "kafka-tls-ca", "KAFKA_TLS_CA", "", "PEM file of CA certificates for Kafka TLS (default: system roots)")
+	fs.String(&s.TLSCA, "kafka-tls-ca", "KAFKA_TLS_CA", "", "PEM file of CA certificates for Kafka TLS (default: system roots); setting it turns TLS on, as --kafka-tls does")
 	fs.String(&s.TLSServerName, "kafka-tls-server-name", "KAFKA_TLS_SERVER_NAME", "", "server name to verify in the brokers' certificates")
 	fs.String(&s.SASLMechanism, "kafka-sasl-mechanism", "KAFKA_SASL_MECHANISM", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default: none)")
 	fs.String(&s.SASLUser, "kafka-sasl-user", "KAFKA_SASL_USER", "", "SASL user name")
@@ -104,4 +107,38 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 // String describes the connection for logs without the password.
 func (s Settings) String() string {
 	return fmt.Sprintf("brokers=%s tls=%t sasl=%s", s.Brokers, s.TLS || s.TLSCA != "", s.SASLMechanism)
+}
+
+// Explain names, in terms of the connection flags, the likely cause of err
+// from a Kafka client: SASL authentication refused, an operation not
+// authorized by the broker's ACLs, a SASL mechanism the broker does not
+// enable, or a TLS handshake that failed. It returns "" for any other error
+// (err's own text then says enough).
+func Explain(err error) string {
+	var (
+		unknownCA  x509.UnknownAuthorityError
+		hostname   x509.HostnameError
+		invalid    x509.CertificateInvalidError
+		recordHdr  tls.RecordHeaderError
+		tlsAlert   tls.AlertError
+		verifyFail *tls.CertificateVerificationError
+	)
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
+		return "Kafka authentication failed: the broker refused the SASL user or password (check --kafka-sasl-user, --kafka-sasl-password and --kafka-sasl-mechanism)"
+	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+		return "Kafka authentication failed: the broker does not enable this SASL mechanism (check --kafka-sasl-mechanism)"
+	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
+		errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+		return "Kafka authorization failed: the broker's ACLs do not allow this SASL user the operation"
+	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verifyFail):
+		return "Kafka TLS handshake failed: the broker's certificate is not trusted (check --kafka-tls-ca and --kafka-tls-server-name)"
+	case errors.As(err, &recordHdr):
+		return "Kafka TLS handshake failed: the broker does not speak TLS on this port (check --brokers and --kafka-tls)"
+	case errors.As(err, &tlsAlert):
+		return "Kafka TLS handshake failed: the broker refused the handshake (check --kafka-tls-ca and --kafka-tls-server-name)"
+	}
+	return ""
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -164,4 +165,26 @@ func ProduceError(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 		resp.Topics = append(resp.Topics, rt)
 	}
 	return resp
+}
+
+// RefuseSASL makes the kfake cluster (started with kfake.EnableSASL) refuse
+// SCRAM authentications at their final step with SASL_AUTHENTICATION_FAILED
+// and the message Apache Kafka sends for a wrong password: every one while
+// refuse returns true (nil: always). kfake itself closes the connection on
+// a wrong password, which clients see only as EOF.
+func (b *Broker) RefuseSASL(refuse func() bool) {
+	b.Fake.ControlKey(int16(kmsg.SASLAuthenticate), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.KeepControl()
+		req := kreq.(*kmsg.SASLAuthenticateRequest)
+		// Only the client-final message carries the proof.
+		if !strings.Contains(string(req.SASLAuthBytes), ",p=") || (refuse != nil && !refuse()) {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.SASLAuthenticateResponse)
+		resp.Version = req.Version
+		resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
+		msg := "Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
+		resp.ErrorMessage = &msg
+		return resp, nil, true
+	})
 }

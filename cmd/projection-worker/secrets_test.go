@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// noSecret fails t when text, printed at where, holds one of secrets.
+func noSecret(t *testing.T, where, text string, secrets ...string) {
+	t.Helper()
+	for _, s := range secrets {
+		if strings.Contains(text, s) {
+			t.Errorf("%s holds the secret %q:\n%s", where, s, text)
+		}
+	}
+}
+
+// TestNoPasswordInUsageErrors: a connection string pgx cannot parse, or
+// parses with part of the password as the host (an unencoded '@'), is a
+// usage error of run and migrate that names DATABASE_URL and holds no part
+// of the password (issue 14: pgx printed some of them whole).
+func TestNoPasswordInUsageErrors(t *testing.T) {
+	clearSettingsEnv(t)
+	noKafka := closedAddr(t)
+	db := closedAddr(t)
+	host, port, _ := strings.Cut(db, ":")
+	tests := []struct {
+		name, connString string
+		secrets          []string
+	}{
+		{"URL, unencoded '@' in the password", "postgres://u:Sekr@t-7Hq2@" + db + "/postgres?sslmode=disable", []string{"Sekr@t-7Hq2", "t-7Hq2"}},
+		{"URL, unencoded '/' in the password", "postgres://u:Slsh1/ash-88Qz@" + db + "/postgres", []string{"Slsh1", "ash-88Qz"}},
+		{"URL, password parameter and a bad sslmode", "postgres://u@" + db + "/postgres?password=Qry-pw-3311&sslmode=bogus", []string{"Qry-pw-3311"}},
+		{"key=value, spaces around = and a typo", "host=" + host + " port=" + port + " user=u password = Kv-Spaced-5521 dbname=postgres sslmode=disabel", []string{"Kv-Spaced-5521"}},
+		{"key=value, unquoted password with a space", "host=" + host + " port=" + port + " user=u password=Half1-pw Half2-pw dbname=postgres", []string{"Half1-pw", "Half2-pw"}},
+	}
+	for _, tt := range tests {
+		for _, args := range [][]string{
+			{"run", "--brokers", noKafka, "--projections", exampleProjections, "--http-addr", "", "--log-level", "debug", "--database-url", tt.connString},
+			{"migrate", "--projections", exampleProjections, "--tenant-schema", "t1", "--log-level", "debug", "--database-url", tt.connString},
+		} {
+			t.Run(args[0]+" "+tt.name, func(t *testing.T) {
+				r := runCmd(t, 30*time.Second, args...)
+				if r.code != 2 || !strings.Contains(r.stderr, "DATABASE_URL") {
+					t.Errorf("want exit 2 naming DATABASE_URL\n%s", r)
+				}
+				noSecret(t, "the output", r.stdout+r.stderr, tt.secrets...)
+			})
+		}
+	}
+}
+
+// TestNoPasswordInAnyOutput: with every accepted form of connection string
+// (URL, percent-encoded, key=value with spaces around '=', quoted,
+// PGPASSWORD, the passfile) and a role the database refuses, `run` logs
+// (debug level), answers /readyz and /metrics and writes dead letters, and
+// `migrate` fails; none of it holds the database password or the Kafka
+// SASL password.
+func TestNoPasswordInAnyOutput(t *testing.T) {
+	clearSettingsEnv(t)
+	t.Setenv("PGPASSWORD", "")
+	t.Setenv("PGPASSFILE", filepath.Join(t.TempDir(), "none"))
+	pg, err := pgconn.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const role = "nosuchrole_redact"
+	hostPort := fmt.Sprintf("%s:%d", pg.Host, pg.Port)
+	kv := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", pg.Host, pg.Port, role, pg.Database)
+
+	tests := []struct {
+		name, connString string
+		env              map[string]string // set for the run; "passfile" is written as the passfile
+		secrets          []string
+	}{
+		{name: "URL", connString: "postgres://" + role + ":Url-Run-pw-4417@" + hostPort + "/" + pg.Database + "?sslmode=disable",
+			secrets: []string{"Url-Run-pw-4417"}},
+		{name: "URL, percent-encoded '@'", connString: "postgres://" + role + ":Enc%40Run-pw-5150@" + hostPort + "/" + pg.Database + "?sslmode=disable",
+			secrets: []string{"Enc%40Run-pw-5150", "Enc@Run-pw-5150"}},
+		{name: "key=value, spaces around =", connString: kv + " password = Kv-Run-pw-1234", secrets: []string{"Kv-Run-pw-1234"}},
+		{name: "key=value, quoted with a space", connString: kv + " password='Kv Quoted-6621'", secrets: []string{"Kv Quoted-6621"}},
+		{name: "PGPASSWORD", connString: kv, env: map[string]string{"PGPASSWORD": "Env-Run-pw-7781"}, secrets: []string{"Env-Run-pw-7781"}},
+		{name: "passfile", connString: kv, env: map[string]string{"passfile": fmt.Sprintf("*:*:*:%s:File-Run-pw-9912\n", role)},
+			secrets: []string{"File-Run-pw-9912"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				if k == "passfile" {
+					p := filepath.Join(t.TempDir(), "pgpass")
+					if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+						t.Fatal(err)
+					}
+					t.Setenv("PGPASSFILE", p)
+					continue
+				}
+				t.Setenv(k, v)
+			}
+			secrets := append([]string{saslPassword}, tt.secrets...)
+
+			b := kafkatest.Fake(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "worker", saslPassword))
+			sasl := kgo.SASL(scram.Auth{User: "worker", Pass: saslPassword}.AsSha512Mechanism())
+			events, dlqTopic := kafkatest.TopicName(t, "events"), kafkatest.TopicName(t, "dlq")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			w := startRun(t, "--brokers", strings.Join(b.Addrs, ","), "--database-url", tt.connString,
+				"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-user", "worker", "--kafka-sasl-password", saslPassword,
+				"--projections", exampleProjections, "--topic", events, "--dlq-topic", dlqTopic,
+				"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"), "--partitions", "1",
+				"--on-infra-error", "dlq", "--max-retries", "1", "--retry-initial", "10ms", "--retry-max-interval", "20ms",
+				"--log-level", "debug")
+			w.waitFor(t, "the worker is up", 30*time.Second, func() bool { return w.logged("projection worker started") })
+			prod := b.Client(t, sasl, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
+			if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("user-123"), Value: []byte(fmt.Sprintf(specExample, "redact_tenant"))}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+
+			cons := b.Client(t, sasl, kgo.ConsumeTopics(dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			var deadLetters strings.Builder
+			for deadLetters.Len() == 0 {
+				fetches := cons.PollFetches(ctx)
+				if ctx.Err() != nil {
+					t.Fatalf("no dead letter\nstderr:\n%s", w.stderr.String())
+				}
+				fetches.EachRecord(func(r *kgo.Record) {
+					deadLetters.Write(r.Value)
+					for _, h := range r.Headers {
+						fmt.Fprintf(&deadLetters, "\n%s: %s", h.Key, h.Value)
+					}
+				})
+			}
+			readyz, metrics := w.get(t, "/readyz"), w.get(t, "/metrics")
+			w.shutdown(t)
+			if !strings.Contains(deadLetters.String(), role) || !strings.Contains(readyz, role) {
+				t.Errorf("want the refused role %s named in the dead letter and /readyz (the test must see the database error)\ndead letter:\n%s\n/readyz: %s",
+					role, deadLetters.String(), readyz)
+			}
+			if !strings.Contains(w.stderr.String(), "level=DEBUG") {
+				t.Errorf("no debug line logged\nstderr:\n%s", w.stderr.String())
+			}
+			noSecret(t, "the log", w.stderr.String()+w.stdout.String(), secrets...)
+			noSecret(t, "/readyz", readyz, secrets...)
+			noSecret(t, "/metrics", metrics, secrets...)
+			noSecret(t, "the dead letter", deadLetters.String(), secrets...)
+
+			m := runCmd(t, 30*time.Second, "migrate", "--database-url", tt.connString, "--projections", exampleProjections, "--tenant-schema", "redact_tenant")
+			if m.code != 1 || !strings.Contains(m.stderr, role) {
+				t.Errorf("migrate: want exit 1 naming the refused role\n%s", m)
+			}
+			noSecret(t, "migrate's output", m.stdout+m.stderr, secrets...)
+		})
+	}
+}

@@ -1,0 +1,185 @@
+package redact
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ParsePostgres parses connString with pgxpool.ParseConfig: a URL
+// (postgres://user:password@host:port/db?param=value) or key=value pairs,
+// with PGPASSWORD, PGPASSFILE and the other PG* variables read as libpq
+// reads them. Its errors never hold connString nor any part of it that
+// PostgresSecrets names:
+//   - a string pgx cannot parse gives pgx's reason without pgx's rendering
+//     of the string (which pgx masks on a best-effort basis only), redacted;
+//   - a URL whose host holds '@' is refused: an unencoded '@' in the
+//     password makes pgx read the rest of the password as the host, which
+//     every connection error, log line and dead letter would then print.
+func ParsePostgres(connString string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		reason := err.Error()
+		var pce *pgconn.ParseConfigError
+		if errors.As(err, &pce) {
+			blank := *pce // pgx's own reason, rendered without the string
+			blank.ConnString = ""
+			reason = strings.TrimPrefix(blank.Error(), "cannot parse ``: ")
+		}
+		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(PostgresSecrets(connString)...).String(reason))
+	}
+	if isURL(connString) {
+		for _, h := range hosts(cfg.ConnConfig.Config) {
+			if strings.Contains(h, "@") && !strings.HasPrefix(h, "/") {
+				return nil, errors.New("the URL's host holds an '@': an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@')")
+			}
+		}
+	}
+	return cfg, nil
+}
+
+// Describe returns the host, port, database and user cfg connects to, for
+// logs: "host=H port=P database=D user=U" (first host only).
+func Describe(cfg *pgconn.Config) string {
+	return fmt.Sprintf("host=%s port=%d database=%s user=%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)
+}
+
+func hosts(cfg pgconn.Config) []string {
+	hs := []string{cfg.Host}
+	for _, f := range cfg.Fallbacks {
+		hs = append(hs, f.Host)
+	}
+	return hs
+}
+
+func isURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+func form(s string) string {
+	if isURL(s) {
+		return "URL"
+	}
+	return "key=value"
+}
+
+// PostgresSecrets returns what may be a password in connString, read
+// generously so that it holds even for a string pgx cannot parse: connString
+// itself; the password pgx resolves when it parses (from the string,
+// PGPASSWORD or the passfile); PGPASSWORD; in a URL, the text
+// between the first ':' of the userinfo and each '@' (an unencoded '@' makes
+// the boundary ambiguous), each of its '@'-separated parts, and the values of
+// password and sslpassword query parameters, each as written and decoded;
+// in key=value form, the value of password and sslpassword (spaces allowed
+// around '=', quoted or not) and, when an unquoted value is followed by
+// words that are not key=value, the whole run and each of those words (the
+// rest of a password with a space in it).
+func PostgresSecrets(connString string) []string {
+	secrets := []string{connString, os.Getenv("PGPASSWORD")}
+	if cfg, err := pgconn.ParseConfig(connString); err == nil {
+		secrets = append(secrets, cfg.Password)
+	}
+	add := func(vs ...string) {
+		for _, v := range vs {
+			secrets = append(secrets, v)
+			if d, err := url.PathUnescape(v); err == nil {
+				secrets = append(secrets, d)
+			}
+		}
+	}
+	if isURL(connString) {
+		rest := connString[strings.Index(connString, "://")+len("://"):]
+		for i := range len(rest) {
+			if rest[i] != '@' {
+				continue
+			}
+			if _, pw, found := strings.Cut(rest[:i], ":"); found {
+				add(pw)
+				add(strings.Split(pw, "@")...)
+			}
+		}
+		if _, query, found := strings.Cut(rest, "?"); found {
+			for _, kv := range strings.Split(query, "&") {
+				k, v, _ := strings.Cut(kv, "=")
+				if d, err := url.QueryUnescape(k); err == nil {
+					k = d
+				}
+				if strings.HasSuffix(strings.ToLower(k), "password") {
+					add(v)
+				}
+			}
+		}
+	}
+	secrets = append(secrets, keywordValues(connString)...)
+	return secrets
+}
+
+// keywordValues returns the values of every password and sslpassword
+// keyword of a key=value connection string, as PostgresSecrets describes.
+func keywordValues(s string) []string {
+	var out []string
+	lower := strings.ToLower(s)
+	for i := 0; ; {
+		j := strings.Index(lower[i:], "password")
+		if j < 0 {
+			return out
+		}
+		p := i + j + len("password")
+		i = p
+		p = skipSpace(s, p)
+		if p >= len(s) || s[p] != '=' {
+			continue
+		}
+		p = skipSpace(s, p+1)
+		if p < len(s) && s[p] == '\'' {
+			end := p + 1
+			for end < len(s) && s[end] != '\'' {
+				if s[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			end = min(end, len(s))
+			v := s[p+1 : end]
+			out = append(out, v, strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(v))
+			continue
+		}
+		end := p
+		for end < len(s) && !isSpace(s[end]) {
+			end++
+		}
+		out = append(out, s[p:end])
+		// Words up to the next key=value may be the rest of the password.
+		runEnd := end
+		for q := skipSpace(s, end); q < len(s); q = skipSpace(s, runEnd) {
+			w := q
+			for w < len(s) && !isSpace(s[w]) && s[w] != '=' {
+				w++
+			}
+			if w == q || (skipSpace(s, w) < len(s) && s[skipSpace(s, w)] == '=') {
+				break
+			}
+			out = append(out, s[q:w])
+			runEnd = w
+		}
+		if runEnd > end {
+			out = append(out, s[p:runEnd])
+		}
+	}
+}
+
+func skipSpace(s string, p int) int {
+	for p < len(s) && isSpace(s[p]) {
+		p++
+	}
+	return p
+}
+
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
+}

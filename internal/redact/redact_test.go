@@ -1,0 +1,144 @@
+package redact
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// badConnStrings are connection strings pgx cannot parse, or (the '@' one)
+// parses with part of the password as the host, each with the parts of its
+// password that must never be printed (issue 14).
+var badConnStrings = []struct {
+	name, connString string
+	secrets          []string
+}{
+	{"key=value, spaces around = and a bad sslmode", "host=127.0.0.1 port=5432 user=u password = Kv-Spaced-5521 dbname=db sslmode=disabel",
+		[]string{"Kv-Spaced-5521"}},
+	{"key=value, unquoted password with a space", "host=127.0.0.1 user=u password=Half1-pw Half2-pw dbname=db",
+		[]string{"Half1-pw", "Half2-pw"}},
+	{"key=value, quoted password, bad connect_timeout", "host=h user=u password='Quoted pw-7710' connect_timeout=x",
+		[]string{"Quoted pw-7710", "pw-7710"}},
+	{"URL, unencoded '@' in the password", "postgres://u:Sekr@t-7Hq2@127.0.0.1:5432/db?sslmode=disable",
+		[]string{"Sekr@t-7Hq2", "t-7Hq2"}},
+	{"URL, unencoded '/' in the password", "postgres://u:Slsh1/ash-88Qz@127.0.0.1:5432/db",
+		[]string{"Slsh1", "ash-88Qz"}},
+	{"URL, password in the query and a bad sslmode", "postgres://u@127.0.0.1/db?password=Qry-pw-3311&sslmode=bogus",
+		[]string{"Qry-pw-3311"}},
+	{"URL, password with a bad percent-encoding", "postgres://u:Pct%zz-pw-4242@127.0.0.1/db",
+		[]string{"Pct%zz-pw-4242", "zz-pw-4242"}},
+	{"URL, stray query parameter", "postgres://u:Stray-pw-1357@127.0.0.1/db?sslmode=disable&bogus",
+		[]string{"Stray-pw-1357"}},
+}
+
+// TestParsePostgresNeverPrintsThePassword: whatever is wrong with a
+// connection string, ParsePostgres refuses it with a reason that holds no
+// part of the password.
+func TestParsePostgresNeverPrintsThePassword(t *testing.T) {
+	for _, tt := range badConnStrings {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParsePostgres(tt.connString)
+			if err == nil {
+				t.Fatalf("ParsePostgres(%q) = nil error, want a refusal", tt.connString)
+			}
+			for _, s := range tt.secrets {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("error %q holds the secret %q", err, s)
+				}
+			}
+			t.Logf("%v", err)
+		})
+	}
+}
+
+// TestParsePostgresAcceptsEveryForm: the forms pgx accepts still parse,
+// and PostgresSecrets names their password.
+func TestParsePostgresAcceptsEveryForm(t *testing.T) {
+	tests := []struct{ name, connString, password string }{
+		{"URL", "postgres://u:Url-pw-1@127.0.0.1:5432/db?sslmode=disable", "Url-pw-1"},
+		{"URL, encoded '@'", "postgres://u:Enc%40oded-5150@127.0.0.1:5432/db", "Enc@oded-5150"},
+		{"URL, password query parameter", "postgresql://u@127.0.0.1/db?password=Qry-2", "Qry-2"},
+		{"key=value", "host=127.0.0.1 user=u password=Kv-3 dbname=db", "Kv-3"},
+		{"key=value, spaces around =", "host=127.0.0.1 user=u password = Kv-Sp-4 dbname=db", "Kv-Sp-4"},
+		{"key=value, quoted", `host=127.0.0.1 user=u password='Kv \'q\' 5' dbname=db`, "Kv 'q' 5"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := ParsePostgres(tt.connString)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.ConnConfig.Password != tt.password {
+				t.Fatalf("password %q, want %q", cfg.ConnConfig.Password, tt.password)
+			}
+			if got := New(PostgresSecrets(tt.connString)...).String("auth failed for " + tt.password); strings.Contains(got, tt.password) {
+				t.Errorf("redacted %q still holds the password", got)
+			}
+			if d := Describe(&cfg.ConnConfig.Config); strings.Contains(d, tt.password) || !strings.Contains(d, "host=127.0.0.1") {
+				t.Errorf("Describe = %q", d)
+			}
+		})
+	}
+}
+
+// TestPostgresSecretsFromTheEnvironment: a password from PGPASSWORD or the
+// passfile is a secret too.
+func TestPostgresSecretsFromTheEnvironment(t *testing.T) {
+	t.Setenv("PGPASSWORD", "Env-pw-7781")
+	if s := New(PostgresSecrets("postgres://u@127.0.0.1/db")...).String("x Env-pw-7781 y"); s != "x "+Mask+" y" {
+		t.Errorf("PGPASSWORD not redacted: %q", s)
+	}
+	t.Setenv("PGPASSWORD", "")
+	passfile := t.TempDir() + "/pgpass"
+	if err := writeFile(passfile, "127.0.0.1:5432:*:u:File-pw-9912\n"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PGPASSFILE", passfile)
+	if s := New(PostgresSecrets("host=127.0.0.1 port=5432 user=u dbname=db")...).String("File-pw-9912"); s != Mask {
+		t.Errorf("passfile password not redacted: %q", s)
+	}
+}
+
+// TestErrorRedactsAndStillClassifies: a redacted error keeps its chain for
+// errors.Is/As, and the PgError errors.As finds is redacted too.
+func TestErrorRedactsAndStillClassifies(t *testing.T) {
+	r := New("Sek-9")
+	pgErr := &pgconn.PgError{Severity: "FATAL", Code: "28000", Message: `role "Sek-9" does not exist`}
+	err := r.Error(fmt.Errorf("connect: %w", pgErr))
+	if strings.Contains(err.Error(), "Sek-9") {
+		t.Errorf("error text %q holds the secret", err)
+	}
+	var got *pgconn.PgError
+	if !errors.As(err, &got) || got.Code != "28000" {
+		t.Fatalf("errors.As PgError = %v, want the SQLSTATE 28000 error", got)
+	}
+	if strings.Contains(got.Error(), "Sek-9") {
+		t.Errorf("PgError text %q holds the secret", got.Error())
+	}
+	if !errors.Is(err, pgErr) {
+		t.Error("errors.Is lost the original error")
+	}
+	if plain := errors.New("nothing secret"); r.Error(plain) != plain {
+		t.Error("an error without a secret must be returned unchanged")
+	}
+}
+
+// TestHandlerRedactsEveryValue: messages, strings, errors, Stringers and
+// groups are redacted, at every level.
+func TestHandlerRedactsEveryValue(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(New("Sek-9").Handler(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	log = log.With("conn", "pw=Sek-9")
+	log.Debug("dial Sek-9", "error", errors.New("bad Sek-9"), slog.Group("g", "s", "Sek-9"), "list", []string{"Sek-9"}, "n", 3)
+	if strings.Contains(buf.String(), "Sek-9") || !strings.Contains(buf.String(), `"n":3`) {
+		t.Errorf("log %s", buf.String())
+	}
+}
+
+func writeFile(name, content string) error { return os.WriteFile(name, []byte(content), 0o600) }

@@ -1,0 +1,111 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// TestMetricsBoundTenantSchemas: tenant_schema comes from the events, so
+// events for many tenants (issue 14: 300 random tenant names grew /metrics
+// from 45 KB to 1.37 MB) must not grow the series without bound: past
+// MaxTenantSchemas, pairs are counted under OtherTenantSchemas, and nothing
+// is lost from the totals.
+func TestMetricsBoundTenantSchemas(t *testing.T) {
+	const tenants = 300
+	tests := []struct {
+		name        string
+		max         int // MetricsConfig.MaxTenantSchemas
+		wantTenants int // distinct tenant_schema values other than OtherTenantSchemas
+		wantOther   bool
+	}{
+		{name: "default", max: 0, wantTenants: DefaultMaxTenantSchemas, wantOther: true},
+		{name: "five", max: 5, wantTenants: 5, wantOther: true},
+		{name: "above the tenants seen", max: 1000, wantTenants: tenants},
+		{name: "none", max: -1, wantTenants: 0, wantOther: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+			m, err := NewMetrics(provider.Meter("test"), MetricsConfig{MaxTenantSchemas: tt.max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for i := range tenants {
+				attrs := pairAttrs("artist_followers", fmt.Sprintf("tenant_%03d", i))
+				m.applied(ctx, attrs, Applied)
+				m.applied(ctx, attrs, Applied) // a tenant seen again keeps its series
+				m.failed(ctx, attrs, retry.Projection)
+				m.retried(ctx, attrs)
+				m.deadLettered(ctx, attrs, retry.Permanent)
+				m.observeApply(ctx, attrs, time.Millisecond)
+			}
+
+			var rm metricdata.ResourceMetrics
+			if err := reader.Collect(ctx, &rm); err != nil {
+				t.Fatal(err)
+			}
+			series := map[string]map[string]int64{} // instrument -> tenant_schema -> count
+			for _, sm := range rm.ScopeMetrics {
+				for _, md := range sm.Metrics {
+					byTenant := map[string]int64{}
+					switch d := md.Data.(type) {
+					case metricdata.Sum[int64]:
+						for _, p := range d.DataPoints {
+							v, _ := p.Attributes.Value("tenant_schema")
+							byTenant[v.AsString()] += p.Value
+						}
+					case metricdata.Histogram[float64]:
+						for _, p := range d.DataPoints {
+							v, _ := p.Attributes.Value("tenant_schema")
+							byTenant[v.AsString()] += int64(p.Count)
+						}
+					}
+					if len(byTenant) > 0 && !(len(byTenant) == 1 && byTenant[""] != 0) {
+						series[md.Name] = byTenant
+					}
+				}
+			}
+			want := map[string]int64{
+				"causet.projection.applied":        2 * tenants,
+				"causet.projection.failed":         tenants,
+				"causet.projection.retried":        tenants,
+				"causet.projection.dead_lettered":  tenants,
+				"causet.projection.apply.duration": tenants,
+			}
+			for name, total := range want {
+				byTenant, ok := series[name]
+				if !ok {
+					t.Errorf("%s: no data points with tenant_schema", name)
+					continue
+				}
+				var sum int64
+				named := 0
+				for tenant, n := range byTenant {
+					sum += n
+					if tenant != OtherTenantSchemas {
+						named++
+					}
+				}
+				if named != tt.wantTenants {
+					t.Errorf("%s: %d tenant_schema values besides %q, want %d", name, named, OtherTenantSchemas, tt.wantTenants)
+				}
+				if _, ok := byTenant[OtherTenantSchemas]; ok != tt.wantOther {
+					t.Errorf("%s: tenant_schema %q present = %t, want %t", name, OtherTenantSchemas, ok, tt.wantOther)
+				}
+				if sum != total {
+					t.Errorf("%s: total %d over all tenant_schema values, want %d (nothing lost to the bound)", name, sum, total)
+				}
+			}
+		})
+	}
+}
