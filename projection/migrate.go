@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // migrateLockKey is the pg_advisory_xact_lock key that serialises Migrate
@@ -12,35 +14,183 @@ import (
 // run concurrently). It spells "causetmg" in ASCII.
 const migrateLockKey = 0x6361757365746d67
 
+// MigrateDB is what Migrate needs of the database: *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx satisfy it.
+type MigrateDB interface {
+	DB
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // Migrate creates what defs needs in tenantSchema (SPEC §4,
-// `projection-worker migrate --tenant-schema S`): the schema, the tombstone
-// side table _causet_tombstones, each projection's table (primary key
-// columns NOT NULL, PRIMARY KEY, _causet_seq bigint NOT NULL DEFAULT 0) and
-// every column that is missing (ALTER TABLE ... ADD COLUMN IF NOT EXISTS,
-// NOT NULL when notNull). It never drops or alters an existing column: a
-// column whose type changed must be migrated by hand, and adding a notNull
-// column to a table that has rows fails with 23502 (PostgreSQL's "column
-// contains null values").
+// `projection-worker migrate --tenant-schema S`) and nothing else: it looks
+// at the catalog first and runs only the statements for what is missing —
+// the schema, the tombstone side table _causet_tombstones, each
+// projection's table (primary key columns NOT NULL, PRIMARY KEY,
+// _causet_seq bigint NOT NULL DEFAULT 0) and each missing column (ALTER
+// TABLE ... ADD COLUMN, NOT NULL when notNull). So a migration with nothing
+// to do needs no privilege beyond reading the catalog: neither CREATE on
+// the database (the schema exists) nor ownership of the tables (no ALTER
+// TABLE). It never drops or alters an existing column: a column whose type
+// changed must be migrated by hand, and adding a notNull column to a table
+// that has rows fails with 23502 (PostgreSQL's "column contains null
+// values").
 //
-// The statements are sent in one multi-statement query (pgx's simple
-// protocol, used for Exec without arguments), which PostgreSQL runs as one
-// transaction, or inside the caller's transaction when db is a pgx.Tx; they
-// hold a transaction-level advisory lock so concurrent runs queue up. The
-// worker never calls Migrate on its own.
+// It runs in one transaction (db's own when db is a pgx.Tx) holding a
+// transaction-level advisory lock, so concurrent runs queue up and the
+// catalog cannot change between the look and the statements. The worker
+// never calls Migrate on its own.
 //
 // It returns an error naming tenantSchema when it is not a valid identifier
 // (^[a-z_][a-z0-9_]{0,62}$), is one of PostgreSQL's own schemas (public,
 // information_schema, pg_*; see ValidTenantSchema), or defs do not
 // validate, before touching db.
-func Migrate(ctx context.Context, db DB, defs *Definitions, tenantSchema string) error {
-	sql, err := MigrationSQL(defs, tenantSchema)
+func Migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) (err error) {
+	if _, err := MigrationSQL(defs, tenantSchema); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
+		}
+	}()
+	if b, ok := db.(Beginner); ok {
+		tx, err := b.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if err := migrate(ctx, tx, defs, tenantSchema); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	return migrate(ctx, db, defs, tenantSchema)
+}
+
+func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) error {
+	if _, err := db.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
+		return err
+	}
+	var schemaExists bool
+	columns := map[string]map[string]bool{} // table -> its columns
+	rows, err := db.Query(ctx, `SELECT n.nspname IS NOT NULL, c.relname, a.attname
+		FROM (SELECT 1) one
+		LEFT JOIN pg_namespace n ON n.nspname = $1
+		LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p')
+		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped`, tenantSchema)
 	if err != nil {
 		return err
 	}
-	if _, err := db.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
+	for rows.Next() {
+		var table, column *string
+		if err := rows.Scan(&schemaExists, &table, &column); err != nil {
+			rows.Close()
+			return err
+		}
+		if table != nil {
+			if columns[*table] == nil {
+				columns[*table] = map[string]bool{}
+			}
+			if column != nil {
+				columns[*table][*column] = true
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, stmt := range migrationStatements(defs, tenantSchema, schemaExists, columns) {
+		if _, err := db.Exec(ctx, stmt); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// migrationStatements returns the DDL that creates what defs needs in
+// tenantSchema, given what exists: whether the schema does and the columns
+// of each of its tables (nil: look at nothing, create everything with IF
+// NOT EXISTS, as MigrationSQL prints it).
+func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bool, columns map[string]map[string]bool) []string {
+	all := columns == nil
+	schema := ident(tenantSchema)
+	var stmts []string
+	if all {
+		stmts = append(stmts, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", migrateLockKey))
+	}
+	if all || !schemaExists {
+		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+schema)
+	}
+	if all || columns[tombstoneTable] == nil {
+		stmts = append(stmts, "CREATE TABLE IF NOT EXISTS "+schema+"."+ident(tombstoneTable)+
+			" (table_name text NOT NULL, pk text[] NOT NULL, "+seqColumn+" bigint NOT NULL,"+
+			" PRIMARY KEY (table_name, pk))")
+	}
+	for _, pd := range defs.Projections {
+		// Validate checked every name and type used below.
+		table := schema + "." + ident(pd.Table)
+		have := columns[pd.Table]
+		isKey := map[string]bool{}
+		var keys []string
+		for _, k := range pd.PrimaryKey {
+			isKey[k] = true
+			keys = append(keys, ident(k))
+		}
+		var defsSQL, adds []string
+		for _, name := range pd.ColumnNames {
+			col := pd.Columns[name]
+			d := ident(name) + " " + col.Type
+			if col.NotNull || isKey[name] {
+				d += " NOT NULL"
+			}
+			defsSQL = append(defsSQL, d)
+			if all || !have[name] {
+				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+d)
+			}
+		}
+		seq := seqColumn + " bigint NOT NULL DEFAULT 0"
+		defsSQL = append(defsSQL, seq, "PRIMARY KEY ("+strings.Join(keys, ", ")+")")
+		if all || !have[seqColumn] {
+			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+seq)
+		}
+		switch {
+		case all:
+			stmts = append(stmts,
+				"CREATE TABLE IF NOT EXISTS "+table+" ("+strings.Join(defsSQL, ", ")+")",
+				"ALTER TABLE "+table+" "+strings.Join(adds, ", "))
+		case have == nil:
+			stmts = append(stmts, "CREATE TABLE IF NOT EXISTS "+table+" ("+strings.Join(defsSQL, ", ")+")")
+		case len(adds) > 0:
+			stmts = append(stmts, "ALTER TABLE "+table+" "+strings.Join(adds, ", "))
+		}
+	}
+	return stmts
+}
+
+// GrantSQL returns the statements that grant role what `projection-worker
+// run` needs in tenantSchema for defs, and nothing more: USAGE on the
+// schema, and SELECT, INSERT, UPDATE and DELETE on each projection table and
+// on _causet_tombstones. (The COPY path also creates session-local
+// temporary tables: PostgreSQL grants TEMPORARY on every database to PUBLIC
+// unless it was revoked.) It validates tenantSchema and defs as Migrate
+// does; role is quoted as an identifier.
+func GrantSQL(defs *Definitions, tenantSchema, role string) ([]string, error) {
+	if _, err := MigrationSQL(defs, tenantSchema); err != nil {
+		return nil, err
+	}
+	if role == "" {
+		return nil, fmt.Errorf("grant on tenant schema %s: empty role name", tenantSchema)
+	}
+	schema, r := ident(tenantSchema), ident(role)
+	tables := []string{schema + "." + ident(tombstoneTable)}
+	for _, pd := range defs.Projections {
+		tables = append(tables, schema+"."+ident(pd.Table))
+	}
+	return []string{
+		"GRANT USAGE ON SCHEMA " + schema + " TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE " + strings.Join(tables, ", ") + " TO " + r,
+	}, nil
 }
 
 // MigrationSQL returns the statements Migrate runs, separated by ";\n", for
@@ -56,39 +206,5 @@ func MigrationSQL(defs *Definitions, tenantSchema string) (string, error) {
 	if err := defs.Validate(); err != nil {
 		return "", fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
 	}
-	schema := ident(tenantSchema)
-	stmts := []string{
-		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", migrateLockKey),
-		"CREATE SCHEMA IF NOT EXISTS " + schema,
-		"CREATE TABLE IF NOT EXISTS " + schema + "." + ident(tombstoneTable) +
-			" (table_name text NOT NULL, pk text[] NOT NULL, " + seqColumn + " bigint NOT NULL," +
-			" PRIMARY KEY (table_name, pk))",
-	}
-	for _, pd := range defs.Projections {
-		// Validate checked every name and type used below.
-		table := schema + "." + ident(pd.Table)
-		isKey := map[string]bool{}
-		var keys []string
-		for _, k := range pd.PrimaryKey {
-			isKey[k] = true
-			keys = append(keys, ident(k))
-		}
-		var defsSQL, adds []string
-		for _, name := range pd.ColumnNames {
-			col := pd.Columns[name]
-			d := ident(name) + " " + col.Type
-			if col.NotNull || isKey[name] {
-				d += " NOT NULL"
-			}
-			defsSQL = append(defsSQL, d)
-			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+d)
-		}
-		seq := seqColumn + " bigint NOT NULL DEFAULT 0"
-		defsSQL = append(defsSQL, seq, "PRIMARY KEY ("+strings.Join(keys, ", ")+")")
-		adds = append(adds, "ADD COLUMN IF NOT EXISTS "+seq)
-		stmts = append(stmts,
-			"CREATE TABLE IF NOT EXISTS "+table+" ("+strings.Join(defsSQL, ", ")+")",
-			"ALTER TABLE "+table+" "+strings.Join(adds, ", "))
-	}
-	return strings.Join(stmts, ";\n"), nil
+	return strings.Join(migrationStatements(defs, tenantSchema, false, nil), ";\n"), nil
 }

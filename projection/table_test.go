@@ -529,6 +529,11 @@ func (f failDB) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag
 	return pgconn.CommandTag{}, errors.New("failDB")
 }
 
+func (f failDB) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
+	f.t.Errorf("query reached the database: %s", sql)
+	return nil, errors.New("failDB")
+}
+
 // TestPlanStatements pins the SQL and arguments of the SPEC projection.
 func TestPlanStatements(t *testing.T) {
 	_, tps := tblProjections(t)

@@ -57,6 +57,19 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 			return fmt.Errorf("migrate %s: %w", t, err)
 		}
 		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%d projections)\n", t, defs.IRVersion, len(defs.Projections))
+		if s.grantRole == "" {
+			continue
+		}
+		stmts, err := projection.GrantSQL(defs, t, s.grantRole)
+		if err != nil {
+			return err
+		}
+		for _, stmt := range stmts {
+			if _, err := pool.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("grant %s on tenant schema %s: %w", s.grantRole, t, err)
+			}
+		}
+		fmt.Fprintf(stdout, "granted %s what run needs in tenant schema %s\n", s.grantRole, t)
 	}
 	return nil
 }

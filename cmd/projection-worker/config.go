@@ -52,6 +52,7 @@ type settings struct {
 	failureLogInterval time.Duration
 	spanQueue          int
 	maxTenants         int
+	grantRole          string // migrate --grant
 
 	// quietKgo logs kgo's INFO lines at DEBUG (dev; no flag).
 	quietKgo bool
@@ -155,6 +156,7 @@ func migrateFlags(s *settings, stderr io.Writer) *flagenv.Set {
 	s.registerDatabase(fs)
 	s.registerProjections(fs)
 	fs.Strings(&s.tenantSchemas, "tenant-schema", "TENANT_SCHEMAS", "tenant schema to migrate (repeatable; env: comma-separated)")
+	fs.String(&s.grantRole, "grant", "MIGRATE_GRANT", "", "role to grant what run needs in each tenant schema: USAGE on the schema, SELECT, INSERT, UPDATE, DELETE on its projection tables and _causet_tombstones (default: grant nothing)")
 	s.registerTenantSchemaPattern(fs)
 	return fs
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -157,7 +158,9 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
+	if !checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log) && s.copyMinRows > 0 {
+		s.copyMinRows = -1
+	}
 
 	admCl, err := kgo.NewClient(kopts...)
 	if err != nil {
@@ -280,7 +283,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 // answer, so that a wrong DATABASE_URL or a database that is down shows
 // before the first record. The worker starts anyway: what happens to
 // records then is --on-infra-error's, and /readyz reports the database.
-func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) {
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) (canStage bool) {
 	if err := pool.Ping(ctx); err != nil && ctx.Err() == nil {
 		then := "partitions pause until it answers, and /readyz fails"
 		if mode == projection.InfraDeadLetter {
@@ -288,7 +291,17 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.Infr
 		}
 		log.Warn("database unreachable at start: check --database-url (DATABASE_URL) and the database; the worker starts, and "+then,
 			"on_infra_error", string(mode), "error", err)
+		return true // not known: COPY stays on, and falls back to statements if refused
 	}
+	var temp bool
+	var db, role string
+	err := pool.QueryRow(ctx, "SELECT has_database_privilege(current_database(), 'TEMPORARY'), current_database(), current_user").Scan(&temp, &db, &role)
+	if err != nil || temp {
+		return true
+	}
+	log.Warn("the database role may not create temporary tables, which the COPY path stages batches in: COPY is off and upserts go as pipelined statements (slower); to turn it on, GRANT TEMPORARY ON DATABASE "+
+		pgx.Identifier{db}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize(), "database", db, "role", role)
+	return false
 }
 
 // checkTopics creates missing topics (with --create-topics=false it only

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// TestLeastPrivilegeRoles: a migrator role without CREATE on the database
+// migrates a tenant schema that exists (look first: no CREATE SCHEMA), a
+// second migrator that owns no table runs `migrate` again with nothing
+// missing (no ALTER TABLE), `migrate --grant worker` gives the runtime role
+// what it needs, and `run` as that role (USAGE on the schema, DML on its
+// tables, nothing else) applies events, COPY batches included, and
+// dead-letters poison, while an event trigger records every DDL command:
+// the worker's only ones are its session-local COPY staging tables
+// (pg_temp), as the README says.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	adminURL := pgtest.URL(t)
+	suffix := strings.ReplaceAll(strings.ToLower(pgtest.NewSchemaName(t)), "-", "_")
+	db, migrator, migrator2, worker := "lp_"+suffix, "lp_mig_"+suffix, "lp_mig2_"+suffix, "lp_run_"+suffix
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	q := func(c *pgx.Conn, sql string) {
+		t.Helper()
+		if _, err := c.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	id := func(s string) string { return pgx.Identifier{s}.Sanitize() }
+	q(admin, "CREATE DATABASE "+id(db))
+	for _, r := range []string{migrator, migrator2, worker} {
+		q(admin, "CREATE ROLE "+id(r)+" LOGIN PASSWORD 'pw'")
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), adminURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+id(db)+" WITH (FORCE)")
+		for _, r := range []string{migrator, migrator2, worker} {
+			_, _ = c.Exec(context.Background(), "DROP ROLE IF EXISTS "+id(r))
+		}
+	})
+	urlOf := func(user, password string) string {
+		u, err := url.Parse(adminURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(user, password)
+		u.Path = "/" + db
+		return u.String()
+	}
+	adminU, _ := url.Parse(adminURL)
+	adminPW, _ := adminU.User.Password()
+	dbAdmin, err := pgx.Connect(ctx, urlOf(adminU.User.Username(), adminPW))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dbAdmin.Close(context.Background())
+	const tenant = "acme_lp"
+	q(dbAdmin, "REVOKE CREATE ON DATABASE "+id(db)+" FROM PUBLIC")
+	q(dbAdmin, "CREATE SCHEMA "+tenant+" AUTHORIZATION "+id(migrator))
+	q(dbAdmin, "GRANT USAGE ON SCHEMA "+tenant+" TO "+id(migrator2))
+	q(dbAdmin, `CREATE TABLE public.ddl_log (role text, tag text, object text)`)
+	q(dbAdmin, `CREATE FUNCTION public.log_ddl() RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+		DECLARE r record;
+		BEGIN
+			FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+				INSERT INTO public.ddl_log VALUES (session_user, r.command_tag, r.object_identity);
+			END LOOP;
+		END $$`)
+	q(dbAdmin, "CREATE EVENT TRIGGER log_ddl ON ddl_command_end EXECUTE FUNCTION public.log_ddl()")
+
+	migrate := func(user string, extra ...string) result {
+		return runCmd(t, time.Minute, append([]string{"migrate", "--database-url", urlOf(user, "pw"),
+			"--projections", exampleProjections, "--tenant-schema", tenant}, extra...)...)
+	}
+	if r := migrate(migrator, "--grant", worker); r.code != 0 {
+		t.Fatalf("migrate as %s (no CREATE on the database, the schema exists) exited %d:\n%s", migrator, r.code, r.stderr)
+	}
+	if r := migrate(migrator2); r.code != 0 {
+		t.Fatalf("migrate again as %s (owns no table, nothing missing) exited %d:\n%s", migrator2, r.code, r.stderr)
+	}
+
+	b, events, w := startOnKfake(t, 2, "--database-url", urlOf(worker, "pw"))
+	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
+	var recs []*kgo.Record
+	const n = 100 // one batch of a partition holds >= 32 upserts of a table: COPY
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		recs = append(recs, &kgo.Record{Key: []byte(user), Value: fmt.Appendf(nil,
+			`{"eventType":"ARTIST_FOLLOWED","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":1,"ts":1719331200000,"payload":{"user_id":%q,"artist_id":"artist-1"}}`,
+			user, tenant, user)})
+	}
+	recs = append(recs, &kgo.Record{Key: []byte("poison"), Value: poison})
+	if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	followers := func(seq int) int {
+		var rows int
+		_ = dbAdmin.QueryRow(ctx, "SELECT count(*) FROM "+tenant+".artist_followers WHERE _causet_seq = $1", seq).Scan(&rows)
+		return rows
+	}
+	w.waitFor(t, "every follow applied and the poison dead-lettered", time.Minute, func() bool {
+		return followers(1) == n && w.logged("dead-lettered")
+	})
+	w.shutdown(t)
+
+	rows, err := dbAdmin.Query(ctx, "SELECT role, tag, coalesce(object, '') FROM public.ddl_log ORDER BY 1, 2, 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var byWorker, byMigrators []string
+	for rows.Next() {
+		var role, tag, object string
+		if err := rows.Scan(&role, &tag, &object); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case role == worker && tag == "CREATE TABLE" && strings.HasPrefix(object, "pg_temp."):
+		case role == worker:
+			byWorker = append(byWorker, tag+" "+object)
+		default:
+			byMigrators = append(byMigrators, role+": "+tag+" "+object)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(byWorker) > 0 {
+		t.Errorf("run issued DDL besides its temporary staging tables: %v", byWorker)
+	}
+	for _, d := range byMigrators {
+		if strings.HasPrefix(d, migrator2+":") {
+			t.Errorf("the second migrate, with nothing missing, issued DDL: %s", d)
+		}
+	}
+	t.Logf("DDL by the migrators: %v", byMigrators)
+
+	// Without TEMPORARY (revoked from PUBLIC), run says so at start, turns
+	// COPY off and applies everything as statements.
+	q(dbAdmin, "REVOKE TEMPORARY ON DATABASE "+id(db)+" FROM PUBLIC")
+	q(dbAdmin, "TRUNCATE public.ddl_log")
+	b2, events2, w2 := startOnKfake(t, 2, "--database-url", urlOf(worker, "pw"))
+	prod2 := b2.Client(t, kgo.DefaultProduceTopic(events2), kgo.ProducerLinger(0))
+	for i := range recs[:n] {
+		recs[i] = &kgo.Record{Key: recs[i].Key, Value: []byte(strings.Replace(string(recs[i].Value), `"sequenceNumber":1`, `"sequenceNumber":2`, 1))}
+	}
+	if err := prod2.ProduceSync(ctx, recs[:n]...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	w2.waitFor(t, "the warning and every follow applied again", time.Minute, func() bool {
+		return followers(2) == n && w2.logged("may not create temporary tables")
+	})
+	w2.shutdown(t)
+	var ddl int
+	if err := dbAdmin.QueryRow(ctx, "SELECT count(*) FROM public.ddl_log").Scan(&ddl); err != nil || ddl != 0 {
+		t.Errorf("run without TEMPORARY issued %d DDL commands (%v), want none", ddl, err)
+	}
+}
