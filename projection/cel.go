@@ -21,8 +21,10 @@ package projection
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -137,7 +139,10 @@ func (a treeAdapter) NativeToValue(v any) ref.Val {
 		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
 			return types.Int(i)
 		}
-		f, _ := strconv.ParseFloat(string(x), 64) // ±Inf beyond float64's range
+		f, err := strconv.ParseFloat(string(x), 64)
+		if err != nil { // beyond float64's range: not ±Inf, an error
+			return types.WrapErr(errNumberRange)
+		}
 		return types.Double(f)
 	case map[string]any:
 		return types.NewStringInterfaceMap(a, x)
@@ -219,4 +224,50 @@ func fromCEL(v ref.Val) (any, error) {
 		return m, nil
 	}
 	return nil, fmt.Errorf("result of type %s cannot be stored", v.Type().TypeName())
+}
+
+// errNumberRange is the CEL error of a JSON number beyond float64's range
+// (1e400): CEL has no value for it, and ±Infinity would be a different
+// number.
+var errNumberRange = errors.New("number beyond the range of a CEL double (±1.8e308)")
+
+// deriveError adds to a derive's evaluation error err the payload path of
+// the number beyond float64's range that caused it, if one did.
+func deriveError(err error, payload map[string]any) error {
+	if !errors.Is(err, errNumberRange) {
+		return err
+	}
+	if path, n := hugeNumber(payload, "payload"); path != "" {
+		return fmt.Errorf("%s: %s: %w", path, quoteValue(n), err)
+	}
+	return err
+}
+
+// hugeNumber returns the path and text of the first number beyond
+// float64's range in v (object keys in sorted order), or "".
+func hugeNumber(v any, path string) (string, string) {
+	switch x := v.(type) {
+	case json.Number:
+		if _, err := strconv.ParseFloat(string(x), 64); err != nil {
+			return path, string(x)
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if p, n := hugeNumber(x[k], path+"."+k); p != "" {
+				return p, n
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if p, n := hugeNumber(e, path+"["+strconv.Itoa(i)+"]"); p != "" {
+				return p, n
+			}
+		}
+	}
+	return "", ""
 }
