@@ -55,22 +55,11 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 		}
 		g := groups[gk{tp, pr.d.ev.TenantSchema}]
 		if g == nil {
-			g = &copyGroup{p: tp, schema: pr.d.ev.TenantSchema, rows: map[string]int{}}
+			g = newCopyGroup(tp, pr.d.ev.TenantSchema)
 			groups[gk{tp, pr.d.ev.TenantSchema}] = g
 			order = append(order, g)
 		}
-		g.n++
-		g.all = append(g.all, pr)
-		if i, ok := g.rows[k]; ok {
-			// Last sequence wins; on a tie, the later record (as applying
-			// them in order would).
-			if pr.d.ev.SequenceNumber >= g.pairs[i].d.ev.SequenceNumber {
-				g.pairs[i] = pr
-			}
-			continue
-		}
-		g.rows[k] = len(g.pairs)
-		g.pairs = append(g.pairs, pr)
+		g.add(pr, k)
 	}
 	var out []*copyGroup
 	small := map[*copyGroup]bool{}
@@ -96,6 +85,46 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 		rest = append(rest, pr)
 	}
 	return out, rest
+}
+
+// newCopyGroup returns an empty group of p's upserts in schema.
+func newCopyGroup(p *TableProjection, schema string) *copyGroup {
+	return &copyGroup{p: p, schema: schema, rows: map[string]int{}}
+}
+
+// add adds the upsert pr of the row with key k (upsertKey) to g, in batch
+// order: it replaces the pair of the same key unless that one is newer.
+func (g *copyGroup) add(pr pair, k string) {
+	g.n++
+	g.all = append(g.all, pr)
+	if i, ok := g.rows[k]; ok {
+		// Last sequence wins; on a tie, the later record (as applying
+		// them in order would).
+		if pr.d.ev.SequenceNumber >= g.pairs[i].d.ev.SequenceNumber {
+			g.pairs[i] = pr
+		}
+		return
+	}
+	g.rows[k] = len(g.pairs)
+	g.pairs = append(g.pairs, pr)
+}
+
+// halves splits g's upserts, every one of them including those another
+// upsert of the same key superseded, into two groups of the first and the
+// second half in batch order; each keeps only its own newest upsert per
+// key. An upsert superseded in g by one in the other half is thus sent
+// again: it is never skipped because its newer sibling's group failed.
+func (g *copyGroup) halves() (*copyGroup, *copyGroup) {
+	mid := len(g.all) / 2
+	a, b := newCopyGroup(g.p, g.schema), newCopyGroup(g.p, g.schema)
+	for i, pr := range g.all {
+		h := a
+		if i >= mid {
+			h = b
+		}
+		h.add(pr, upsertKey(g.p, pr))
+	}
+	return a, b
 }
 
 // rowKey identifies a row of a table projection in a tenant schema by the
@@ -124,9 +153,9 @@ func upsertKey(tp *TableProjection, pr pair) string {
 
 // execCopy applies the groups in one transaction. Any error rolls all of
 // them back and is returned with the index of the group that failed (−1
-// when the failure is not one group's: begin, commit); the caller applies
-// that group's pairs as statements, which isolate the failing ones, and
-// the other groups again.
+// when the failure is not one group's: begin, commit); the caller
+// (applyCopyGroups) bisects that group or applies its pairs as
+// statements, and applies the other groups again.
 func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int, err error) {
 	start := time.Now()
 	tx, err := w.begin.Begin(ctx)

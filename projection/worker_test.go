@@ -386,8 +386,29 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1"}`)
 			},
 			wantProjection: "artist_ratings",
-			wantError:      `ERROR: null value in column "stars" of relation "artist_ratings" violates not-null constraint (SQLSTATE 23502)`,
-			wantSQLState:   "23502", wantClass: retry.Projection, wantRetries: 5,
+			wantError:      `projection "artist_ratings": column stars (derive "has(payload.stars) ? payload.stars : null", JSON null): null value in a notNull column`,
+			wantClass:      retry.Permanent, wantRetries: 0,
+		},
+		{
+			name: "value out of range for the column type",
+			value: func(r *rig) string {
+				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1","stars":99999999999999999999}`)
+			},
+			wantProjection: "artist_ratings",
+			wantError:      `projection "artist_ratings": column stars (derive "has(payload.stars) ? payload.stars : null", JSON number): value "1e+20" is out of range for type integer`,
+			wantClass:      retry.Permanent, wantRetries: 0,
+		},
+		{
+			name: "check constraint",
+			setup: func(r *rig) {
+				exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+			},
+			value: func(r *rig) string {
+				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1","stars":11}`)
+			},
+			wantProjection: "artist_ratings",
+			wantError:      `ERROR: new row for relation "artist_ratings" violates check constraint "stars_range" (SQLSTATE 23514)`,
+			wantSQLState:   "23514", wantClass: retry.Projection, wantRetries: 5,
 		},
 		{
 			name: "derive divides by zero",
@@ -793,8 +814,8 @@ func TestWorkerHandlerPanicIsDeadLetteredWithStack(t *testing.T) {
 // applied once.
 func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 	t.Parallel()
-	// A row-level failure that only PostgreSQL sees: an ARTIST_RATED without
-	// stars derives NULL into a NOT NULL column (23502, retried).
+	// A row-level failure that only PostgreSQL sees: stars beyond the
+	// table's CHECK constraint (23514, retried).
 	const good, dbPoison, planPoison = "good", "db-poison", "plan-poison"
 	tests := []struct {
 		name   string
@@ -810,6 +831,7 @@ func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, rigOptions{})
+			exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
 			wantRows, wantDead := 0, 0
 			for i, kind := range tt.events {
 				user := fmt.Sprintf("user-%d", i)
@@ -818,7 +840,7 @@ func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, i))))
 					wantRows++
 				case dbPoison:
-					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a"}`, user))))
+					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":99}`, user))))
 					wantDead++
 				case planPoison:
 					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":"many"}`, user))))
@@ -843,7 +865,7 @@ func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 				if err := json.Unmarshal(d.msg.OriginalEvent, &ev); err != nil {
 					t.Fatal(err)
 				}
-				if ev.Payload.Stars != nil && ev.Payload.Stars != "many" {
+				if ev.Payload.Stars != 99.0 && ev.Payload.Stars != "many" {
 					t.Errorf("a good event was dead-lettered: %s", d.msg.OriginalEvent)
 				}
 			}
