@@ -331,8 +331,13 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 	return failures, nil
 }
 
-// batchFailure records the failure of pair p in a batch.
+// batchFailure records the failure of pair p in a batch; a PostgreSQL
+// error about one column of a table projection's row names it
+// (*ColumnError).
 func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailure {
+	if tp, ok := p.h.(*TableProjection); ok {
+		err = tp.columnError(p.d.ev, err)
+	}
 	class := retry.Classify(err)
 	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
 	return pairFailure{

@@ -128,9 +128,10 @@ func (p *TableProjection) Handles(eventType string) bool {
 // Apply plans ev (see Plan) and executes the statement on db. It returns
 // Stale when the statement changed no row: the row or its tombstone is newer
 // than ev. Errors of Plan are permanent; a PostgreSQL error is returned as
-// is (*pgconn.PgError, unwrapped), so that the dead letter's error reads as
-// PostgreSQL prints it (SPEC §6; projection and tenant schema are fields of
-// the dead letter already).
+// a *ColumnError wrapping it when it names a column of the row or the
+// parameter carrying one, else as is (*pgconn.PgError); either way the dead
+// letter's error reads as PostgreSQL prints it (SPEC §6; projection and
+// tenant schema are fields of the dead letter already).
 func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome, error) {
 	st, err := p.Plan(ev)
 	if err != nil {
@@ -138,7 +139,7 @@ func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome,
 	}
 	tag, err := db.Exec(ctx, st.SQL, st.Args...)
 	if err != nil {
-		return Applied, err
+		return Applied, p.columnError(ev, err)
 	}
 	return st.Outcome(tag), nil
 }

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/retry"
 )
@@ -261,5 +264,56 @@ projections:
 		if !retry.IsPermanent(err) || !errors.Is(err, errNumberRange) || err.Error() != want {
 			t.Errorf("x = %s: error = %q (class %v), want permanent %q", x, err, retry.Classify(err), want)
 		}
+	}
+}
+
+// TestApplyNamesTheColumnOfPostgresErrors checks that a PostgreSQL error
+// naming a column (ColumnName) or the parameter that carries it (Where
+// "unnamed portal parameter $N") comes back as a *ColumnError with the
+// column's source and the value's JSON type, PostgreSQL's error unchanged
+// inside it.
+func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
+	pool, schema, tps := tblTenant(t)
+	ctx := context.Background()
+	// A constraint the definitions do not know.
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "kinds"}.Sanitize()+" ALTER COLUMN first_tag SET NOT NULL"); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		ev       func() *Event
+		want     ColumnError // Err not compared
+		sqlState string
+	}{
+		{"not-null violation names the column", func() *Event {
+			return tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1}`)
+		}, ColumnError{Projection: "kinds", Column: "first_tag", Source: "from payload.tags.0", JSONType: "null"}, "23502"},
+		{"invalid encoding names the parameter", func() *Event {
+			ev := tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1,"tags":["t"],"label":"x"}`)
+			ev.Payload["label"] = "a\xffb" // hand-built: DecodeEvent refuses invalid UTF-8
+			return ev
+		}, ColumnError{Projection: "kinds", Column: "label", Source: "from payload.label", JSONType: "string"}, "22021"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tps["kinds"].Apply(ctx, pool, tt.ev())
+			var ce *ColumnError
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &ce) || !errors.As(err, &pgErr) {
+				t.Fatalf("Apply error = %v, want a *ColumnError around a *pgconn.PgError", err)
+			}
+			got := *ce
+			got.Err = nil
+			if got != tt.want {
+				t.Errorf("ColumnError = %+v, want %+v", got, tt.want)
+			}
+			if pgErr.Code != tt.sqlState {
+				t.Errorf("SQLSTATE = %s, want %s", pgErr.Code, tt.sqlState)
+			}
+			want := fmt.Sprintf("projection %q: column %s (%s, JSON %s): %s", tt.want.Projection, tt.want.Column, tt.want.Source, tt.want.JSONType, pgErr.Error())
+			if err.Error() != want {
+				t.Errorf("error = %q, want %q", err, want)
+			}
+		})
 	}
 }

@@ -366,6 +366,7 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 		wantSQLState   string
 		wantClass      retry.Class
 		wantRetries    int
+		wantStack      string // in stackTrace, when set
 		applied        []string
 		notMigrated    bool
 	}{
@@ -397,6 +398,18 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 			wantProjection: "artist_ratings",
 			wantError:      `projection "artist_ratings": column stars (derive "has(payload.stars) ? payload.stars : null", JSON number): value "1e+20" is out of range for type integer`,
 			wantClass:      retry.Permanent, wantRetries: 0,
+		},
+		{
+			name: "not-null constraint only the table has",
+			setup: func(r *rig) {
+				exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" ALTER COLUMN score SET NOT NULL")
+			},
+			value:          func(r *rig) string { return r.follow("user-1", "artist-1", 1) },
+			wantProjection: "artist_followers",
+			wantError:      `ERROR: null value in column "score" of relation "artist_followers" violates not-null constraint (SQLSTATE 23502)`,
+			wantStack:      `projection "artist_followers": column score (derive "has(payload.games) ? payload.points / payload.games : null", JSON null): ERROR: null value in column "score"`,
+			wantSQLState:   "23502", wantClass: retry.Projection, wantRetries: 5,
+			applied: []string{"user_follows"},
 		},
 		{
 			name: "check constraint",
@@ -441,6 +454,9 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 			checkDeadLetter(t, d, r.tenant, tt.wantProjection, tt.wantClass, tt.wantSQLState, tt.wantRetries, before, after)
 			if !strings.Contains(d.msg.Error, tt.wantError) {
 				t.Errorf("error = %q, want it to contain %q", d.msg.Error, tt.wantError)
+			}
+			if tt.wantStack != "" && !strings.Contains(d.msg.StackTrace, tt.wantStack) {
+				t.Errorf("stackTrace = %q, want it to contain %q", d.msg.StackTrace, tt.wantStack)
 			}
 			if d.headers["traceparent-ish"] != "carried" || d.key != "k1" {
 				t.Errorf("original key/header not carried: key %q headers %v", d.key, d.headers)
