@@ -158,7 +158,20 @@ func checkValueTests() []checkValueTest {
 // TestCheckValueNoAllocs checks that an accepted value of every kind is
 // checked without allocating (the check is on the hot path of Plan).
 func TestCheckValueNoAllocs(t *testing.T) {
-	values := []struct {
+	for _, tt := range checkedValues() {
+		k := kindOf(tt.typ)
+		if n := testing.AllocsPerRun(100, func() { _ = checkValue(k, tt.typ, tt.v) }); n != 0 {
+			t.Errorf("checkValue(%s, %#v): %v allocations, want 0", tt.typ, tt.v, n)
+		}
+	}
+}
+
+// checkedValues returns an accepted value of every column kind.
+func checkedValues() []struct {
+	typ string
+	v   any
+} {
+	return []struct {
 		typ string
 		v   any
 	}{
@@ -168,10 +181,18 @@ func TestCheckValueNoAllocs(t *testing.T) {
 		{"timestamptz", json.Number("1719331200000")}, {"timestamptz", "2024-06-25T16:00:00.5+02:00"},
 		{"jsonb", map[string]any{"a": []any{json.Number("1"), "x", nil}}},
 	}
-	for _, tt := range values {
-		k := kindOf(tt.typ)
-		if n := testing.AllocsPerRun(100, func() { _ = checkValue(k, tt.typ, tt.v) }); n != 0 {
-			t.Errorf("checkValue(%s, %#v): %v allocations, want 0", tt.typ, tt.v, n)
+}
+
+// BenchmarkCheckValue measures the checks of one value of every column
+// kind of TestCheckValueNoAllocs (op = 11 values).
+func BenchmarkCheckValue(b *testing.B) {
+	values := checkedValues()
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, tt := range values {
+			if r := checkValue(kindOf(tt.typ), tt.typ, tt.v); r != "" {
+				b.Fatal(r)
+			}
 		}
 	}
 }
