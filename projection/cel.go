@@ -231,24 +231,50 @@ func fromCEL(v ref.Val) (any, error) {
 // number.
 var errNumberRange = errors.New("number beyond the range of a CEL double (±1.8e308)")
 
-// deriveError adds to a derive's evaluation error err the payload path of
-// the number beyond float64's range that caused it, if one did.
+// errNoSuchOverload is cel-go's error for a function or operator given
+// types it has no overload for (double + int); errors.Is matches it.
+var errNoSuchOverload = types.NoSuchOverloadErr().(error)
+
+// deriveError adds to a derive's evaluation error err the payload number
+// that explains it, if one does: a number beyond float64's range (1e400),
+// or, for a missing overload, an integer beyond int64 that CEL reads as a
+// double (99999999999999999999 + 1 is double + int).
 func deriveError(err error, payload map[string]any) error {
-	if !errors.Is(err, errNumberRange) {
-		return err
-	}
-	if path, n := hugeNumber(payload, "payload"); path != "" {
-		return fmt.Errorf("%s: %s: %w", path, quoteValue(n), err)
+	switch {
+	case errors.Is(err, errNumberRange):
+		if path, n := findNumber(payload, "payload", beyondDouble); path != "" {
+			return fmt.Errorf("%s: %s: %w", path, quoteValue(n), err)
+		}
+	case errors.Is(err, errNoSuchOverload):
+		if path, n := findNumber(payload, "payload", beyondInt64); path != "" {
+			return fmt.Errorf("%w (%s is %s, an integer beyond int64, which CEL reads as a double)", err, path, shortenValue(n))
+		}
 	}
 	return err
 }
 
-// hugeNumber returns the path and text of the first number beyond
-// float64's range in v (object keys in sorted order), or "".
-func hugeNumber(v any, path string) (string, string) {
+// beyondDouble reports whether the JSON number n is beyond float64's range.
+func beyondDouble(n string) bool {
+	_, err := strconv.ParseFloat(n, 64)
+	return err != nil
+}
+
+// beyondInt64 reports whether the JSON number n is an integer (no fraction,
+// no exponent) beyond int64's range.
+func beyondInt64(n string) bool {
+	if strings.ContainsAny(n, ".eE") {
+		return false
+	}
+	_, err := strconv.ParseInt(n, 10, 64)
+	return err != nil
+}
+
+// findNumber returns the path and text of the first number in v for which
+// match reports true (object keys in sorted order), or "".
+func findNumber(v any, path string, match func(string) bool) (string, string) {
 	switch x := v.(type) {
 	case json.Number:
-		if _, err := strconv.ParseFloat(string(x), 64); err != nil {
+		if match(string(x)) {
 			return path, string(x)
 		}
 	case map[string]any:
@@ -258,13 +284,13 @@ func hugeNumber(v any, path string) (string, string) {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if p, n := hugeNumber(x[k], path+"."+k); p != "" {
+			if p, n := findNumber(x[k], path+"."+k, match); p != "" {
 				return p, n
 			}
 		}
 	case []any:
 		for i, e := range x {
-			if p, n := hugeNumber(e, path+"["+strconv.Itoa(i)+"]"); p != "" {
+			if p, n := findNumber(e, path+"["+strconv.Itoa(i)+"]", match); p != "" {
 				return p, n
 			}
 		}

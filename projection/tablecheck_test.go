@@ -338,3 +338,31 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64 checks that a derive
+// failing on an integer beyond int64 (read by CEL as a double) says which
+// payload number it was, not only "no such overload".
+func TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64(t *testing.T) {
+	d, err := ParseDefinitions("inline.yaml", []byte(`irVersion: v1
+projections:
+  - name: p
+    table: t
+    primaryKey: [id]
+    columns:
+      id: { type: text, from: entityId }
+      n:  { type: bigint, derive: "payload.stars + 1" }
+    events: { E: upsert }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := NewTableProjections(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tps[0].Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"stars":99999999999999999999}`))
+	want := `projection "p": derive n: no such overload (payload.stars is 99999999999999999999, an integer beyond int64, which CEL reads as a double)`
+	if err == nil || err.Error() != want || !retry.IsPermanent(err) {
+		t.Errorf("Plan error = %v, want permanent %q", err, want)
+	}
+}
