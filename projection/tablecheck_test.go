@@ -251,26 +251,10 @@ func TestPlanRefusesWhatPostgresRefuses(t *testing.T) {
 // range read by a derive is a permanent error naming the payload path, not
 // Infinity stored.
 func TestDeriveNumberBeyondDouble(t *testing.T) {
-	d, err := ParseDefinitions("inline.yaml", []byte(`irVersion: v1
-projections:
-  - name: p
-    table: t
-    primaryKey: [id]
-    columns:
-      id: { type: text, from: entityId }
-      d:  { type: double precision, derive: "double(payload.x) * 2.0" }
-    events: { E: upsert }
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := NewTableProjections(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := inlineProjection(t, `d: { type: double precision, derive: "double(payload.x) * 2.0" }`)
 	for _, x := range []string{"1e400", "-1e400", `{"y":1e400}`} {
 		ev := tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"x":`+x+`}`)
-		st, err := tps[0].Plan(ev)
+		st, err := p.Plan(ev)
 		if strings.HasPrefix(x, "{") {
 			// Not a number CEL reads: the map is no double.
 			if err == nil || errors.Is(err, errNumberRange) {
@@ -343,6 +327,19 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 // failing on an integer beyond int64 (read by CEL as a double) says which
 // payload number it was, not only "no such overload".
 func TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64(t *testing.T) {
+	p := inlineProjection(t, `n: { type: bigint, derive: "payload.stars + 1" }`)
+	_, err := p.Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"stars":99999999999999999999}`))
+	want := `projection "p": derive n: no such overload (payload.stars is 99999999999999999999, an integer beyond int64, which CEL reads as a double)`
+	if err == nil || err.Error() != want || !retry.IsPermanent(err) {
+		t.Errorf("Plan error = %v, want permanent %q", err, want)
+	}
+}
+
+// inlineProjection returns projection "p" of table t, keyed by entityId
+// (column id), with one more column (YAML "name: {...}") and upserting
+// events of type E.
+func inlineProjection(t *testing.T, column string) *TableProjection {
+	t.Helper()
 	d, err := ParseDefinitions("inline.yaml", []byte(`irVersion: v1
 projections:
   - name: p
@@ -350,7 +347,7 @@ projections:
     primaryKey: [id]
     columns:
       id: { type: text, from: entityId }
-      n:  { type: bigint, derive: "payload.stars + 1" }
+      `+column+`
     events: { E: upsert }
 `))
 	if err != nil {
@@ -360,9 +357,5 @@ projections:
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = tps[0].Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"stars":99999999999999999999}`))
-	want := `projection "p": derive n: no such overload (payload.stars is 99999999999999999999, an integer beyond int64, which CEL reads as a double)`
-	if err == nil || err.Error() != want || !retry.IsPermanent(err) {
-		t.Errorf("Plan error = %v, want permanent %q", err, want)
-	}
+	return tps[0]
 }
