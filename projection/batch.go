@@ -161,72 +161,42 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 
 // applyCopyGroups applies groups with COPY and returns the pairs left for
 // statements: rest, plus the pairs of the groups that COPY could not apply.
-// Each set of groups is applied in one transaction (execCopy); when one
-// group fails:
-//
-//   - for an error of a row (SQLSTATE classes 21, 22, 23, or P0001 raised
-//     by a trigger: a constraint the planner cannot know), the group is
-//     bisected: its two halves (copyGroup.halves) are copied on their own,
-//     recursively, and a half smaller than CopyMinRows goes to statements,
-//     which isolate the failing pairs; the good rows of the group are
-//     thus applied by COPY, and the bad ones cost O(log n) COPYs each;
-//   - for any other error (a tenant without the table, an undefined
-//     column) its pairs go to statements, which fail them together;
-//
-// and the other groups of the set are copied again. An error that is not
-// one group's (begin, commit) or an infrastructure error sends every pair
-// not yet applied to statements (all of planned when nothing was). It
-// returns a non-nil error only when ctx is done.
+// The groups are copied in one transaction (execCopy); when one fails, they
+// are applied again in one transaction by execCopyIsolating, which upserts
+// each group's copied rows by ranges in savepoints, bisects a range that
+// PostgreSQL refused a row of, and leaves the rest to statements. An error that is not one
+// group's (begin, commit) or an infrastructure error sends every pair to
+// statements (planned), which wait for the database or find the failing
+// pairs. It returns a non-nil error only when ctx is done.
 func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, planned []pair) ([]pair, error) {
+	if len(groups) == 0 {
+		return rest, nil
+	}
 	w := pc.w
-	todo := [][]*copyGroup{groups} // sets of groups, each one transaction; next on top
-	committed := false
-	for len(todo) > 0 {
-		set := todo[len(todo)-1]
-		todo = todo[:len(todo)-1]
-		if len(set) == 0 {
-			continue
-		}
-		failed, err := w.execCopy(ctx, set)
-		if err == nil {
-			committed = true
-			continue
+	failed, err := w.execCopy(ctx, groups)
+	if err == nil {
+		return rest, nil
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if failed >= 0 && !retry.IsInfrastructure(err) {
+		w.log.Debug("copy group failed; copying the groups again, each on its own", "partition", pc.partition,
+			"projection", groups[failed].p.Name(), "tenant_schema", groups[failed].schema, "error", err)
+		var left []pair
+		if left, err = pc.execCopyIsolating(ctx, groups); err == nil {
+			return append(rest, left...), nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if failed < 0 || retry.IsInfrastructure(err) {
-			// Not one group's fault: the statements wait for the database
-			// or find the failing pairs.
-			w.log.Debug("copy failed; applying the rest of the batch as statements", "partition", pc.partition, "error", err)
-			if !committed {
-				return planned, nil
-			}
-			for _, set := range append(todo, set) {
-				for _, g := range set {
-					rest = append(rest, g.all...)
-				}
-			}
-			return rest, nil
-		}
-		g := set[failed]
-		todo = append(todo, slices.Delete(set, failed, failed+1))
-		if !rowError(err) || len(g.all) < max(w.cfg.CopyMinRows, 2) {
-			w.log.Debug("copy group failed; applying it as statements", "partition", pc.partition,
-				"projection", g.p.Name(), "tenant_schema", g.schema, "rows", len(g.all), "error", err)
-			rest = append(rest, g.all...)
-			continue
-		}
-		w.log.Debug("copy group failed; copying its halves", "partition", pc.partition,
-			"projection", g.p.Name(), "tenant_schema", g.schema, "rows", len(g.all), "error", err)
-		a, b := g.halves()
-		todo = append(todo, []*copyGroup{b}, []*copyGroup{a})
 	}
-	return rest, nil
+	w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
+	return planned, nil
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than
-// the statement: SQLSTATE classes 21 (cardinality: two rows of one key),
+// the statement (so that bisecting a COPY group isolates it): SQLSTATE classes 21 (cardinality: two rows of one key),
 // 22 (data exception) and 23 (integrity constraint), and P0001 (raised by
 // a trigger).
 func rowError(err error) bool {

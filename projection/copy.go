@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/retry"
 )
 
 // copyGroup is the upserts of one table projection in one tenant schema of
@@ -109,24 +111,6 @@ func (g *copyGroup) add(pr pair, k string) {
 	g.pairs = append(g.pairs, pr)
 }
 
-// halves splits g's upserts, every one of them including those another
-// upsert of the same key superseded, into two groups of the first and the
-// second half in batch order; each keeps only its own newest upsert per
-// key. An upsert superseded in g by one in the other half is thus sent
-// again: it is never skipped because its newer sibling's group failed.
-func (g *copyGroup) halves() (*copyGroup, *copyGroup) {
-	mid := len(g.all) / 2
-	a, b := newCopyGroup(g.p, g.schema), newCopyGroup(g.p, g.schema)
-	for i, pr := range g.all {
-		h := a
-		if i >= mid {
-			h = b
-		}
-		h.add(pr, upsertKey(g.p, pr))
-	}
-	return a, b
-}
-
 // rowKey identifies a row of a table projection in a tenant schema by the
 // text of its primary key values (as Plan sends them).
 func rowKey(tp *TableProjection, schema string, keyArgs []any) string {
@@ -154,8 +138,7 @@ func upsertKey(tp *TableProjection, pr pair) string {
 // execCopy applies the groups in one transaction. Any error rolls all of
 // them back and is returned with the index of the group that failed (−1
 // when the failure is not one group's: begin, commit); the caller
-// (applyCopyGroups) bisects that group or applies its pairs as
-// statements, and applies the other groups again.
+// (applyCopyGroups) then applies the groups again with execCopyIsolating.
 func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int, err error) {
 	start := time.Now()
 	tx, err := w.begin.Begin(ctx)
@@ -163,52 +146,175 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int,
 		return -1, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	affected := make([]int64, len(groups))
-	total := 0
+	results := make([]copyResult, len(groups))
 	for gi, g := range groups {
-		tmp := g.p.copyTable()
-		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp)); err != nil {
+		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(g.p.copyTable(), false)); err != nil {
 			return gi, err
 		}
-		cols := make([]string, 0, len(g.p.cols)+1)
-		for _, c := range g.p.cols {
-			cols = append(cols, c.name)
-		}
-		cols = append(cols, seqColumn)
-		rows := make([][]any, len(g.pairs))
-		for i, pr := range g.pairs {
-			rows[i] = pr.stmt.Args[:len(g.p.cols)+1] // column values, then the sequence number
-		}
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+		results[gi] = copyResult{g: g, n: g.n}
+		if results[gi].affected, err = copyRows(ctx, tx, g); err != nil {
 			return gi, err
 		}
-		tag, err := tx.Exec(ctx, g.p.copyInsertSQL(g.schema, tmp), g.p.def.Table)
-		if err != nil {
-			return gi, err
-		}
-		affected[gi] = tag.RowsAffected()
-		// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
-		// a catalog update, at every batch.
-		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
-			return gi, err
-		}
-		total += len(g.pairs)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return -1, err
 	}
+	w.copyApplied(ctx, results, start)
+	return -1, nil
+}
+
+// copySavepoint is the savepoint around each part of execCopyIsolating.
+const copySavepoint = "SAVEPOINT causet_copy"
+
+// rangeColumn numbers the rows of execCopyIsolating's temporary table: the
+// index of the upsert in its group, in batch order (copyGroup.all).
+const rangeColumn = "_causet_rn"
+
+// copyResult is what execCopyIsolating applied of one group.
+type copyResult struct {
+	g        *copyGroup
+	n        int   // upserts in the ranges applied
+	affected int64 // rows the upserts changed
+}
+
+// execCopyIsolating applies the groups in one transaction and returns the
+// pairs left for statements. Each group's upserts, every one of them
+// (copyGroup.all, superseded ones included), are copied once into a
+// temporary table numbered in batch order; then ranges of them are upserted,
+// each inside a savepoint, the newest per key of the range only (as
+// copyGroup.add chooses). A range that fails is rolled back to its
+// savepoint alone; then, when PostgreSQL refused a row (rowError) and the
+// range holds at least CopyMinRows upserts (and 2), its two halves are
+// upserted in its place, recursively; else its pairs are left for
+// statements, which isolate the failing ones. The good rows are thus
+// applied without another COPY, each bad one costing O(log n) upserts of
+// shrinking ranges, and the pass one commit. An upsert superseded in a
+// range that fails is upserted again with its half, never skipped. An
+// infrastructure error, or any error outside a range's savepoint (begin,
+// COPY, commit), is returned: nothing was applied.
+func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) ([]pair, error) {
+	w := pc.w
+	start := time.Now()
+	tx, err := w.begin.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var results []copyResult
+	var left []pair
+	for _, g := range groups {
+		tmp := g.p.copyTable() + "_r"
+		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
+			return nil, err
+		}
+		cols := make([]string, 0, len(g.p.cols)+2)
+		for _, c := range g.p.cols {
+			cols = append(cols, c.name)
+		}
+		cols = append(cols, seqColumn, rangeColumn)
+		rows := make([][]any, len(g.all))
+		for i, pr := range g.all {
+			row := make([]any, 0, len(cols))
+			row = append(row, pr.stmt.Args[:len(g.p.cols)+1]...) // column values, then the sequence number
+			rows[i] = append(row, int64(i))
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+			return nil, err
+		}
+		insert := g.p.copyInsertSQL(g.schema, g.p.copyRangeSQL(tmp))
+		res := copyResult{g: g}
+		todo := [][2]int{{0, len(g.all)}} // ranges [lo, hi) of g.all; next on top
+		for len(todo) > 0 {
+			r := todo[len(todo)-1]
+			todo = todo[:len(todo)-1]
+			if _, err := tx.Exec(ctx, copySavepoint); err != nil {
+				return nil, err
+			}
+			tag, err := tx.Exec(ctx, insert, g.p.def.Table, r[0], r[1])
+			if err == nil {
+				if _, err := tx.Exec(ctx, "RELEASE "+copySavepoint); err != nil {
+					return nil, err
+				}
+				res.n += r[1] - r[0]
+				res.affected += tag.RowsAffected()
+				continue
+			}
+			if ctx.Err() != nil || retry.IsInfrastructure(err) {
+				return nil, err
+			}
+			if _, rbErr := tx.Exec(ctx, "ROLLBACK TO "+copySavepoint); rbErr != nil {
+				return nil, rbErr
+			}
+			if rowError(err) && r[1]-r[0] >= max(w.cfg.CopyMinRows, 2) {
+				w.log.Debug("copy group failed; upserting its halves", "partition", pc.partition,
+					"projection", g.p.Name(), "tenant_schema", g.schema, "rows", r[1]-r[0], "error", err)
+				mid := (r[0] + r[1]) / 2
+				todo = append(todo, [2]int{mid, r[1]}, [2]int{r[0], mid})
+				continue
+			}
+			w.log.Debug("copy group failed; applying it as statements", "partition", pc.partition,
+				"projection", g.p.Name(), "tenant_schema", g.schema, "rows", r[1]-r[0], "error", err)
+			left = append(left, g.all[r[0]:r[1]]...)
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
+			return nil, err
+		}
+		results = append(results, res)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	w.copyApplied(ctx, results, start)
+	return left, nil
+}
+
+// copyRows copies g's rows into its projection's temporary table (which
+// must exist), upserts them into the table and empties the temporary table.
+// It returns the rows the upsert changed.
+func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
+	tmp := g.p.copyTable()
+	cols := make([]string, 0, len(g.p.cols)+1)
+	for _, c := range g.p.cols {
+		cols = append(cols, c.name)
+	}
+	cols = append(cols, seqColumn)
+	rows := make([][]any, len(g.pairs))
+	for i, pr := range g.pairs {
+		rows[i] = pr.stmt.Args[:len(g.p.cols)+1] // column values, then the sequence number
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+		return 0, err
+	}
+	tag, err := tx.Exec(ctx, g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize()), g.p.def.Table)
+	if err != nil {
+		return 0, err
+	}
+	// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
+	// a catalog update, at every batch.
+	if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// copyApplied records committed COPY work in the metrics: of each
+// result's n upserts, affected applied and the rest stale.
+func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start time.Time) {
+	total := 0
+	for _, r := range results {
+		total += r.n
+	}
 	w.cfg.Metrics.observeBatch(ctx, total, time.Since(start))
-	for gi, g := range groups {
-		attrs := pairAttrs(g.p.Name(), g.schema)
-		for i := int64(0); i < int64(g.n); i++ {
+	for _, r := range results {
+		attrs := pairAttrs(r.g.p.Name(), r.g.schema)
+		for i := 0; i < r.n; i++ {
 			out := Applied
-			if i >= affected[gi] {
+			if int64(i) >= r.affected {
 				out = Stale // superseded in the batch, or older than the row
 			}
 			w.cfg.Metrics.applied(ctx, attrs, out)
 		}
 	}
-	return -1, nil
 }
 
 // copyTable returns the name of the projection's temporary COPY table (one
@@ -220,19 +326,38 @@ func (p *TableProjection) copyTable() string {
 }
 
 // copyCreateSQL creates the temporary table: every column text, as Plan's
-// parameters are, emptied at commit.
-func (p *TableProjection) copyCreateSQL(tmp string) string {
-	cols := make([]string, 0, len(p.cols)+1)
+// parameters are, emptied at commit; numbered adds rangeColumn (bigint).
+func (p *TableProjection) copyCreateSQL(tmp string, numbered bool) string {
+	cols := make([]string, 0, len(p.cols)+2)
 	for _, c := range p.cols {
 		cols = append(cols, ident(c.name)+" text")
 	}
 	cols = append(cols, seqColumn+" text")
+	if numbered {
+		cols = append(cols, rangeColumn+" bigint")
+	}
 	return "CREATE TEMP TABLE IF NOT EXISTS " + pgx.Identifier{tmp}.Sanitize() + " (" + strings.Join(cols, ", ") + ") ON COMMIT DELETE ROWS"
 }
 
-// copyInsertSQL is upsertSQL for the rows of the temporary table: the same
-// casts, tombstone check and sequence guard ($1 is the table name).
-func (p *TableProjection) copyInsertSQL(schema, tmp string) string {
+// copyRangeSQL is the rows $2 <= rangeColumn < $3 of the numbered
+// temporary table tmp, the newest of each primary key only (last sequence
+// wins; on a tie the later record, as copyGroup.add chooses), as a
+// subquery for copyInsertSQL.
+func (p *TableProjection) copyRangeSQL(tmp string) string {
+	keys := make([]string, 0, len(p.pk))
+	for _, i := range p.pk {
+		keys = append(keys, ident(p.cols[i].name))
+	}
+	k := strings.Join(keys, ", ")
+	return "(SELECT DISTINCT ON (" + k + ") * FROM " + pgx.Identifier{tmp}.Sanitize() +
+		" WHERE " + rangeColumn + " >= $2::bigint AND " + rangeColumn + " < $3::bigint" +
+		" ORDER BY " + k + ", " + seqColumn + "::bigint DESC, " + rangeColumn + " DESC)"
+}
+
+// copyInsertSQL is upsertSQL for the rows of from, the temporary table or
+// a subquery of it: the same casts, tombstone check and sequence guard ($1
+// is the table name).
+func (p *TableProjection) copyInsertSQL(schema, from string) string {
 	cast := func(name, typ string) string {
 		if typ == "text" {
 			return "src." + ident(name)
@@ -266,7 +391,7 @@ func (p *TableProjection) copyInsertSQL(schema, tmp string) string {
 	sets = append(sets, seqColumn+" = EXCLUDED."+seqColumn)
 	s := pgx.Identifier{schema}.Sanitize()
 	return "INSERT INTO " + s + "." + ident(p.def.Table) + " AS t (" + strings.Join(names, ", ") + ")" +
-		" SELECT " + strings.Join(values, ", ") + " FROM " + pgx.Identifier{tmp}.Sanitize() + " src" +
+		" SELECT " + strings.Join(values, ", ") + " FROM " + from + " src" +
 		" WHERE NOT EXISTS (SELECT 1 FROM " + s + "." + ident(tombstoneTable) + " tb" +
 		" WHERE tb.table_name = $1::text AND tb.pk = ARRAY[" + strings.Join(keyTexts, ", ") + "]" +
 		" AND tb." + seqColumn + " >= " + seq + ")" +

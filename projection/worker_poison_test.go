@@ -160,10 +160,11 @@ func (c *logCounter) records(msg string) []slog.Record {
 
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
 // PostgreSQL refuses (a CHECK constraint) into one COPY group of 64 rows:
-// the group is bisected by COPY, every good row is applied, and exactly
-// the violating pairs are dead-lettered, once each. One violating row is
-// the newer of two upserts of its key: the older one, superseded in the
-// group, is applied once the halves part them.
+// the group is bisected (its copied rows upserted by halves), every good
+// row is applied, and exactly the violating pairs are dead-lettered, once
+// each. One violating row is the newer of two upserts of its key: the
+// older one, superseded in the group, is applied once the halves part
+// them. Two upserts of one key with one sequence number: the later wins.
 func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
@@ -179,6 +180,11 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 		case 9, 50:
 			stars = 99
 			wantDead[user+"@1"] = 1
+		case 25:
+			// user-20 again, same sequence number, in a range [16, 32) that
+			// succeeds: the later record wins.
+			user, stars = "user-20", 4
+			wantRows[user] = [2]int64{4, 1}
 		case 60:
 			// user-10's newer event, refused; its older one (i = 10) stands.
 			user, stars = "user-10", 77
@@ -206,7 +212,7 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
 		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
 	}
-	if len(logs.records("copy group failed; copying its halves")) == 0 {
+	if len(logs.records("copy group failed; upserting its halves")) == 0 {
 		t.Error("the failing COPY group was not bisected")
 	}
 	// Only halves smaller than CopyMinRows go to statements.
