@@ -163,7 +163,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 // statements: rest, plus the pairs of the groups that COPY could not apply.
 // The groups are copied in one transaction (execCopy); when one fails, they
 // are applied again in one transaction by execCopyIsolating, which upserts
-// each group's copied rows by ranges in savepoints, bisects a range that
+// each group's copied rows by ranges in savepoints, splits a range that
 // PostgreSQL refused a row of, and leaves the rest to statements. An error that is not one
 // group's (begin, commit) or an infrastructure error sends every pair to
 // statements (planned), which wait for the database or find the failing
@@ -196,7 +196,7 @@ func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, r
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than
-// the statement (so that bisecting a COPY group isolates it): SQLSTATE classes 21 (cardinality: two rows of one key),
+// the statement (so that splitting a COPY group isolates it): SQLSTATE classes 21 (cardinality: two rows of one key),
 // 22 (data exception) and 23 (integrity constraint), and P0001 (raised by
 // a trigger).
 func rowError(err error) bool {

@@ -159,49 +159,47 @@ func (c *logCounter) records(msg string) []slog.Record {
 }
 
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
-// PostgreSQL refuses (a CHECK constraint) into one COPY group of 64 rows:
-// the group is bisected (its copied rows upserted by halves), every good
-// row is applied, and exactly the violating pairs are dead-lettered, once
-// each. One violating row is the newer of two upserts of its key: the
-// older one, superseded in the group, is applied once the halves part
-// them. Two upserts of one key with one sequence number: the later wins.
+// PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
+// with CopyMinRows 16: the failed group's copied rows are upserted by parts
+// of 16, every good row is applied, and exactly the violating pairs are
+// dead-lettered, once each. One violating row is the newer of two upserts
+// of its key: the older one, superseded in the group, is applied with its
+// own part. Two upserts of one key with one sequence number in a part
+// that succeeds: the later wins.
 func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
 	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
-	const n = 64
+	const n, minRows = 128, 16
 	var keys, values []string
 	wantDead := map[string]int{}
 	wantRows := map[string][2]int64{}
 	for i := range n {
 		user := fmt.Sprintf("user-%d", i)
-		stars := i % 10
+		stars, seq := i%10, int64(1)
 		switch i {
-		case 9, 50:
+		case 70, 100:
 			stars = 99
 			wantDead[user+"@1"] = 1
+		case 60:
+			// user-10's newer event, refused; its older one (i = 10, in a
+			// part that succeeds) stands.
+			user, stars, seq = "user-10", 77, 2
+			wantDead[user+"@2"] = 1
 		case 25:
-			// user-20 again, same sequence number, in a range [16, 32) that
-			// succeeds: the later record wins.
+			// user-20 again, same sequence number, in part [16, 32).
 			user, stars = "user-20", 4
 			wantRows[user] = [2]int64{4, 1}
-		case 60:
-			// user-10's newer event, refused; its older one (i = 10) stands.
-			user, stars = "user-10", 77
-			keys = append(keys, user)
-			values = append(values, r.event("ARTIST_RATED", user, 2, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
-			wantDead[user+"@2"] = 1
-			continue
 		default:
 			wantRows[user] = [2]int64{int64(stars), 1}
 		}
 		keys = append(keys, user)
-		values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+		values = append(values, r.event("ARTIST_RATED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
 	}
 	r.produceAll(keys, values)
 	logs := &logCounter{msgs: map[string][]slog.Record{}}
 	r.start(func(c *projection.Config) {
-		c.CopyMinRows = 32
+		c.CopyMinRows = minRows
 		c.Retry.MaxRetries = 1
 		c.Logger = slog.New(logs)
 	})
@@ -212,14 +210,14 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
 		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
 	}
-	if len(logs.records("copy group failed; upserting its halves")) == 0 {
-		t.Error("the failing COPY group was not bisected")
+	if len(logs.records("copy group failed; upserting its parts")) == 0 {
+		t.Error("the failing COPY group was not split")
 	}
-	// Only halves smaller than CopyMinRows go to statements.
+	// Only parts of at most CopyMinRows upserts go to statements.
 	for _, rec := range logs.records("copy group failed; applying it as statements") {
 		rec.Attrs(func(a slog.Attr) bool {
-			if a.Key == "rows" && a.Value.Int64() >= 32 {
-				t.Errorf("a group of %d rows went to statements", a.Value.Int64())
+			if a.Key == "rows" && a.Value.Int64() > minRows {
+				t.Errorf("a range of %d rows went to statements", a.Value.Int64())
 			}
 			return true
 		})
