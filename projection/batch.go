@@ -138,28 +138,9 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
 		groups, rest = copyGroups(planned, w.cfg.CopyMinRows)
-		for len(groups) > 0 {
-			failed, err := w.execCopy(ctx, groups)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if failed < 0 || retry.IsInfrastructure(err) {
-				// Not one group's fault: the statements wait for the
-				// database or find the failing pairs.
-				w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
-				rest = planned
-				break
-			}
-			// One group failed (a tenant without the table, a constraint):
-			// its pairs go as statements, which isolate the failing ones;
-			// the other groups are copied again.
-			w.log.Debug("copy group failed; applying it as statements", "partition", pc.partition,
-				"projection", groups[failed].p.Name(), "tenant_schema", groups[failed].schema, "error", err)
-			rest = append(rest, groups[failed].all...)
-			groups = slices.Delete(groups, failed, failed+1)
+		var err error
+		if rest, err = pc.applyCopyGroups(ctx, groups, rest, planned); err != nil {
+			return err
 		}
 	}
 	f, err := pc.applyPlanned(ctx, rest)
@@ -176,6 +157,56 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 		}
 	}
 	return pc.settle(ctx, batch, failures)
+}
+
+// applyCopyGroups applies groups with COPY and returns the pairs left for
+// statements: rest, plus the pairs of the groups that COPY could not apply.
+// The groups are copied in one transaction (execCopy); when one fails, they
+// are applied again in one transaction by execCopyIsolating, which upserts
+// each group's copied rows by ranges in savepoints, splits a range that
+// PostgreSQL refused a row of, and leaves the rest to statements. An error that is not one
+// group's (begin, commit) or an infrastructure error sends every pair to
+// statements (planned), which wait for the database or find the failing
+// pairs. It returns a non-nil error only when ctx is done.
+func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, planned []pair) ([]pair, error) {
+	if len(groups) == 0 {
+		return rest, nil
+	}
+	w := pc.w
+	failed, err := w.execCopy(ctx, groups)
+	if err == nil {
+		return rest, nil
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if failed >= 0 && !retry.IsInfrastructure(err) {
+		w.log.Debug("copy group failed; copying the groups again, each on its own", "partition", pc.partition,
+			"projection", groups[failed].p.Name(), "tenant_schema", groups[failed].schema, "error", err)
+		var left []pair
+		if left, err = pc.execCopyIsolating(ctx, groups); err == nil {
+			return append(rest, left...), nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
+	return planned, nil
+}
+
+// rowError reports whether err is PostgreSQL refusing a row rather than
+// the statement (so that splitting a COPY group isolates it): SQLSTATE classes 21 (cardinality: two rows of one key),
+// 22 (data exception) and 23 (integrity constraint), and P0001 (raised by
+// a trigger).
+func rowError(err error) bool {
+	switch code := retry.SQLState(err); {
+	case len(code) != 5:
+		return false
+	case code[:2] == "21", code[:2] == "22", code[:2] == "23", code == "P0001":
+		return true
+	}
+	return false
 }
 
 // plan calls p.Plan, turning a panic into a *PanicError (a projection
@@ -270,8 +301,13 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 	return failures, nil
 }
 
-// batchFailure records the failure of pair p in a batch.
+// batchFailure records the failure of pair p in a batch; a PostgreSQL
+// error about one column of a table projection's row names it
+// (*ColumnError).
 func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailure {
+	if tp, ok := p.h.(*TableProjection); ok {
+		err = tp.columnError(p.d.ev, err)
+	}
 	class := retry.Classify(err)
 	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
 	return pairFailure{

@@ -21,8 +21,10 @@ package projection
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -137,7 +139,10 @@ func (a treeAdapter) NativeToValue(v any) ref.Val {
 		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
 			return types.Int(i)
 		}
-		f, _ := strconv.ParseFloat(string(x), 64) // ±Inf beyond float64's range
+		f, err := strconv.ParseFloat(string(x), 64)
+		if err != nil { // beyond float64's range: not ±Inf, an error
+			return types.WrapErr(errNumberRange)
+		}
 		return types.Double(f)
 	case map[string]any:
 		return types.NewStringInterfaceMap(a, x)
@@ -219,4 +224,76 @@ func fromCEL(v ref.Val) (any, error) {
 		return m, nil
 	}
 	return nil, fmt.Errorf("result of type %s cannot be stored", v.Type().TypeName())
+}
+
+// errNumberRange is the CEL error of a JSON number beyond float64's range
+// (1e400): CEL has no value for it, and ±Infinity would be a different
+// number.
+var errNumberRange = errors.New("number beyond the range of a CEL double (±1.8e308)")
+
+// errNoSuchOverload is cel-go's error for a function or operator given
+// types it has no overload for (double + int); errors.Is matches it.
+var errNoSuchOverload = types.NoSuchOverloadErr().(error)
+
+// deriveError adds to a derive's evaluation error err the payload number
+// that explains it, if one does: a number beyond float64's range (1e400),
+// or, for a missing overload, an integer beyond int64 that CEL reads as a
+// double (99999999999999999999 + 1 is double + int).
+func deriveError(err error, payload map[string]any) error {
+	switch {
+	case errors.Is(err, errNumberRange):
+		if path, n := findNumber(payload, "payload", beyondDouble); path != "" {
+			return fmt.Errorf("%s: %s: %w", path, quoteValue(n), err)
+		}
+	case errors.Is(err, errNoSuchOverload):
+		if path, n := findNumber(payload, "payload", beyondInt64); path != "" {
+			return fmt.Errorf("%w (%s is %s, an integer beyond int64, which CEL reads as a double)", err, path, shortenValue(n))
+		}
+	}
+	return err
+}
+
+// beyondDouble reports whether the JSON number n is beyond float64's range.
+func beyondDouble(n string) bool {
+	_, err := strconv.ParseFloat(n, 64)
+	return err != nil
+}
+
+// beyondInt64 reports whether the JSON number n is an integer (no fraction,
+// no exponent) beyond int64's range.
+func beyondInt64(n string) bool {
+	if strings.ContainsAny(n, ".eE") {
+		return false
+	}
+	_, err := strconv.ParseInt(n, 10, 64)
+	return err != nil
+}
+
+// findNumber returns the path and text of the first number in v for which
+// match reports true (object keys in sorted order), or "".
+func findNumber(v any, path string, match func(string) bool) (string, string) {
+	switch x := v.(type) {
+	case json.Number:
+		if match(string(x)) {
+			return path, string(x)
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if p, n := findNumber(x[k], path+"."+k, match); p != "" {
+				return p, n
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if p, n := findNumber(e, path+"["+strconv.Itoa(i)+"]", match); p != "" {
+				return p, n
+			}
+		}
+	}
+	return "", ""
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -66,10 +67,13 @@ type TableProjection struct {
 
 // column is a column with its value source resolved.
 type column struct {
-	name string
-	typ  string
-	path []string    // from, split at dots; nil for derive
-	prog cel.Program // derive; nil for from
+	name    string
+	typ     string
+	kind    colKind
+	notNull bool        // notNull and not a primary key column (nullKey reports those)
+	source  string      // "from payload.x" or `derive "expr"`, for errors
+	path    []string    // from, split at dots; nil for derive
+	prog    cel.Program // derive; nil for from
 }
 
 // NewTableProjections validates d (see Definitions.Validate) and returns one
@@ -88,11 +92,13 @@ func NewTableProjections(d *Definitions) ([]*TableProjection, error) {
 		keyIndex := map[string]int{}
 		for _, name := range pd.ColumnNames {
 			cd := pd.Columns[name]
-			c := column{name: name, typ: cd.Type}
+			c := column{name: name, typ: cd.Type, kind: kindOf(cd.Type), notNull: cd.NotNull && !slices.Contains(pd.PrimaryKey, name)}
 			if cd.From != "" {
 				c.path = strings.Split(cd.From, ".")
+				c.source = "from " + cd.From
 			} else {
 				c.prog = d.programs[cd.Derive]
+				c.source = "derive " + strconv.Quote(cd.Derive)
 			}
 			keyIndex[name] = len(p.cols)
 			p.cols = append(p.cols, c)
@@ -122,9 +128,10 @@ func (p *TableProjection) Handles(eventType string) bool {
 // Apply plans ev (see Plan) and executes the statement on db. It returns
 // Stale when the statement changed no row: the row or its tombstone is newer
 // than ev. Errors of Plan are permanent; a PostgreSQL error is returned as
-// is (*pgconn.PgError, unwrapped), so that the dead letter's error reads as
-// PostgreSQL prints it (SPEC §6; projection and tenant schema are fields of
-// the dead letter already).
+// a *ColumnError wrapping it when it names a column of the row or the
+// parameter carrying one, else as is (*pgconn.PgError); either way the dead
+// letter's error reads as PostgreSQL prints it (SPEC §6; projection and
+// tenant schema are fields of the dead letter already).
 func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome, error) {
 	st, err := p.Plan(ev)
 	if err != nil {
@@ -132,7 +139,7 @@ func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome,
 	}
 	tag, err := db.Exec(ctx, st.SQL, st.Args...)
 	if err != nil {
-		return Applied, err
+		return Applied, p.columnError(ev, err)
 	}
 	return st.Outcome(tag), nil
 }
@@ -146,16 +153,20 @@ func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome,
 // identifier, or one of PostgreSQL's own schemas; the SQL is never built),
 // the projection does not handle ev.EventType, a derive expression
 // fails at run time (`projection "p": derive score: division by zero`), a
-// value cannot be converted to its column's type (an object or array into a
-// column that is not jsonb, a non-integer epoch into timestamptz), or a
-// primary key value is NULL.
+// primary key value is NULL, or a value that PostgreSQL would refuse for
+// its column's type, or a NULL for a notNull column: a *ValueError naming
+// the column, the source (from path or derive) and the value's JSON type.
 //
 // Conversions, by column type: jsonb gets the JSON text of the value (numbers
 // exact); timestamptz and date get a JSON number as epoch milliseconds,
-// rendered exactly in UTC, and a string as it is (PostgreSQL parses it); every
-// other type gets a string as it is, a number as its exact JSON text and a
-// boolean as true/false, and PostgreSQL's cast decides (its class 22 errors,
-// such as 22P02 for "abc" into bigint, are permanent too). JSON null and an
+// rendered exactly in UTC, and an RFC 3339 string as it is; every other type
+// gets a string as it is, a number as its exact JSON text and a boolean as
+// true/false. Before that, the value is checked as PostgreSQL's input
+// function for the type would read it (see checkValue): integer range and
+// syntax for smallint, integer and bigint; numeric syntax and range; the
+// range of double precision and real (1e400 is refused, not stored as
+// Infinity); boolean spellings; uuid syntax; the timestamptz and date range;
+// no NUL character in any string (text and jsonb refuse it). JSON null and an
 // absent from path give NULL.
 func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	if ev == nil {
@@ -180,10 +191,19 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 			var err error
 			if v, err = evalDerive(c.prog, vars); err != nil {
-				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, err))
+				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, deriveError(err, vars.payload)))
 			}
 		} else {
 			v = lookupPath(ev, c.path)
+		}
+		if v == nil {
+			if c.notNull {
+				return nil, p.valueError(c, v, "null value in a notNull column")
+			}
+			return nil, nil
+		}
+		if r := checkValue(c.kind, c.typ, v); r != "" {
+			return nil, p.valueError(c, v, r)
 		}
 		s, err := toParam(c.typ, v)
 		if err != nil {
@@ -228,6 +248,10 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 
 func (p *TableProjection) permanent(err error) error {
 	return retry.MarkPermanent(fmt.Errorf("projection %q: %w", p.def.Name, err))
+}
+
+func (p *TableProjection) valueError(c *column, v any, reason string) error {
+	return &ValueError{Projection: p.def.Name, Column: c.name, Source: c.source, JSONType: jsonType(v), Reason: reason}
 }
 
 func (p *TableProjection) nullKey(i int) error {

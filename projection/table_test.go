@@ -284,39 +284,46 @@ func TestApplyErrors(t *testing.T) {
 			class:   retry.Permanent, message: `projection "artist_followers": derive score: no such key: games`,
 		},
 		{
+			// Refused by Plan: the NOT NULL constraint is not reached.
 			name: "derive null into notNull column", proj: "kinds", eventType: "KIND_SET",
 			payload: `{}`,
-			class:   retry.Projection, sqlState: "23502", message: `null value in column "required" of relation "kinds" violates not-null constraint`,
+			class:   retry.Permanent, message: `projection "kinds": column required (derive "payload.?required.orValue(null)", JSON null): null value in a notNull column`,
 		},
 		{
 			name: "string into bigint", proj: "artist_followers", eventType: "ARTIST_FOLLOWED",
 			payload: `{"user_id":"u","artist_id":"a","points":1,"games":1,"big":"abc"}`,
-			class:   retry.Permanent, sqlState: "22P02", message: `invalid input syntax for type bigint: "abc"`,
+			class:   retry.Permanent, message: `projection "artist_followers": column big (from payload.big, JSON string): invalid input syntax for type bigint: "abc"`,
 		},
 		{
 			name: "number out of range", proj: "kinds", eventType: "KIND_SET",
 			payload: `{"required":1,"n_small":40000}`,
-			class:   retry.Permanent, sqlState: "22003", message: `value "40000" is out of range for type smallint`,
+			class:   retry.Permanent, message: `projection "kinds": column n_small (from payload.n_small, JSON number): value "40000" is out of range for type smallint`,
 		},
 		{
 			name: "object into text", proj: "kinds", eventType: "KIND_SET",
 			payload: `{"required":1,"label":{"a":1}}`,
-			class:   retry.Permanent, message: `projection "kinds": column label: a JSON object cannot be stored in a text column (only jsonb)`,
+			class:   retry.Permanent, message: `projection "kinds": column label (from payload.label, JSON object): a JSON object cannot be stored in a text column (only jsonb)`,
 		},
 		{
 			name: "array into bigint", proj: "artist_followers", eventType: "ARTIST_FOLLOWED",
 			payload: `{"user_id":"u","artist_id":"a","points":1,"games":1,"big":[1]}`,
-			class:   retry.Permanent, message: `projection "artist_followers": column big: a JSON array cannot be stored in a bigint column (only jsonb)`,
+			class:   retry.Permanent, message: `projection "artist_followers": column big (from payload.big, JSON array): a JSON array cannot be stored in a bigint column (only jsonb)`,
 		},
 		{
 			name: "fractional epoch into timestamptz", proj: "kinds", eventType: "KIND_SET",
 			payload: `{"required":1,"at":1.5}`,
-			class:   retry.Permanent, message: `projection "kinds": column at: timestamptz from a number wants integer epoch milliseconds, got 1.5`,
+			class:   retry.Permanent, message: `projection "kinds": column at (from payload.at, JSON number): timestamptz from a number wants integer epoch milliseconds, got 1.5`,
 		},
 		{
 			name: "bad RFC 3339 string into timestamptz", proj: "kinds", eventType: "KIND_SET",
 			payload: `{"required":1,"at":"yesterday-ish"}`,
-			class:   retry.Permanent, sqlState: "22007",
+			class:   retry.Permanent, message: `projection "kinds": column at (from payload.at, JSON string): invalid input syntax for type timestamptz: "yesterday-ish" (want RFC 3339, such as 2024-06-25T16:00:00Z)`,
+		},
+		{
+			// A constraint only PostgreSQL knows: its error as it prints it.
+			name: "check constraint", setup: "ALTER TABLE %s.kinds ADD CONSTRAINT small_positive CHECK (n_small > 0)",
+			proj: "kinds", eventType: "KIND_SET", payload: `{"required":1,"n_small":-1}`,
+			class: retry.Projection, sqlState: "23514", message: `new row for relation "kinds" violates check constraint "small_positive"`,
 		},
 		{
 			name: "null primary key", proj: "artist_followers", eventType: "ARTIST_FOLLOWED",
@@ -577,7 +584,7 @@ func TestPlanStatements(t *testing.T) {
 		t.Errorf("delete needs only the key: %v", err)
 	}
 	tk := tps["typed_keys"]
-	st, err = tk.Plan(tblEvent(t, "acme", "TYPED_DELETED", 1, 0, `{"uuid":"x","at":0,"num":1}`))
+	st, err = tk.Plan(tblEvent(t, "acme", "TYPED_DELETED", 1, 0, `{"uuid":"123e4567-e89b-12d3-a456-426614174000","at":0,"num":1}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -729,6 +736,25 @@ func BenchmarkPlan(b *testing.B) {
 	_, tps := tblProjections(b)
 	p := tps["artist_followers"]
 	ev := tblEvent(b, "acme_concertapp_production", "ARTIST_FOLLOWED", 1891, 1719331200000, specPayload)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Plan(ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// kindsPayload sets a value of every column type of the kinds projection.
+const kindsPayload = `{"n_int":2147483647,"n_small":-32768,"n_num":"12345678901234567890.0123456789","n_double":1.5e300,"n_real":3.25,"flag":true,` +
+	`"at":"2024-06-25T16:00:00.5+02:00","day":1719331200000,"doc":{"a":[1,"x",null]},"uid":"123e4567-e89b-12d3-a456-426614174000",` +
+	`"label":"hello","tags":["first"],"required":7}`
+
+// BenchmarkPlanKinds measures planning an upsert with a value of every
+// column type (the type checks of every kind on the hot path).
+func BenchmarkPlanKinds(b *testing.B) {
+	_, tps := tblProjections(b)
+	p := tps["kinds"]
+	ev := tblEvent(b, "acme_concertapp_production", "KIND_SET", 1891, 1719331200000, kindsPayload)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := p.Plan(ev); err != nil {

@@ -366,6 +366,7 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 		wantSQLState   string
 		wantClass      retry.Class
 		wantRetries    int
+		wantStack      string // in stackTrace, when set
 		applied        []string
 		notMigrated    bool
 	}{
@@ -386,8 +387,41 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1"}`)
 			},
 			wantProjection: "artist_ratings",
-			wantError:      `ERROR: null value in column "stars" of relation "artist_ratings" violates not-null constraint (SQLSTATE 23502)`,
+			wantError:      `projection "artist_ratings": column stars (derive "has(payload.stars) ? payload.stars : null", JSON null): null value in a notNull column`,
+			wantClass:      retry.Permanent, wantRetries: 0,
+		},
+		{
+			name: "value out of range for the column type",
+			value: func(r *rig) string {
+				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1","stars":99999999999999999999}`)
+			},
+			wantProjection: "artist_ratings",
+			wantError:      `projection "artist_ratings": column stars (derive "has(payload.stars) ? payload.stars : null", JSON number): value "1e+20" is out of range for type integer`,
+			wantClass:      retry.Permanent, wantRetries: 0,
+		},
+		{
+			name: "not-null constraint only the table has",
+			setup: func(r *rig) {
+				exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" ALTER COLUMN score SET NOT NULL")
+			},
+			value:          func(r *rig) string { return r.follow("user-1", "artist-1", 1) },
+			wantProjection: "artist_followers",
+			wantError:      `ERROR: null value in column "score" of relation "artist_followers" violates not-null constraint (SQLSTATE 23502)`,
+			wantStack:      `projection "artist_followers": column score (derive "has(payload.games) ? payload.points / payload.games : null", JSON null): ERROR: null value in column "score"`,
 			wantSQLState:   "23502", wantClass: retry.Projection, wantRetries: 5,
+			applied: []string{"user_follows"},
+		},
+		{
+			name: "check constraint",
+			setup: func(r *rig) {
+				exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+			},
+			value: func(r *rig) string {
+				return r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"artist-1","stars":11}`)
+			},
+			wantProjection: "artist_ratings",
+			wantError:      `ERROR: new row for relation "artist_ratings" violates check constraint "stars_range" (SQLSTATE 23514)`,
+			wantSQLState:   "23514", wantClass: retry.Projection, wantRetries: 5,
 		},
 		{
 			name: "derive divides by zero",
@@ -420,6 +454,9 @@ func TestWorkerDeadLettersEachDocumentedCause(t *testing.T) {
 			checkDeadLetter(t, d, r.tenant, tt.wantProjection, tt.wantClass, tt.wantSQLState, tt.wantRetries, before, after)
 			if !strings.Contains(d.msg.Error, tt.wantError) {
 				t.Errorf("error = %q, want it to contain %q", d.msg.Error, tt.wantError)
+			}
+			if tt.wantStack != "" && !strings.Contains(d.msg.StackTrace, tt.wantStack) {
+				t.Errorf("stackTrace = %q, want it to contain %q", d.msg.StackTrace, tt.wantStack)
 			}
 			if d.headers["traceparent-ish"] != "carried" || d.key != "k1" {
 				t.Errorf("original key/header not carried: key %q headers %v", d.key, d.headers)
@@ -796,8 +833,8 @@ func TestWorkerHandlerPanicIsDeadLetteredWithStack(t *testing.T) {
 // applied once.
 func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 	t.Parallel()
-	// A row-level failure that only PostgreSQL sees: an ARTIST_RATED without
-	// stars derives NULL into a NOT NULL column (23502, retried).
+	// A row-level failure that only PostgreSQL sees: stars beyond the
+	// table's CHECK constraint (23514, retried).
 	const good, dbPoison, planPoison = "good", "db-poison", "plan-poison"
 	tests := []struct {
 		name   string
@@ -813,6 +850,7 @@ func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, rigOptions{})
+			exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
 			wantRows, wantDead := 0, 0
 			for i, kind := range tt.events {
 				user := fmt.Sprintf("user-%d", i)
@@ -821,7 +859,7 @@ func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, i))))
 					wantRows++
 				case dbPoison:
-					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a"}`, user))))
+					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":99}`, user))))
 					wantDead++
 				case planPoison:
 					r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":"many"}`, user))))
@@ -846,7 +884,7 @@ func TestWorkerBatchIsolatesFailingPairs(t *testing.T) {
 				if err := json.Unmarshal(d.msg.OriginalEvent, &ev); err != nil {
 					t.Fatal(err)
 				}
-				if ev.Payload.Stars != nil && ev.Payload.Stars != "many" {
+				if ev.Payload.Stars != 99.0 && ev.Payload.Stars != "many" {
 					t.Errorf("a good event was dead-lettered: %s", d.msg.OriginalEvent)
 				}
 			}

@@ -135,7 +135,7 @@ func Examples(now time.Time) []Example {
 		{"a follow then an unfollow: deleted, tombstone kept", "user-125", ev("ARTIST_FOLLOWED", "user-125", TenantProduction, 1, `{"user_id":"user-125","artist_id":"artist-789"}`)},
 		{"", "user-125", ev("ARTIST_UNFOLLOWED", "user-125", TenantProduction, 2, `{"user_id":"user-125","artist_id":"artist-789"}`)},
 		{"tenant whose table lacks a column: column ... does not exist (42703), retried then dead-lettered", "user-200", ev("ARTIST_FOLLOWED", "user-200", TenantStaging, 1, `{"user_id":"user-200","artist_id":"artist-456"}`)},
-		{"derive returning null into a NOT NULL column (23502), retried then dead-lettered", "user-201", ev("ARTIST_RATED", "user-201", TenantProduction, 1, `{"user_id":"user-201","artist_id":"artist-456"}`)},
+		{"derive returning null into a notNull column: refused before SQL, dead-lettered at once", "user-201", ev("ARTIST_RATED", "user-201", TenantProduction, 1, `{"user_id":"user-201","artist_id":"artist-456"}`)},
 		{"tenant never migrated: relation ... does not exist (42P01), retried then dead-lettered", "user-202", ev("ARTIST_FOLLOWED", "user-202", TenantLegacy, 1, `{"user_id":"user-202","artist_id":"artist-456"}`)},
 		{"derive dividing by zero: permanent, dead-lettered at once", "user-203", ev("ARTIST_FOLLOWED", "user-203", TenantProduction, 1, `{"user_id":"user-203","artist_id":"artist-456","points":10,"games":0}`)},
 		{"not JSON: permanent, dead-lettered at once with the raw value in base64", "user-204", `this is not json`},

@@ -1,0 +1,361 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/retry"
+)
+
+// checkValueTests are the cases of TestCheckValue: a value, the column
+// type, and checkValue's reason ("" when accepted).
+type checkValueTest struct {
+	typ  string
+	in   any
+	want string
+}
+
+// TestCheckValue checks, type by type, that checkValue refuses what
+// PostgreSQL's input function for the column type refuses (the reason in
+// PostgreSQL's words where it has them) and takes what it takes. The
+// accepted values are applied by TestCheckValueAgreesWithPostgres too.
+func TestCheckValue(t *testing.T) {
+	for _, tt := range checkValueTests() {
+		t.Run(fmt.Sprintf("%s %#v", tt.typ, tt.in), func(t *testing.T) {
+			if got := checkValue(kindOf(tt.typ), tt.typ, tt.in); got != tt.want {
+				t.Errorf("checkValue(%s, %#v) = %q, want %q", tt.typ, tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCheckValueAgreesWithPostgres sends every value of TestCheckValue
+// that toParam converts to PostgreSQL, cast as Plan casts it
+// ($1::text::<type>): PostgreSQL must take exactly what checkValue takes.
+func TestCheckValueAgreesWithPostgres(t *testing.T) {
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	for _, tt := range checkValueTests() {
+		if tt.in == "0x1F" {
+			continue // PostgreSQL 16 takes it, older versions do not
+		}
+		param, err := toParam(tt.typ, tt.in)
+		if err != nil {
+			continue // refused by the conversion itself
+		}
+		var ok bool
+		_, dbErr := pool.Exec(ctx, "SELECT $1::text::"+tt.typ, param)
+		ok = dbErr == nil
+		if ok != (tt.want == "") {
+			t.Errorf("%s %#v: checkValue says %q, PostgreSQL says %v", tt.typ, tt.in, tt.want, dbErr)
+		}
+	}
+}
+
+func checkValueTests() []checkValueTest {
+	n := func(s string) json.Number { return json.Number(s) }
+	return []checkValueTest{
+		// smallint, integer, bigint: range and syntax.
+		{"smallint", n("32767"), ""},
+		{"smallint", n("-32768"), ""},
+		{"smallint", n("40000"), `value "40000" is out of range for type smallint`},
+		{"integer", n("2147483647"), ""},
+		{"integer", n("3000000000"), `value "3000000000" is out of range for type integer`},
+		{"integer", n("99999999999999999999"), `value "99999999999999999999" is out of range for type integer`},
+		{"integer", n("1e+20"), `value "1e+20" is out of range for type integer`},
+		{"integer", n("1e400"), `value "1e400" is out of range for type integer`},
+		{"integer", n("1.0"), `invalid input syntax for type integer: "1.0"`},
+		{"integer", n("1.5"), `invalid input syntax for type integer: "1.5"`},
+		{"integer", " 12 ", ""},
+		{"integer", "+12", ""},
+		{"integer", "abc", `invalid input syntax for type integer: "abc"`},
+		{"integer", "", `invalid input syntax for type integer: ""`},
+		{"integer", "0x1F", ""}, // PostgreSQL 16 reads it: left to the cast
+		{"bigint", n("9223372036854775807"), ""},
+		{"bigint", n("9223372036854775808"), `value "9223372036854775808" is out of range for type bigint`},
+		{"bigint", n("-9223372036854775809"), `value "-9223372036854775809" is out of range for type bigint`},
+		{"bigint", true, "a JSON boolean cannot be stored in a bigint column"},
+		{"bigint", []any{n("1")}, "a JSON array cannot be stored in a bigint column (only jsonb)"},
+		// numeric: syntax, 131072 digits before the point, 16383 after.
+		{"numeric", n("12345678901234567890.0123456789"), ""},
+		{"numeric", n("1e131071"), ""},
+		{"numeric", n("1e131072"), `value overflows numeric format: "1e131072"`},
+		{"numeric", n("1e-16383"), ""},
+		{"numeric", n("1.5e-16383"), `value overflows numeric format: "1.5e-16383"`},
+		{"numeric", n("1e400"), ""},
+		{"numeric", " .5 ", ""},
+		{"numeric", "5.", ""},
+		{"numeric", "NaN", ""},
+		{"numeric", "-Infinity", ""},
+		{"numeric", "1.2.3", `invalid input syntax for type numeric: "1.2.3"`},
+		{"numeric", "1e", `invalid input syntax for type numeric: "1e"`},
+		{"numeric", false, "a JSON boolean cannot be stored in a numeric column"},
+		// double precision and real: range, underflow to zero.
+		{"double precision", n("1.5e300"), ""},
+		{"double precision", n("1e-320"), ""},
+		{"double precision", n("0e-500"), ""},
+		{"double precision", n("1e400"), `value "1e400" is out of range for type double precision`},
+		{"double precision", n("1e-400"), `value "1e-400" is out of range for type double precision`},
+		{"double precision", " nan ", ""},
+		{"double precision", "-Infinity", ""},
+		{"double precision", "1,5", `invalid input syntax for type double precision: "1,5"`},
+		{"real", n("3.4e38"), ""},
+		{"real", n("1e39"), `value "1e39" is out of range for type real`},
+		{"real", n("1e-46"), `value "1e-46" is out of range for type real`},
+		// boolean: PostgreSQL's words and their unique prefixes.
+		{"boolean", true, ""},
+		{"boolean", " YES ", ""},
+		{"boolean", "tr", ""},
+		{"boolean", "of", ""},
+		{"boolean", "o", `invalid input syntax for type boolean: "o"`},
+		{"boolean", "maybe", `invalid input syntax for type boolean: "maybe"`},
+		{"boolean", n("1"), ""},
+		{"boolean", n("2"), `invalid input syntax for type boolean: "2"`},
+		// uuid: 32 hex digits, braces, a hyphen after any group of four.
+		{"uuid", "123e4567-e89b-12d3-a456-426614174000", ""},
+		{"uuid", "{123E4567E89B12D3A456426614174000}", ""},
+		{"uuid", "1234-5678-1234-1234-1234-1234-5678-9abc", ""},
+		{"uuid", "123e4567-e89b-12d3-a456-42661417400", `invalid input syntax for type uuid: "123e4567-e89b-12d3-a456-42661417400"`},
+		{"uuid", "123e4567--e89b-12d3-a456-426614174000", `invalid input syntax for type uuid: "123e4567--e89b-12d3-a456-426614174000"`},
+		{"uuid", " 123e4567-e89b-12d3-a456-426614174000", `invalid input syntax for type uuid: " 123e4567-e89b-12d3-a456-426614174000"`},
+		{"uuid", n("1"), "a JSON number cannot be stored in a uuid column"},
+		// timestamptz and date: epoch milliseconds in range, RFC 3339.
+		{"timestamptz", n(fmt.Sprint(MinTimestampMillis)), ""},
+		{"timestamptz", n(fmt.Sprint(MinTimestampMillis - 1)), fmt.Sprintf("epoch milliseconds %d are out of range for type timestamptz", MinTimestampMillis-1)},
+		{"timestamptz", n(fmt.Sprint(EndTimestampMillis)), fmt.Sprintf("epoch milliseconds %d are out of range for type timestamptz", EndTimestampMillis)},
+		{"timestamptz", n("1.5"), "timestamptz from a number wants integer epoch milliseconds, got 1.5"},
+		{"timestamptz", "2024-06-25T16:00:00.5+02:00", ""},
+		{"timestamptz", "2024-06-25 16:00:00Z", ""},
+		{"timestamptz", "infinity", ""},
+		{"timestamptz", "0000-01-01T00:00:00Z", `date/time field value out of range: "0000-01-01T00:00:00Z"`},
+		{"timestamptz", "yesterday-ish", `invalid input syntax for type timestamptz: "yesterday-ish" (want RFC 3339, such as 2024-06-25T16:00:00Z)`},
+		{"timestamptz", time.Date(2024, 6, 25, 16, 0, 0, 0, time.UTC), ""},
+		{"date", n(fmt.Sprint(EndTimestampMillis)), ""},
+		{"date", n(fmt.Sprint(endDateMillis)), fmt.Sprintf("epoch milliseconds %d are out of range for type date", endDateMillis)},
+		{"date", "2024-06-25", ""},
+		{"date", "2024-06-25T23:00:00-05:00", ""},
+		// NUL: text and jsonb refuse it anywhere.
+		{"text", "a\x00b", `a string with a NUL character (\u0000) cannot be stored in a text column`},
+		{"text", n("99999999999999999999"), ""},
+		{"text", map[string]any{}, "a JSON object cannot be stored in a text column (only jsonb)"},
+		{"jsonb", "a\x00b", `a string with a NUL character (\u0000) cannot be stored in a jsonb column`},
+		{"jsonb", map[string]any{"a": []any{"x", "y\x00"}}, `a string with a NUL character (\u0000) cannot be stored in a jsonb column`},
+		{"jsonb", map[string]any{"a\x00": n("1")}, `a key with a NUL character (\u0000) cannot be stored in a jsonb column`},
+		{"jsonb", map[string]any{"a": n("1e131072")}, `value overflows numeric format: "1e131072"`},
+		{"jsonb", map[string]any{"a": []any{n("1e400"), true, nil}}, ""},
+	}
+}
+
+// TestCheckValueNoAllocs checks that an accepted value of every kind is
+// checked without allocating (the check is on the hot path of Plan).
+func TestCheckValueNoAllocs(t *testing.T) {
+	for _, tt := range checkedValues() {
+		k := kindOf(tt.typ)
+		if n := testing.AllocsPerRun(100, func() { _ = checkValue(k, tt.typ, tt.v) }); n != 0 {
+			t.Errorf("checkValue(%s, %#v): %v allocations, want 0", tt.typ, tt.v, n)
+		}
+	}
+}
+
+// checkedValues returns an accepted value of every column kind.
+func checkedValues() []struct {
+	typ string
+	v   any
+} {
+	return []struct {
+		typ string
+		v   any
+	}{
+		{"text", "hello"}, {"integer", json.Number("2147483647")}, {"bigint", " 42 "},
+		{"numeric", json.Number("12345678901234567890.0123456789")}, {"double precision", json.Number("1.5e300")},
+		{"real", "3.25"}, {"boolean", "Yes"}, {"uuid", "123e4567-e89b-12d3-a456-426614174000"},
+		{"timestamptz", json.Number("1719331200000")}, {"timestamptz", "2024-06-25T16:00:00.5+02:00"},
+		{"jsonb", map[string]any{"a": []any{json.Number("1"), "x", nil}}},
+	}
+}
+
+// BenchmarkCheckValue measures the checks of one value of every column
+// kind of TestCheckValueNoAllocs (op = 11 values).
+func BenchmarkCheckValue(b *testing.B) {
+	values := checkedValues()
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, tt := range values {
+			if r := checkValue(kindOf(tt.typ), tt.typ, tt.v); r != "" {
+				b.Fatal(r)
+			}
+		}
+	}
+}
+
+// TestPlanRefusesWhatPostgresRefuses checks that Plan refuses a value its
+// column's type cannot take, before any SQL, with a permanent *ValueError
+// naming the projection, column, source and JSON type.
+func TestPlanRefusesWhatPostgresRefuses(t *testing.T) {
+	_, tps := tblProjections(t)
+	tests := []struct {
+		name    string
+		proj    string
+		payload string
+		want    ValueError
+	}{
+		{"integer out of range", "kinds", `{"required":1,"n_int":3000000000}`,
+			ValueError{"kinds", "n_int", "from payload.n_int", "number", `value "3000000000" is out of range for type integer`}},
+		{"integer beyond int64, kept as sent", "kinds", `{"required":1,"n_int":99999999999999999999}`,
+			ValueError{"kinds", "n_int", "from payload.n_int", "number", `value "99999999999999999999" is out of range for type integer`}},
+		{"NUL in text", "kinds", `{"required":1,"label":"a\u0000b"}`,
+			ValueError{"kinds", "label", "from payload.label", "string", `a string with a NUL character (\u0000) cannot be stored in a text column`}},
+		{"NUL in jsonb", "kinds", `{"required":1,"doc":{"k":"\u0000"}}`,
+			ValueError{"kinds", "doc", "from payload.doc", "object", `a string with a NUL character (\u0000) cannot be stored in a jsonb column`}},
+		{"double out of range", "kinds", `{"required":1,"n_double":1e400}`,
+			ValueError{"kinds", "n_double", "from payload.n_double", "number", `value "1e400" is out of range for type double precision`}},
+		{"bad uuid", "kinds", `{"required":1,"uid":"not-a-uuid"}`,
+			ValueError{"kinds", "uid", "from payload.uid", "string", `invalid input syntax for type uuid: "not-a-uuid"`}},
+		{"null into notNull", "kinds", `{}`,
+			ValueError{"kinds", "required", `derive "payload.?required.orValue(null)"`, "null", "null value in a notNull column"}},
+		{"derive result out of range", "kinds", `{"required":1e300}`,
+			ValueError{"kinds", "required", `derive "payload.?required.orValue(null)"`, "number", `value "1e+300" is out of range for type bigint`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := tblEvent(t, "tenant_a", "KIND_SET", 7, 1719331200000, tt.payload)
+			_, err := tps[tt.proj].Plan(ev)
+			var ve *ValueError
+			if !errors.As(err, &ve) {
+				t.Fatalf("Plan error = %v, want a *ValueError", err)
+			}
+			if *ve != tt.want {
+				t.Errorf("ValueError = %+v, want %+v", *ve, tt.want)
+			}
+			if !retry.IsPermanent(err) {
+				t.Errorf("class = %v, want permanent", retry.Classify(err))
+			}
+			wantMsg := fmt.Sprintf("projection %q: column %s (%s, JSON %s): %s", tt.want.Projection, tt.want.Column, tt.want.Source, tt.want.JSONType, tt.want.Reason)
+			if err.Error() != wantMsg {
+				t.Errorf("error = %q, want %q", err, wantMsg)
+			}
+		})
+	}
+}
+
+// TestDeriveNumberBeyondDouble checks that a JSON number beyond float64's
+// range read by a derive is a permanent error naming the payload path, not
+// Infinity stored.
+func TestDeriveNumberBeyondDouble(t *testing.T) {
+	p := inlineProjection(t, `d: { type: double precision, derive: "double(payload.x) * 2.0" }`)
+	for _, x := range []string{"1e400", "-1e400", `{"y":1e400}`} {
+		ev := tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"x":`+x+`}`)
+		st, err := p.Plan(ev)
+		if strings.HasPrefix(x, "{") {
+			// Not a number CEL reads: the map is no double.
+			if err == nil || errors.Is(err, errNumberRange) {
+				t.Errorf("x = %s: Plan = %v, %v; want a no-overload error", x, st.Args, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Fatalf("x = %s: Plan succeeded with args %v, want an error", x, st.Args)
+		}
+		want := fmt.Sprintf(`projection "p": derive d: payload.x: %q: number beyond the range of a CEL double (±1.8e308)`, x)
+		if !retry.IsPermanent(err) || !errors.Is(err, errNumberRange) || err.Error() != want {
+			t.Errorf("x = %s: error = %q (class %v), want permanent %q", x, err, retry.Classify(err), want)
+		}
+	}
+}
+
+// TestApplyNamesTheColumnOfPostgresErrors checks that a PostgreSQL error
+// naming a column (ColumnName) or the parameter that carries it (Where
+// "unnamed portal parameter $N") comes back as a *ColumnError with the
+// column's source and the value's JSON type, PostgreSQL's error unchanged
+// inside it.
+func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
+	pool, schema, tps := tblTenant(t)
+	ctx := context.Background()
+	// A constraint the definitions do not know.
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "kinds"}.Sanitize()+" ALTER COLUMN first_tag SET NOT NULL"); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		ev       func() *Event
+		want     ColumnError // Err not compared
+		sqlState string
+	}{
+		{"not-null violation names the column", func() *Event {
+			return tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1}`)
+		}, ColumnError{Projection: "kinds", Column: "first_tag", Source: "from payload.tags.0", JSONType: "null"}, "23502"},
+		{"invalid encoding names the parameter", func() *Event {
+			ev := tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1,"tags":["t"],"label":"x"}`)
+			ev.Payload["label"] = "a\xffb" // hand-built: DecodeEvent refuses invalid UTF-8
+			return ev
+		}, ColumnError{Projection: "kinds", Column: "label", Source: "from payload.label", JSONType: "string"}, "22021"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tps["kinds"].Apply(ctx, pool, tt.ev())
+			var ce *ColumnError
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &ce) || !errors.As(err, &pgErr) {
+				t.Fatalf("Apply error = %v, want a *ColumnError around a *pgconn.PgError", err)
+			}
+			got := *ce
+			got.Err = nil
+			if got != tt.want {
+				t.Errorf("ColumnError = %+v, want %+v", got, tt.want)
+			}
+			if pgErr.Code != tt.sqlState {
+				t.Errorf("SQLSTATE = %s, want %s", pgErr.Code, tt.sqlState)
+			}
+			want := fmt.Sprintf("projection %q: column %s (%s, JSON %s): %s", tt.want.Projection, tt.want.Column, tt.want.Source, tt.want.JSONType, pgErr.Error())
+			if err.Error() != want {
+				t.Errorf("error = %q, want %q", err, want)
+			}
+		})
+	}
+}
+
+// TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64 checks that a derive
+// failing on an integer beyond int64 (read by CEL as a double) says which
+// payload number it was, not only "no such overload".
+func TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64(t *testing.T) {
+	p := inlineProjection(t, `n: { type: bigint, derive: "payload.stars + 1" }`)
+	_, err := p.Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"stars":99999999999999999999}`))
+	want := `projection "p": derive n: no such overload (payload.stars is 99999999999999999999, an integer beyond int64, which CEL reads as a double)`
+	if err == nil || err.Error() != want || !retry.IsPermanent(err) {
+		t.Errorf("Plan error = %v, want permanent %q", err, want)
+	}
+}
+
+// inlineProjection returns projection "p" of table t, keyed by entityId
+// (column id), with one more column (YAML "name: {...}") and upserting
+// events of type E.
+func inlineProjection(t *testing.T, column string) *TableProjection {
+	t.Helper()
+	d, err := ParseDefinitions("inline.yaml", []byte(`irVersion: v1
+projections:
+  - name: p
+    table: t
+    primaryKey: [id]
+    columns:
+      id: { type: text, from: entityId }
+      `+column+`
+    events: { E: upsert }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := NewTableProjections(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tps[0]
+}

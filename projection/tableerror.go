@@ -1,0 +1,99 @@
+package projection
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ColumnError is a PostgreSQL error about one column of a table
+// projection's row, with what Plan knows of that column: its source and
+// the JSON type of the event's value. The column is known when PostgreSQL
+// names it (PgError.ColumnName, as for 23502 not-null violations) or names
+// the statement parameter that carries it (PgError.Where "unnamed portal
+// parameter $2", as for 22021 invalid encoding). Err is the
+// *pgconn.PgError, unchanged: retry.Classify and retry.SQLState see it
+// through Unwrap, and a dead letter's error field reads as PostgreSQL
+// prints it (SPEC §6) while its stackTrace shows this error too.
+type ColumnError struct {
+	// Projection, Column, Source and JSONType are as in ValueError.
+	Projection, Column, Source, JSONType string
+	// Err is PostgreSQL's error.
+	Err error
+}
+
+// Error returns `projection "<p>": column <c> (<source>, JSON <type>): <PostgreSQL's error>`.
+func (e *ColumnError) Error() string {
+	return "projection " + strconv.Quote(e.Projection) + ": column " + e.Column + " (" + e.Source + ", JSON " + e.JSONType + "): " + e.Err.Error()
+}
+
+// Unwrap returns Err.
+func (e *ColumnError) Unwrap() error { return e.Err }
+
+// columnError returns err, PostgreSQL's error for the statement Plan made
+// of ev, as a *ColumnError when it names a column of p's row or the
+// parameter carrying one; else err unchanged.
+func (p *TableProjection) columnError(ev *Event, err error) error {
+	var pg *pgconn.PgError
+	if ev == nil || !errors.As(err, &pg) {
+		return err
+	}
+	ci := -1
+	if pg.ColumnName != "" && (pg.TableName == "" || pg.TableName == p.def.Table) {
+		ci = slices.IndexFunc(p.cols, func(c column) bool { return c.name == pg.ColumnName })
+	} else if n := portalParameter(pg.Where); n > 0 {
+		// Plan's arguments: an upsert's are the columns in order, a
+		// delete's the key columns; then the sequence number and table.
+		switch p.def.Events[ev.EventType] {
+		case OpUpsert:
+			if n <= len(p.cols) {
+				ci = n - 1
+			}
+		case OpDelete:
+			if n <= len(p.pk) {
+				ci = p.pk[n-1]
+			}
+		}
+	}
+	if ci < 0 {
+		return err
+	}
+	c := &p.cols[ci]
+	return &ColumnError{Projection: p.def.Name, Column: c.name, Source: c.source, JSONType: jsonType(p.columnValue(ev, c)), Err: err}
+}
+
+// columnValue returns the event tree value of column c for ev, nil when a
+// derive fails. It is for error messages: a derive is evaluated again.
+func (p *TableProjection) columnValue(ev *Event, c *column) any {
+	if c.prog == nil {
+		return lookupPath(ev, c.path)
+	}
+	v, err := evalDerive(c.prog, deriveVars(ev))
+	if err != nil {
+		return nil
+	}
+	return v
+}
+
+// portalParameter returns N of the "portal parameter $N" that a
+// PostgreSQL error context (PgError.Where) names, 0 when it names none.
+func portalParameter(where string) int {
+	const marker = "portal parameter $"
+	i := strings.Index(where, marker)
+	if i < 0 {
+		return 0
+	}
+	rest := where[i+len(marker):]
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	n, err := strconv.Atoi(rest[:end])
+	if err != nil {
+		return 0
+	}
+	return n
+}

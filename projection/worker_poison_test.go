@@ -1,0 +1,225 @@
+package projection_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/projection"
+	"github.com/causet/projection-worker/retry"
+)
+
+// produceAll writes values keyed by keys[i] in one synchronous produce.
+func (r *rig) produceAll(keys []string, values []string) {
+	r.t.Helper()
+	recs := make([]*kgo.Record, len(values))
+	for i, v := range values {
+		recs[i] = &kgo.Record{Key: []byte(keys[i]), Value: []byte(v)}
+	}
+	if err := r.producer.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.produced += int64(len(recs))
+}
+
+// ratings returns the artist_ratings rows of the rig's tenant: user_id →
+// (stars, _causet_seq).
+func (r *rig) ratings() map[string][2]int64 {
+	r.t.Helper()
+	rows, err := r.pool.Query(context.Background(), "SELECT user_id, stars, _causet_seq FROM "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := map[string][2]int64{}
+	for rows.Next() {
+		var user string
+		var stars, seq int64
+		if err := rows.Scan(&user, &stars, &seq); err != nil {
+			r.t.Fatal(err)
+		}
+		out[user] = [2]int64{stars, seq}
+	}
+	if err := rows.Err(); err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// deadLetteredUsers returns the payload.user_id and sequence number of
+// every dead letter, "user@seq", sorted, with their count.
+func deadLetteredUsers(t *testing.T, dls []deadLetter) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, d := range dls {
+		var ev struct {
+			Seq     int64 `json:"sequenceNumber"`
+			Payload struct {
+				User string `json:"user_id"`
+			} `json:"payload"`
+		}
+		if err := json.Unmarshal(d.msg.OriginalEvent, &ev); err != nil {
+			t.Fatal(err)
+		}
+		out[fmt.Sprintf("%s@%d", strings.ReplaceAll(ev.Payload.User, "\x00", `\0`), ev.Seq)]++
+	}
+	return out
+}
+
+// TestWorkerDeadLetteringDoesNotDependOnBatchSize puts poisoned events
+// that PostgreSQL would refuse (an integer out of range, a NUL in text, a
+// NULL for a notNull column), each followed in the same batch by a newer
+// good event of the same key, among good events, and applies them with
+// batches of 1, 100 and 500 records: each poisoned event is dead-lettered
+// once (at plan time, permanent), whatever the batch, and the newer event
+// of its key is applied. Before Plan checked values, a poisoned event
+// superseded inside a COPY group was never tried at 100 records.
+func TestWorkerDeadLetteringDoesNotDependOnBatchSize(t *testing.T) {
+	t.Parallel()
+	poison := map[int]string{ // position → payload (user filled in)
+		40:  `{"user_id":%q,"artist_id":"a","stars":3000000000}`,
+		120: `{"user_id":%q,"artist_id":"a","stars":"a\u0000b"}`,
+		260: `{"user_id":%q,"artist_id":"a"}`,
+	}
+	const n = 300
+	for _, batch := range []int{1, 100, 500} {
+		t.Run(fmt.Sprintf("max batch records %d", batch), func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{})
+			var keys, values []string
+			wantDead := map[string]int{}
+			wantRows := map[string][2]int64{}
+			for i := range n {
+				user := fmt.Sprintf("user-%d", i)
+				if p, ok := poison[i]; ok {
+					// The poisoned event, then a newer one of its key two
+					// records later: both in one batch of 100 or 500.
+					keys = append(keys, user)
+					values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(p, user)))
+					wantDead[user+"@1"] = 1
+					keys = append(keys, "other-"+user)
+					values = append(values, r.event("ARTIST_RATED", "other-"+user, 1, fmt.Sprintf(`{"user_id":"other-%s","artist_id":"a","stars":1}`, user)))
+					wantRows["other-"+user] = [2]int64{1, 1}
+					keys = append(keys, user)
+					values = append(values, r.event("ARTIST_RATED", user, 2, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":2}`, user)))
+					wantRows[user] = [2]int64{2, 2}
+					continue
+				}
+				keys = append(keys, user)
+				values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, i%5)))
+				wantRows[user] = [2]int64{int64(i % 5), 1}
+			}
+			r.produceAll(keys, values)
+			r.start(func(c *projection.Config) { c.MaxBatchRecords = batch })
+			r.waitCommitted(testTimeout)
+			dls := r.deadLetters()
+			if diff := cmp.Diff(wantDead, deadLetteredUsers(t, dls)); diff != "" {
+				t.Errorf("dead letters (-want +got):\n%s", diff)
+			}
+			for _, d := range dls {
+				if d.msg.RetryCount != 0 || d.headers["causet.dlq.error-class"] != retry.Permanent.String() || !strings.Contains(d.msg.Error, "column stars") {
+					t.Errorf("dead letter: retries %d, class %s, error %q; want 0, permanent, naming column stars",
+						d.msg.RetryCount, d.headers["causet.dlq.error-class"], d.msg.Error)
+				}
+			}
+			if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
+				t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// logCounter counts the messages logged at any level.
+type logCounter struct {
+	mu   sync.Mutex
+	msgs map[string][]slog.Record
+}
+
+func (c *logCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (c *logCounter) Handle(_ context.Context, rec slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs[rec.Message] = append(c.msgs[rec.Message], rec)
+	return nil
+}
+func (c *logCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *logCounter) WithGroup(string) slog.Handler      { return c }
+
+func (c *logCounter) records(msg string) []slog.Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.msgs[msg]
+}
+
+// TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
+// PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
+// with CopyMinRows 16: the failed group's copied rows are upserted by parts
+// of 16, every good row is applied, and exactly the violating pairs are
+// dead-lettered, once each. One violating row is the newer of two upserts
+// of its key: the older one, superseded in the group, is applied with its
+// own part. Two upserts of one key with one sequence number in a part
+// that succeeds: the later wins.
+func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	const n, minRows = 128, 16
+	var keys, values []string
+	wantDead := map[string]int{}
+	wantRows := map[string][2]int64{}
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		stars, seq := i%10, int64(1)
+		switch i {
+		case 70, 100:
+			stars = 99
+			wantDead[user+"@1"] = 1
+		case 60:
+			// user-10's newer event, refused; its older one (i = 10, in a
+			// part that succeeds) stands.
+			user, stars, seq = "user-10", 77, 2
+			wantDead[user+"@2"] = 1
+		case 25:
+			// user-20 again, same sequence number, in part [16, 32).
+			user, stars = "user-20", 4
+			wantRows[user] = [2]int64{4, 1}
+		default:
+			wantRows[user] = [2]int64{int64(stars), 1}
+		}
+		keys = append(keys, user)
+		values = append(values, r.event("ARTIST_RATED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	r.produceAll(keys, values)
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) {
+		c.CopyMinRows = minRows
+		c.Retry.MaxRetries = 1
+		c.Logger = slog.New(logs)
+	})
+	r.waitCommitted(testTimeout)
+	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
+		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
+	}
+	if len(logs.records("copy group failed; upserting its parts")) == 0 {
+		t.Error("the failing COPY group was not split")
+	}
+	// Only parts of at most CopyMinRows upserts go to statements.
+	for _, rec := range logs.records("copy group failed; applying it as statements") {
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == "rows" && a.Value.Int64() > minRows {
+				t.Errorf("a range of %d rows went to statements", a.Value.Int64())
+			}
+			return true
+		})
+	}
+}
