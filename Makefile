@@ -5,6 +5,9 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -X main.version=$(VERSION)
 # Broker of the real-Kafka suite (make kafka-up starts it there).
 TEST_KAFKA_BROKERS ?= 127.0.0.1:19092
+# make kafka-up's SASL_SSL listener (SCRAM-SHA-512 over TLS) and its private CA.
+TEST_KAFKA_SASL_BROKERS ?= 127.0.0.1:19094
+TEST_KAFKA_TLS_CA ?= $(CURDIR)/.kafka/tls/ca.pem
 # Events in the throughput benchmark (make bench N=1000000).
 N ?= 200000
 # Events of the unmigrated-tenant scenario of make bench (non-blocking retries).
@@ -72,7 +75,7 @@ soak:
 # real-broker counterparts run instead. The broker-restart test runs last,
 # alone, since it stops and starts the shared broker (make kafka-up's).
 test-kafka:
-	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) $(GO) test -count=1 -timeout 12m ./...
+	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_SASL_BROKERS=$(TEST_KAFKA_SASL_BROKERS) KAFKA_TLS_CA=$(TEST_KAFKA_TLS_CA) $(GO) test -count=1 -timeout 12m ./...
 	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_RESTART_TEST=1 $(GO) test -count=1 -timeout 10m -run 'TestWorkerRealBrokerRestartMidStream' -v ./projection
 
 # The real-broker soak (issue 8): 3 `projection-worker run` processes (built

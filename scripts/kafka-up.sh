@@ -3,8 +3,12 @@
 # that is both broker and controller, on 127.0.0.1 only.
 #
 #   bootstrap server   127.0.0.1:${KAFKA_PORT:-19092}   (PLAINTEXT)
+#   SASL_SSL listener  127.0.0.1:${KAFKA_SASL_PORT:-KAFKA_PORT+2}   (SCRAM-SHA-512 over TLS;
+#                      users are created through the Admin API on the PLAINTEXT listener;
+#                      the server certificate, for 127.0.0.1 and localhost, is signed by a
+#                      private CA: tls/ca.pem)
 #   controller         127.0.0.1:${KAFKA_CONTROLLER_PORT:-19093}
-#   state              ${KAFKA_DIR:-<repo>/.kafka}: lib/ (jars), data/ (log dirs),
+#   state              ${KAFKA_DIR:-<repo>/.kafka}: lib/ (jars), data/ (log dirs), tls/,
 #                      server.properties, broker.pid, broker.log, broker.out
 #
 # The jars come from Maven with scripts/kafka/pom.xml and are cached in .kafka/lib
@@ -13,11 +17,11 @@
 # topics and offsets. Running it while the broker is up only checks that it answers.
 #
 # It returns once the broker answers a metadata request (kcat -L, or Kafka's
-# TopicCommand --list where kcat is missing) and prints KAFKA_BROKERS=<host:port> on
-# stdout, or fails with the tail of the broker's log after KAFKA_START_TIMEOUT seconds
+# TopicCommand --list where kcat is missing) and prints KAFKA_BROKERS=<host:port>,
+# KAFKA_SASL_BROKERS=<host:port> and KAFKA_TLS_CA=<path> on stdout, or fails with the tail of the broker's log after KAFKA_START_TIMEOUT seconds
 # (default 60; at once when the broker exits).
 #
-# Environment: KAFKA_DIR, KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_START_TIMEOUT,
+# Environment: KAFKA_DIR, KAFKA_PORT, KAFKA_SASL_PORT, KAFKA_CONTROLLER_PORT, KAFKA_START_TIMEOUT,
 # KAFKA_HEAP_OPTS (default "-Xms256m -Xmx768m"), JAVA_HOME, MVN (default mvn).
 set -euo pipefail
 
@@ -27,6 +31,7 @@ repo_root=$(cd "$script_dir/.." && pwd)
 KAFKA_DIR=${KAFKA_DIR:-$repo_root/.kafka}
 KAFKA_PORT=${KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-19093}
+KAFKA_SASL_PORT=${KAFKA_SASL_PORT:-$((KAFKA_PORT + 2))}
 KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-60}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}
 MVN=${MVN:-mvn}
@@ -37,9 +42,16 @@ lib=$KAFKA_DIR/lib
 data=$KAFKA_DIR/data
 config=$KAFKA_DIR/server.properties
 pid_file=$KAFKA_DIR/broker.pid
+tls=$KAFKA_DIR/tls
+tls_pass=causet-test-only
 bootstrap=127.0.0.1:$KAFKA_PORT
 
 log() { printf 'kafka-up: %s\n' "$*" >&2; }
+print_env() {
+	echo "KAFKA_BROKERS=$bootstrap"
+	echo "KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT"
+	echo "KAFKA_TLS_CA=$tls/ca.pem"
+}
 die() { log "$*"; exit 1; }
 
 if [[ -n ${JAVA_HOME:-} && -x $JAVA_HOME/bin/java ]]; then
@@ -117,7 +129,7 @@ wait_ready() {
 if pid=$(broker_pid); then
 	wait_ready "$pid"
 	log "already running (pid $pid) on $bootstrap"
-	echo "KAFKA_BROKERS=$bootstrap"
+	print_env
 	exit 0
 fi
 rm -f "$pid_file"
@@ -144,6 +156,28 @@ if [[ ! -f $lib/.pom.sha256 || $(<"$lib/.pom.sha256") != "$pom_sum" ]]; then
 	log "resolved $(find "$lib" -name '*.jar' | wc -l) jars in $((SECONDS - start))s"
 fi
 
+# The SASL_SSL listener's key and certificate, signed by a private CA, made once with
+# the JDK's keytool (PKCS12 files; the password only protects test keys).
+if [[ ! -f $tls/server.p12 || ! -f $tls/ca.pem ]]; then
+	keytool=$(dirname "$(readlink -f "$java")")/keytool
+	[[ -x $keytool ]] || die "keytool not found next to $java: the SASL_SSL listener needs it"
+	rm -rf "$tls" && mkdir -p "$tls"
+	kt() { "$keytool" "$@" -storepass "$tls_pass" -storetype PKCS12 >>"$tls/keytool.out" 2>&1; }
+	kt -genkeypair -alias ca -keyalg RSA -keysize 2048 -dname "CN=causet test CA" \
+		-ext bc:c -validity 3650 -keystore "$tls/ca.p12" ||
+		die "keytool: the CA: $(tail -3 "$tls/keytool.out")"
+	kt -exportcert -rfc -alias ca -keystore "$tls/ca.p12" -file "$tls/ca.pem"
+	kt -genkeypair -alias server -keyalg RSA -keysize 2048 -dname "CN=localhost" \
+		-validity 3650 -keystore "$tls/server.p12"
+	kt -certreq -alias server -keystore "$tls/server.p12" -file "$tls/server.csr"
+	kt -gencert -alias ca -keystore "$tls/ca.p12" -infile "$tls/server.csr" \
+		-outfile "$tls/server.pem" -rfc -ext SAN=dns:localhost,ip:127.0.0.1 -validity 3650
+	kt -importcert -noprompt -alias ca -keystore "$tls/server.p12" -file "$tls/ca.pem"
+	kt -importcert -alias server -keystore "$tls/server.p12" -file "$tls/server.pem" ||
+		die "keytool: the server certificate: $(tail -3 "$tls/keytool.out")"
+	log "made a private CA and the SASL_SSL listener's certificate in $tls"
+fi
+
 # The configuration is written on every start so that changes here apply to an
 # existing data folder. The controller endpoint is recorded in the metadata log at
 # format time: change KAFKA_CONTROLLER_PORT only together with kafka-clean.
@@ -154,10 +188,18 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+
+# SASL_SSL: SCRAM-SHA-512 users (created with the Admin API), TLS with tls/server.p12.
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$tls/server.p12
+ssl.keystore.password=$tls_pass
+ssl.key.password=$tls_pass
 log.dirs=$data
 
 # One node: every internal topic has a single replica.
@@ -209,4 +251,4 @@ for _ in $(seq 100); do [[ -s $pid_file ]] && break; sleep 0.1; done
 pid=$(<"$pid_file")
 wait_ready "$pid"
 log "ready (pid $pid) on $bootstrap"
-echo "KAFKA_BROKERS=$bootstrap"
+print_env
