@@ -110,8 +110,19 @@ func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
 	}
 	// The SDK's own count of processed (and dropped: error_type
 	// queue_full) spans is served.
-	if m := w.get(t, "/metrics"); !strings.Contains(m, "otel_sdk_processor_span_processed") {
+	m := w.get(t, "/metrics")
+	if !strings.Contains(m, "otel_sdk_processor_span_processed") {
 		t.Errorf("/metrics lacks otel_sdk_processor_span_processed (the batch processor's processed and dropped spans)")
+	}
+	// kotel's byte counters in bytes, not in an unknown unit "by".
+	if strings.Contains(m, "_by_total") || strings.Contains(m, "_by{") || !strings.Contains(m, "messaging_kafka_fetch_bytes_count_total") {
+		var kafka []string
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, "# TYPE messaging_kafka") {
+				kafka = append(kafka, l)
+			}
+		}
+		t.Errorf("kotel's byte counters are not in bytes: %v", kafka)
 	}
 	var logged string
 	for _, line := range strings.Split(w.stderr.String(), "\n") {

@@ -93,7 +93,10 @@ func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) 
 	if err != nil {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	mopts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(exporter)}
+	mopts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(exporter),
+		// kotel declares its byte counters in "by", which is not UCUM and comes
+		// out of the Prometheus exporter as a "_by" suffix; "By" is bytes.
+		sdkmetric.WithView(sdkmetric.NewView(sdkmetric.Instrument{Unit: "by"}, sdkmetric.Stream{Unit: "By"}))}
 	t := &telemetry{registry: reg}
 	var texp *otlptrace.Exporter
 	if otlpConfigured() {
