@@ -419,11 +419,11 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
+		// Every reason at once: a worker that has not joined its group
+		// because Kafka refuses it may also not reach its database.
 		err := w.Ready()
-		if err == nil {
-			if perr := pool.Ping(ctx); perr != nil {
-				err = fmt.Errorf("database unreachable: %w", perr)
-			}
+		if perr := pool.Ping(ctx); perr != nil {
+			err = errors.Join(err, fmt.Errorf("database unreachable: %w", perr))
 		}
 		if err != nil {
 			msg := err.Error()
