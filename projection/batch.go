@@ -5,14 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -121,18 +119,6 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 				err: fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)})
 		}
 	}
-
-	// A statement that failed to prepare while its fingerprint's breaker
-	// is open fails the same way for every pair that plans it: those pairs
-	// fail with that error without a round trip, and settle dead-letters
-	// them at once (or retries the breaker's probe in full).
-	planned = slices.DeleteFunc(planned, func(p pair) bool {
-		if err := w.breaker.failsToPrepare(p.h.Name(), p.stmt.SQL); err != nil {
-			failures = append(failures, w.batchFailure(ctx, p, err))
-			return true
-		}
-		return false
-	})
 
 	rest := planned
 	if w.cfg.CopyMinRows > 0 {
@@ -283,9 +269,7 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 			var rest []pair
 			for _, p := range seg {
 				if p.stmt.SQL == pre.SQL() {
-					f := w.batchFailure(ctx, p, pre.Unwrap())
-					w.breaker.unpreparable(p.h.Name(), p.stmt.SQL, pre.Unwrap(), dlq.DeadLetter{Projection: p.h.Name(), Class: retry.Classify(f.err), Err: f.err}.Fingerprint())
-					failures = append(failures, f)
+					failures = append(failures, w.batchFailure(ctx, p, pre.Unwrap()))
 				} else {
 					rest = append(rest, p)
 				}

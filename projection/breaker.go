@@ -68,35 +68,10 @@ type breaker struct {
 
 	mu sync.Mutex
 	fp map[string]*fingerprintState
-	// stmts holds planned statements that failed to prepare while their
-	// fingerprint's breaker was open; nstmts is len(stmts), read without
-	// the lock on the fast path.
-	stmts  map[stmtKey]stmtFailure
-	nstmts atomic.Int32
 	// openings counts the times a breaker opened; partitions compare it
 	// with what they saw to find waiting pairs to dead-letter now.
 	openings atomic.Uint64
 }
-
-// stmtKey is one projection's planned statement.
-type stmtKey struct{ projection, sql string }
-
-// stmtFailure is how a statement failed to prepare: the pair's error and
-// its fingerprint.
-type stmtFailure struct {
-	fp  string
-	err error
-	at  time.Time
-}
-
-// maxUnpreparable bounds the statements the breaker remembers.
-const maxUnpreparable = 1024
-
-// unpreparableFor is how long a statement's failure to prepare is trusted:
-// after that a batch prepares it again, so that once the schema is fixed
-// (migrate) its pairs are applied within this time, not only after the
-// breaker's next probe.
-const unpreparableFor = time.Second
 
 type fingerprintState struct {
 	exhausted []time.Time // within the window, oldest first
@@ -109,7 +84,7 @@ func newBreaker(cfg BreakerConfig, onChange func(fingerprint string, open bool, 
 	if onChange == nil {
 		onChange = func(string, bool, int) {}
 	}
-	return &breaker{cfg: cfg, now: time.Now, onChange: onChange, fp: make(map[string]*fingerprintState), stmts: make(map[stmtKey]stmtFailure)}
+	return &breaker{cfg: cfg, now: time.Now, onChange: onChange, fp: make(map[string]*fingerprintState)}
 }
 
 // errShortCircuit is returned by admit for a pair to dead-letter at once.
@@ -202,14 +177,6 @@ func (b *breaker) succeeded(fp string, probe bool) {
 	if st != nil && (!st.open || probe) {
 		delete(b.fp, fp)
 	}
-	if closed {
-		for k, f := range b.stmts {
-			if f.fp == fp {
-				delete(b.stmts, k)
-			}
-		}
-		b.nstmts.Store(int32(len(b.stmts)))
-	}
 	b.mu.Unlock()
 	if closed {
 		b.onChange(fp, false, 0)
@@ -224,48 +191,6 @@ func (b *breaker) cancelled(fp string) {
 		st.probing = false
 	}
 	b.mu.Unlock()
-}
-
-// unpreparable records that the statement sql of projection failed to
-// prepare (a missing table or column: the statement's text is at fault,
-// whatever its arguments), with err, the pair's error, of fingerprint fp.
-// It is remembered only while fp's breaker is open, so that failsToPrepare
-// can fail later pairs with that statement without a round trip to
-// PostgreSQL, as their own attempt would.
-func (b *breaker) unpreparable(projection, sql string, err error, fp string) {
-	if b.cfg.Threshold < 0 {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if st := b.fp[fp]; st == nil || !st.open || len(b.stmts) >= maxUnpreparable {
-		return
-	}
-	b.stmts[stmtKey{projection, sql}] = stmtFailure{fp: fp, err: err, at: b.now()}
-	b.nstmts.Store(int32(len(b.stmts)))
-}
-
-// failsToPrepare returns the error with which the statement sql of
-// projection failed to prepare (unpreparable) less than unpreparableFor ago,
-// while the breaker of that failure's fingerprint is still open; nil
-// otherwise.
-func (b *breaker) failsToPrepare(projection, sql string) error {
-	if b.nstmts.Load() == 0 {
-		return nil
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	k := stmtKey{projection, sql}
-	f, ok := b.stmts[k]
-	if !ok {
-		return nil
-	}
-	if st := b.fp[f.fp]; st == nil || !st.open || b.now().Sub(f.at) >= unpreparableFor {
-		delete(b.stmts, k)
-		b.nstmts.Store(int32(len(b.stmts)))
-		return nil
-	}
-	return f.err
 }
 
 // isOpen reports whether fp's breaker is open.

@@ -1,7 +1,6 @@
 package projection
 
 import (
-	"errors"
 	"testing"
 	"time"
 )
@@ -135,45 +134,5 @@ func TestBreakerConfigValidate(t *testing.T) {
 				t.Errorf("after Validate = %+v, want %+v", tt.cfg, tt.want)
 			}
 		})
-	}
-}
-
-// TestBreakerRemembersUnpreparableStatementsOnlyWhileOpen: a statement that
-// failed to prepare is remembered only while its fingerprint's breaker is
-// open, for at most unpreparableFor, and forgotten when the probe closes
-// the breaker.
-func TestBreakerRemembersUnpreparableStatementsOnlyWhileOpen(t *testing.T) {
-	cfg := BreakerConfig{Threshold: 1, Window: time.Minute, ProbeInterval: 30 * time.Second}
-	b, clock, _ := newClockedBreaker(cfg)
-	missing := errors.New(`ERROR: relation "t.x" does not exist (SQLSTATE 42P01)`)
-	b.unpreparable("p", "INSERT x", missing, "fp")
-	if err := b.failsToPrepare("p", "INSERT x"); err != nil {
-		t.Fatalf("closed breaker: failsToPrepare = %v, want nil (every pair is tried)", err)
-	}
-	b.exhausted("fp", false) // opens
-	b.unpreparable("p", "INSERT x", missing, "fp")
-	if err := b.failsToPrepare("p", "INSERT x"); err != missing {
-		t.Fatalf("open breaker: failsToPrepare = %v, want %v", err, missing)
-	}
-	for _, k := range []stmtKey{{"p", "INSERT y"}, {"q", "INSERT x"}} {
-		if err := b.failsToPrepare(k.projection, k.sql); err != nil {
-			t.Errorf("failsToPrepare(%q, %q) = %v, want nil: another statement", k.projection, k.sql, err)
-		}
-	}
-	clock.add(unpreparableFor)
-	if err := b.failsToPrepare("p", "INSERT x"); err != nil {
-		t.Errorf("after %s: failsToPrepare = %v, want nil: the statement is prepared again", unpreparableFor, err)
-	}
-	b.unpreparable("p", "INSERT x", missing, "fp")
-	clock.add(cfg.ProbeInterval)
-	if probe, err := b.admit("fp"); !probe || err != nil {
-		t.Fatalf("admit = %v, %v; want the probe", probe, err)
-	}
-	b.succeeded("fp", true) // closes
-	if n := b.nstmts.Load(); n != 0 {
-		t.Errorf("after the breaker closed: %d statements remembered, want 0", n)
-	}
-	if err := b.failsToPrepare("p", "INSERT x"); err != nil {
-		t.Errorf("after the breaker closed: failsToPrepare = %v, want nil", err)
 	}
 }
