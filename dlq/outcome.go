@@ -61,13 +61,11 @@ type Result struct {
 	Scan ScanStats
 }
 
-// String returns the summary line
-// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
-// In a dry run the counter of what would have been done is named for it:
-// "would-replay=N" in place of "replayed=N" (Retry), "would-skip=N" in
-// place of "skipped=N" (Skip).
-func (r Result) String() string {
-	replayed, skipped := "replayed", "skipped"
+// CounterNames returns the names of the replayed and skipped counters:
+// "replayed" and "skipped", except in a dry run, where the counter of what
+// would have been done is "would-replay" (Retry) or "would-skip" (Skip).
+func (r Result) CounterNames() (replayed, skipped string) {
+	replayed, skipped = "replayed", "skipped"
 	if r.DryRun {
 		switch r.Action {
 		case OutcomeReplayed:
@@ -76,6 +74,16 @@ func (r Result) String() string {
 			skipped = "would-skip"
 		}
 	}
+	return replayed, skipped
+}
+
+// String returns the summary line
+// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
+// In a dry run the counter of what would have been done is named for it:
+// "would-replay=N" in place of "replayed=N" (Retry), "would-skip=N" in
+// place of "skipped=N" (Skip).
+func (r Result) String() string {
+	replayed, skipped := r.CounterNames()
 	return fmt.Sprintf("matched=%d %s=%d %s=%d already-replayed=%d refused=%d failed=%d",
 		r.Matched, replayed, r.Replayed, skipped, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
 }

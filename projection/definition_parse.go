@@ -51,7 +51,13 @@ func (p *defParser) parse(data []byte) *Definitions {
 		root = resolve(root.Content[0])
 	}
 	p.mapping("", root, map[string]func(*yaml.Node){
-		"irVersion": func(v *yaml.Node) { d.IRVersion = p.str("irVersion", v) },
+		"irVersion": func(v *yaml.Node) {
+			if v.Kind == yaml.ScalarNode && v.Tag != "!!str" && v.Tag != "!!null" {
+				p.fail("irVersion", v, "must be a string (quote it: \"%s\")", v.Value)
+				return
+			}
+			d.IRVersion = p.str("irVersion", v)
+		},
 		"projections": func(v *yaml.Node) {
 			if v.Kind != yaml.SequenceNode {
 				p.fail("projections", v, "must be a list")

@@ -171,6 +171,12 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: unknown key "irversion" (want one of irVersion, projections) (line 2)`,
 			`d.yaml: projections: none defined`,
 		}},
+		{"irVersion a number", "irVersion: 42\nprojections: {a: 1}\n", []string{
+			`d.yaml: irVersion: must be a string (quote it: "42") (line 1)`,
+			`d.yaml: projections: must be a list (line 2)`,
+			`d.yaml: irVersion: missing`,
+			`d.yaml: projections: none defined`,
+		}},
 		{"projections not a list", "irVersion: v1\nprojections: {a: 1}\n", []string{
 			`d.yaml: projections: must be a list (line 2)`,
 			`d.yaml: projections: none defined`,

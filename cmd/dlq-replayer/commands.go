@@ -185,7 +185,9 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	if err != nil {
 		return err
 	}
-	log.Info(cmd+" finished", "run_id", r.RunID(), "matched", res.Matched, "replayed", res.Replayed, "skipped", res.Skipped,
+	replayedKey, skippedKey := res.CounterNames()
+	log.Info(cmd+" finished", "run_id", r.RunID(), "matched", res.Matched,
+		strings.ReplaceAll(replayedKey, "-", "_"), res.Replayed, strings.ReplaceAll(skippedKey, "-", "_"), res.Skipped,
 		"already_replayed", res.AlreadyReplayed, "refused", res.Refused, "failed", res.Failed, "scanned", res.Scan.Scanned,
 		"elapsed", res.Scan.Elapsed.String())
 	if res.Failed > 0 {

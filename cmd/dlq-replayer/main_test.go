@@ -347,6 +347,10 @@ func TestDryRunSendsNothing(t *testing.T) {
 	if got := r.lastLine(); got != "matched=3 would-replay=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
 		t.Errorf("summary line %q", got)
 	}
+	// The log line says what would have been done too, not "replayed".
+	if !strings.Contains(r.stderr, `"would_replay":3`) || strings.Contains(r.stderr, `"replayed":`) {
+		t.Errorf("the finished log line of a dry run does not say would_replay:\n%s", r.stderr)
+	}
 	if n := f.eventsCount(t); n != 0 {
 		t.Errorf("dry run sent %d records", n)
 	}
