@@ -75,7 +75,7 @@ soak:
 # real-broker counterparts run instead. The broker-restart test runs last,
 # alone, since it stops and starts the shared broker (make kafka-up's).
 test-kafka:
-	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_SASL_BROKERS=$(TEST_KAFKA_SASL_BROKERS) KAFKA_TLS_CA=$(TEST_KAFKA_TLS_CA) $(GO) test -count=1 -timeout 12m ./...
+	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_SASL_SSL_BROKERS=$(TEST_KAFKA_SASL_BROKERS) KAFKA_SASL_SSL_CA=$(TEST_KAFKA_TLS_CA) $(GO) test -count=1 -timeout 12m ./...
 	KAFKA_BROKERS=$(TEST_KAFKA_BROKERS) KAFKA_RESTART_TEST=1 $(GO) test -count=1 -timeout 10m -run 'TestWorkerRealBrokerRestartMidStream' -v ./projection
 
 # The real-broker soak (issue 8): 3 `projection-worker run` processes (built

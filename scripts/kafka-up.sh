@@ -18,7 +18,7 @@
 #
 # It returns once the broker answers a metadata request (kcat -L, or Kafka's
 # TopicCommand --list where kcat is missing) and prints KAFKA_BROKERS=<host:port>,
-# KAFKA_SASL_BROKERS=<host:port> and KAFKA_TLS_CA=<path> on stdout, or fails with the tail of the broker's log after KAFKA_START_TIMEOUT seconds
+# KAFKA_SASL_SSL_BROKERS=<host:port> and KAFKA_SASL_SSL_CA=<path> on stdout, or fails with the tail of the broker's log after KAFKA_START_TIMEOUT seconds
 # (default 60; at once when the broker exits).
 #
 # Environment: KAFKA_DIR, KAFKA_PORT, KAFKA_SASL_PORT, KAFKA_CONTROLLER_PORT, KAFKA_START_TIMEOUT,
@@ -49,8 +49,8 @@ bootstrap=127.0.0.1:$KAFKA_PORT
 log() { printf 'kafka-up: %s\n' "$*" >&2; }
 print_env() {
 	echo "KAFKA_BROKERS=$bootstrap"
-	echo "KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT"
-	echo "KAFKA_TLS_CA=$tls/ca.pem"
+	echo "KAFKA_SASL_SSL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT"
+	echo "KAFKA_SASL_SSL_CA=$tls/ca.pem"
 }
 die() { log "$*"; exit 1; }
 

@@ -20,8 +20,8 @@ import (
 // (scripts/kafka-up.sh): SCRAM-SHA-512 over TLS with a certificate signed
 // by a private CA, and a user of its own.
 type SecureBroker struct {
-	Addr     string // KAFKA_SASL_BROKERS
-	CAFile   string // KAFKA_TLS_CA: the private CA's certificate, PEM
+	Addr     string // KAFKA_SASL_SSL_BROKERS
+	CAFile   string // KAFKA_SASL_SSL_CA: the private CA's certificate, PEM
 	User     string
 	Password string
 }
@@ -30,19 +30,21 @@ type SecureBroker struct {
 // user created for t (random name and password) through the Admin API on
 // the PLAINTEXT listener (KAFKA_BROKERS). It skips t without a real broker
 // (KAFKA_BROKERS unset: make test runs on kfake); with a real broker but
-// without KAFKA_SASL_BROKERS and KAFKA_TLS_CA (printed by kafka-up.sh) it
+// without KAFKA_SASL_SSL_BROKERS and KAFKA_SASL_SSL_CA (printed by
+// kafka-up.sh; not the commands' KAFKA_TLS_CA, which would turn TLS on for
+// every test's command) it
 // skips locally and fails under CI=true.
 func Secure(t testing.TB) SecureBroker {
 	t.Helper()
 	if !Real() {
 		t.Skip("needs make kafka-up's broker (KAFKA_BROKERS): make test-kafka")
 	}
-	s := SecureBroker{Addr: os.Getenv("KAFKA_SASL_BROKERS"), CAFile: os.Getenv("KAFKA_TLS_CA")}
+	s := SecureBroker{Addr: os.Getenv("KAFKA_SASL_SSL_BROKERS"), CAFile: os.Getenv("KAFKA_SASL_SSL_CA")}
 	if s.Addr == "" || s.CAFile == "" {
 		if os.Getenv("CI") == "true" {
-			t.Fatal("KAFKA_SASL_BROKERS and KAFKA_TLS_CA are not set: make test-kafka sets them from scripts/kafka-up.sh")
+			t.Fatal("KAFKA_SASL_SSL_BROKERS and KAFKA_SASL_SSL_CA are not set: make test-kafka sets them from scripts/kafka-up.sh")
 		}
-		t.Skip("KAFKA_SASL_BROKERS and KAFKA_TLS_CA are not set (see scripts/kafka-up.sh)")
+		t.Skip("KAFKA_SASL_SSL_BROKERS and KAFKA_SASL_SSL_CA are not set (see scripts/kafka-up.sh)")
 	}
 	s.User, s.Password = "causet-"+randomHex(t, 6), randomHex(t, 16)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(New(t).Addrs...))
