@@ -330,9 +330,12 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return -1, err
 	}
-	w.cfg.Metrics.observeBatch(ctx, len(seg), time.Since(start))
+	took := time.Since(start)
+	w.cfg.Metrics.observeBatch(ctx, len(seg), took)
 	for i, p := range seg {
-		w.cfg.Metrics.applied(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), outcomes[i])
+		attrs := pairAttrs(p.h.Name(), p.d.ev.TenantSchema)
+		w.cfg.Metrics.applied(ctx, attrs, outcomes[i])
+		w.cfg.Metrics.observeApply(ctx, attrs, took) // a pair of a batch takes the batch's transaction
 	}
 	return -1, nil
 }

@@ -322,7 +322,8 @@ func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start ti
 	for _, r := range results {
 		total += r.n
 	}
-	w.cfg.Metrics.observeBatch(ctx, total, time.Since(start))
+	took := time.Since(start)
+	w.cfg.Metrics.observeBatch(ctx, total, took)
 	for _, r := range results {
 		attrs := pairAttrs(r.g.p.Name(), r.g.schema)
 		for i := 0; i < r.n; i++ {
@@ -331,6 +332,7 @@ func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start ti
 				out = Stale // superseded in the batch, or older than the row
 			}
 			w.cfg.Metrics.applied(ctx, attrs, out)
+			w.cfg.Metrics.observeApply(ctx, attrs, took) // a pair of a batch takes the batch's transaction
 		}
 	}
 }

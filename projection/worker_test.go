@@ -19,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/jqcheck"
@@ -1240,5 +1242,53 @@ func TestWorkerRefusesTenantOutsideThePattern(t *testing.T) {
 	}
 	if want := `invalid event: tenantSchema: must match the tenant schema pattern`; !strings.HasPrefix(d.msg.Error, want) {
 		t.Errorf("error %q, want it to start with %q", d.msg.Error, want)
+	}
+}
+
+// TestWorkerRecordsApplyLatencyOnTheBatchPath: a healthy worker applies
+// its pairs in batches (COPY, or pipelined statements under TEST_NO_COPY),
+// and each applied pair is in causet.projection.apply.duration (once only
+// the one-by-one retry path recorded it: a healthy worker reported no apply
+// latency).
+func TestWorkerRecordsApplyLatencyOnTheBatchPath(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	metrics, err := projection.NewMetrics(provider.Meter("test"), projection.MetricsConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.start(func(c *projection.Config) { c.Metrics = metrics })
+	const n = 40 // one batch, 40 upserts of each table: COPY by default
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.follow(user, "artist-1", 1)))
+	}
+	r.waitCommitted(testTimeout)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			switch d := md.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					counts[md.Name] += p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					counts[md.Name] += int64(p.Count)
+				}
+			}
+		}
+	}
+	applied := counts["causet.projection.applied"]
+	if applied != 2*n || counts["causet.projection.apply.duration"] != applied {
+		t.Errorf("applied %d pairs (want %d), apply.duration observed %d times (want one per applied pair)",
+			applied, 2*n, counts["causet.projection.apply.duration"])
 	}
 }
