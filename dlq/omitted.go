@@ -64,12 +64,15 @@ const originalReadTimeout = 30 * time.Second
 func ReadOmitted(ctx context.Context, opts []kgo.Opt, o *OmittedOriginal) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, originalReadTimeout)
 	defer cancel()
-	adm, err := kgo.NewClient(opts...)
+	// One client: it lists the start offset, and consumes from o.Offset.
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.Topic: {o.Partition: kgo.NewOffset().At(o.Offset)}}),
+		kgo.FetchMaxPartitionBytes(int32(min(o.Size+(1<<20), 1<<30))))...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
-	starts, err := kadm.NewClient(adm).ListStartOffsets(ctx, o.Topic)
-	adm.Close()
+	defer cl.Close()
+	starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, o.Topic)
 	if err != nil {
 		return nil, fmt.Errorf("original %s: list start offsets: %w", o, err)
 	}
@@ -82,13 +85,6 @@ func ReadOmitted(ctx context.Context, opts []kgo.Opt, o *OmittedOriginal) ([]byt
 	case start.Offset > o.Offset:
 		return nil, fmt.Errorf("original %s is no longer in the topic: its log starts at offset %d (retention or deleted records); the dead letter cannot be replayed", o, start.Offset)
 	}
-	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.Topic: {o.Partition: kgo.NewOffset().At(o.Offset)}}),
-		kgo.FetchMaxPartitionBytes(int32(min(o.Size+(1<<20), 1<<30))))...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka client: %w", err)
-	}
-	defer cl.Close()
 	for {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {

@@ -45,7 +45,7 @@ type MigrateDB interface {
 // information_schema, pg_*; see ValidTenantSchema), or defs do not
 // validate, before touching db.
 func Migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) (err error) {
-	if _, err := MigrationSQL(defs, tenantSchema); err != nil {
+	if err := checkMigration(defs, tenantSchema); err != nil {
 		return err
 	}
 	defer func() {
@@ -176,7 +176,7 @@ func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bo
 // unless it was revoked.) It validates tenantSchema and defs as Migrate
 // does; role is quoted as an identifier.
 func GrantSQL(defs *Definitions, tenantSchema, role string) ([]string, error) {
-	if _, err := MigrationSQL(defs, tenantSchema); err != nil {
+	if err := checkMigration(defs, tenantSchema); err != nil {
 		return nil, err
 	}
 	if role == "" {
@@ -197,14 +197,23 @@ func GrantSQL(defs *Definitions, tenantSchema, role string) ([]string, error) {
 // review (a dry run) or for a migration tool. It validates tenantSchema and
 // defs as Migrate does.
 func MigrationSQL(defs *Definitions, tenantSchema string) (string, error) {
-	if err := tenantSchemaError(tenantSchema); err != nil {
-		return "", fmt.Errorf("migrate: %w", err)
-	}
-	if defs == nil {
-		return "", fmt.Errorf("migrate tenant schema %s: no projection definitions", tenantSchema)
-	}
-	if err := defs.Validate(); err != nil {
-		return "", fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
+	if err := checkMigration(defs, tenantSchema); err != nil {
+		return "", err
 	}
 	return strings.Join(migrationStatements(defs, tenantSchema, false, nil), ";\n"), nil
+}
+
+// checkMigration returns an error naming tenantSchema when it is not a
+// tenant schema or defs are missing or invalid.
+func checkMigration(defs *Definitions, tenantSchema string) error {
+	if err := tenantSchemaError(tenantSchema); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if defs == nil {
+		return fmt.Errorf("migrate tenant schema %s: no projection definitions", tenantSchema)
+	}
+	if err := defs.Validate(); err != nil {
+		return fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
+	}
+	return nil
 }
