@@ -2,72 +2,29 @@ package main
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/otlptest"
 	"github.com/causet/projection-worker/internal/pgtest"
 )
 
-// otlpReceiver is an in-process OTLP/HTTP receiver: it keeps the resource
-// spans of every trace export and answers every other signal with 200.
-type otlpReceiver struct {
-	srv   *httptest.Server
-	mu    sync.Mutex
-	spans []*tracepb.ResourceSpans
-}
-
-func newOTLPReceiver(t *testing.T) *otlpReceiver {
+// newOTLPReceiver starts an in-process OTLP receiver that keeps the
+// spans it receives, closed when t ends.
+func newOTLPReceiver(t *testing.T) *otlptest.Receiver {
 	t.Helper()
-	r := &otlpReceiver{}
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, err := io.ReadAll(req.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		if req.URL.Path == "/v1/traces" {
-			var msg coltrace.ExportTraceServiceRequest
-			if err := proto.Unmarshal(body, &msg); err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			r.mu.Lock()
-			r.spans = append(r.spans, msg.ResourceSpans...)
-			r.mu.Unlock()
-		}
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(r.srv.Close)
+	r := otlptest.NewReceiver(true)
+	t.Cleanup(r.Close)
 	return r
 }
 
-func (r *otlpReceiver) resourceSpans() []*tracepb.ResourceSpans {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*tracepb.ResourceSpans(nil), r.spans...)
-}
-
-func attr(attrs []*commonpb.KeyValue, key string) string {
-	for _, a := range attrs {
-		if a.Key == key {
-			return a.Value.GetStringValue()
-		}
-	}
-	return ""
-}
+var attr = otlptest.Attr
 
 // TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs: with an OTLP
 // endpoint set, the worker's spans reach an OTLP receiver with
@@ -76,7 +33,7 @@ func attr(attrs []*commonpb.KeyValue, key string) string {
 // (its dead letter) carries the trace_id of a span that was exported.
 func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
 	rcv := newOTLPReceiver(t)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
 	t.Setenv("OTEL_SERVICE_NAME", "billing-projections")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
@@ -90,7 +47,7 @@ func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
 	var traceIDs map[string]bool
 	w.waitFor(t, "a span exported and the dead letter logged", 30*time.Second, func() bool {
 		traceIDs = map[string]bool{}
-		for _, rs := range rcv.resourceSpans() {
+		for _, rs := range rcv.ResourceSpans() {
 			for _, ss := range rs.ScopeSpans {
 				for _, sp := range ss.Spans {
 					traceIDs[hexID(sp.TraceId)] = true
@@ -99,7 +56,7 @@ func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
 		}
 		return len(traceIDs) > 0 && w.logged("dead-lettered")
 	})
-	for _, rs := range rcv.resourceSpans() {
+	for _, rs := range rcv.ResourceSpans() {
 		attrs := rs.Resource.GetAttributes()
 		if got := attr(attrs, "service.name"); got != "billing-projections" {
 			t.Errorf("service.name = %q, want OTEL_SERVICE_NAME's billing-projections", got)
