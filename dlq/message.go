@@ -8,6 +8,7 @@ package dlq
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -71,6 +72,12 @@ const (
 	// partition and offset (the causet.dlq.original-* headers) while that
 	// topic retains it.
 	HeaderOriginalOmitted = "causet.dlq.original-omitted"
+	// HeaderOriginalTraceparent and HeaderOriginalTracestate keep the source
+	// record's W3C traceparent and tracestate headers (present when it had
+	// them): with tracing on, the dead letter's own traceparent is its send
+	// span's, in the failed record's trace.
+	HeaderOriginalTraceparent = "causet.dlq.original-traceparent"
+	HeaderOriginalTracestate  = "causet.dlq.original-tracestate"
 )
 
 // Headers the replayer adds to a republished event (SPEC §7).
@@ -115,6 +122,11 @@ type Message struct {
 // DeadLetter is one failed (record, projection) pair as the worker hands it
 // over for publishing.
 type DeadLetter struct {
+	// Context holds the span of the failed pair (or record), nil when the
+	// worker does not trace: a Writer with a TracerProvider starts the
+	// dead letter's send span as its child and writes that span's
+	// traceparent (and tracestate) header.
+	Context context.Context
 	// Source is the record that failed, as consumed (topic, partition, offset,
 	// timestamp, key, value, headers). Required.
 	Source *kgo.Record
@@ -152,6 +164,10 @@ type DeadLetter struct {
 	// the pair at once, "" when the pair was not short-circuited (header
 	// causet.dlq.short-circuit).
 	ShortCircuit string
+
+	// traceHeaders are the W3C headers of the send span (Writer), which
+	// replace the source's in the record.
+	traceHeaders []kgo.RecordHeader
 }
 
 // ValueShape is what is known of a source record's value: whether a dead

@@ -144,7 +144,11 @@ func validTopicName(t string) error {
 //     -timestamp (epoch ms, -1 when unset), projection, fork-id,
 //     tenant-schema, event-type, error-class, sqlstate, fingerprint
 //     (Fingerprint over the untruncated error), worker, generation,
-//     replay-count and, only when something was cut, truncated.
+//     replay-count, short-circuit (when set), original-traceparent and
+//     original-tracestate (when the source has them; with a Writer that
+//     traces, traceparent and tracestate are the send span's, after the
+//     source's other headers), and, only when something was cut,
+//     truncated.
 //
 // A TenantSchema that is not a valid identifier (^[a-z_][a-z0-9_]{0,62}$)
 // is written as "" in the message and the header, as the schema requires;
@@ -219,12 +223,21 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		msg.OriginalValueBase64 = base64.StdEncoding.EncodeToString(src.Value)
 	}
 
-	headers := make([]kgo.RecordHeader, 0, len(src.Headers)+15)
+	headers := make([]kgo.RecordHeader, 0, len(src.Headers)+18)
+	var originalTrace [2][]byte // traceparent, tracestate
 	for _, h := range src.Headers {
-		if !strings.HasPrefix(h.Key, dlqHeaderPrefix) {
-			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
+		if strings.HasPrefix(h.Key, dlqHeaderPrefix) {
+			continue
 		}
+		if i := traceHeader(h.Key); i >= 0 {
+			originalTrace[i] = h.Value
+			if len(dl.traceHeaders) > 0 {
+				continue // replaced by the send span's
+			}
+		}
+		headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
 	}
+	headers = append(headers, dl.traceHeaders...)
 	ts := int64(-1)
 	if !src.Timestamp.IsZero() {
 		ts = src.Timestamp.UnixMilli()
@@ -249,6 +262,11 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	}
 	if dl.ShortCircuit != "" {
 		headers = append(headers, kgo.RecordHeader{Key: HeaderShortCircuit, Value: []byte(dl.ShortCircuit)})
+	}
+	for i, k := range [...]string{HeaderOriginalTraceparent, HeaderOriginalTracestate} {
+		if originalTrace[i] != nil {
+			headers = append(headers, kgo.RecordHeader{Key: k, Value: bytes.Clone(originalTrace[i])})
+		}
 	}
 
 	rec := &kgo.Record{
@@ -322,6 +340,18 @@ func embedsVerbatim(dl DeadLetter) bool {
 		return false
 	}
 	return jsonstrict.IsObject(dl.Source.Value)
+}
+
+// traceHeader returns 0 for the W3C traceparent header key, 1 for
+// tracestate, −1 for any other.
+func traceHeader(key string) int {
+	switch key {
+	case "traceparent":
+		return 0
+	case "tracestate":
+		return 1
+	}
+	return -1
 }
 
 // dlqHeaderPrefix is the prefix of the headers NewRecord writes.

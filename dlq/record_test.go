@@ -255,6 +255,7 @@ func TestNewRecordHeaders(t *testing.T) {
 		{HeaderWorker, "worker-7f9c"},
 		{HeaderGeneration, "1.4.0/v42"},
 		{HeaderReplayCount, "2"},
+		{HeaderOriginalTraceparent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("headers (-want +got):\n%s", diff)

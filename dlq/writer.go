@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/causet/projection-worker/retry"
 )
@@ -50,6 +51,12 @@ type WriterConfig struct {
 	// stored it but its answer was lost or late), and the next attempt then
 	// writes the same dead letter again. See Write.
 	AttemptTimeout time.Duration
+	// TracerProvider, when set, receives a "send <topic>" span (kind
+	// producer) per dead letter that has a Context, the child of the span
+	// there; the dead letter's traceparent and tracestate headers are that
+	// span's (the source's are kept as causet.dlq.original-traceparent and
+	// -tracestate). Default nil: no spans, the source's headers as they are.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultAttemptTimeout is the default WriterConfig.AttemptTimeout: as long
@@ -76,6 +83,7 @@ type Writer struct {
 	backoff        retry.Policy // MaxRetries: WriterConfig.MaxAttempts − 1
 	log            *slog.Logger
 	attemptTimeout time.Duration // <= 0: none
+	tr             *sendTracer   // nil: no spans
 }
 
 // NewWriter returns a Writer producing through client, which the caller
@@ -120,7 +128,8 @@ func NewWriter(client *kgo.Client, cfg WriterConfig) (*Writer, error) {
 	if cfg.MaxAttempts == -1 {
 		bo.MaxRetries = math.MaxInt
 	}
-	return &Writer{client: client, cfg: cfg.RecordConfig, backoff: bo, log: cfg.Logger, attemptTimeout: cfg.AttemptTimeout}, nil
+	return &Writer{client: client, cfg: cfg.RecordConfig, backoff: bo, log: cfg.Logger, attemptTimeout: cfg.AttemptTimeout,
+		tr: newSendTracer(cfg.TracerProvider, cfg.Topic)}, nil
 }
 
 // Validate fills in the defaults of the zero fields (RecordConfig's with
@@ -223,7 +232,10 @@ func (w *Writer) Topic() string { return w.cfg.Topic }
 // the same causet.dlq.original-topic, -partition, -offset and projection
 // headers, which identify the pair; replaying both is harmless (the
 // sequence guard makes the second a no-op).
-func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
+func (w *Writer) Write(ctx context.Context, dl DeadLetter) (err error) {
+	span := w.tr.start(&dl)
+	var sent *kgo.Record
+	defer func() { endSend(span, sent, err) }()
 	rec, err := NewRecord(dl, w.cfg, time.Now())
 	if err != nil {
 		return err
@@ -236,6 +248,9 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) error {
 		// produce a fresh copy each time.
 		r := &kgo.Record{Topic: rec.Topic, Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Timestamp: rec.Timestamp}
 		perr := w.produce(ctx, r)[0]
+		if perr == nil {
+			sent = r
+		}
 		if perr != nil && (ctx.Err() == nil || !errors.Is(perr, ctx.Err())) {
 			last = perr
 		}
@@ -276,10 +291,20 @@ func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 	now := time.Now()
 	recs := make([]*kgo.Record, 0, len(dls))
 	idx := make([]int, 0, len(dls))
+	var spans []trace.Span // with tracing, by index of dls
+	if w.tr != nil {
+		spans = make([]trace.Span, len(dls))
+	}
 	for i, dl := range dls {
+		if spans != nil {
+			spans[i] = w.tr.start(&dl)
+		}
 		rec, err := NewRecord(dl, w.cfg, now)
 		if err != nil {
 			errs[i] = err
+			if spans != nil {
+				endSend(spans[i], nil, err)
+			}
 			continue
 		}
 		recs = append(recs, rec)
@@ -289,8 +314,12 @@ func (w *Writer) WriteBatch(ctx context.Context, dls []DeadLetter) []error {
 		return errs
 	}
 	for j, err := range w.produce(ctx, recs...) {
-		if i := idx[j]; err != nil {
+		i := idx[j]
+		if err != nil {
 			errs[i] = fmt.Errorf("dead letter for %s not written to %s: %w", sourceName(dls[i].Source), w.cfg.Topic, err)
+		}
+		if spans != nil {
+			endSend(spans[i], recs[j], errs[i])
 		}
 	}
 	return errs
