@@ -36,6 +36,7 @@ type decoded struct {
 	ev     *Event // nil when the value is invalid
 	err    error  // decoding error
 	replay replayInfo
+	span   trace.Span // the record's span (tracing.go), nil without tracing
 }
 
 // pairFailure is one (event, projection) pair whose first attempt failed.
@@ -45,6 +46,7 @@ type pairFailure struct {
 	err     error
 	stack   callStack
 	firstAt time.Time
+	span    trace.Span // the pair's span; the record's for a record that reached no projection
 }
 
 // pair is one (record, projection) pair of a batch.
@@ -52,6 +54,7 @@ type pair struct {
 	d    *decoded
 	h    Handler
 	stmt Statement
+	span trace.Span // nil without tracing
 }
 
 // processBatch applies recs (consecutive records of one partition) to every
@@ -69,12 +72,8 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
 		d.ev, d.err = w.cfg.TenantSchemas.DecodeEvent(rec.Value)
-		if w.cfg.Tracer != nil {
-			_, span := w.cfg.Tracer.WithProcessSpan(rec)
-			defer span.End()
-			if i == 0 {
-				ctx = trace.ContextWithSpan(ctx, span)
-			}
+		if d.span = w.tr.startRecord(rec); d.span != nil {
+			eventAttrs(d.span, d.ev)
 		}
 	}
 
@@ -84,12 +83,14 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 		d := &batch[i]
 		only, skip := pc.handedOff(d)
 		if skip {
+			endRecord(d.span, outcomeHandedOff, "")
 			continue // finished by the previous owner
 		}
 		if d.err != nil {
 			// No projection saw it: dead-lettered with the batch's failures,
 			// after the rest of the batch is applied.
-			failures = append(failures, pairFailure{d: d, err: d.err, firstAt: time.Now()})
+			failedAttempt(d.span, d.err)
+			failures = append(failures, pairFailure{d: d, err: d.err, firstAt: time.Now(), span: d.span})
 			continue
 		}
 		matched := 0
@@ -101,22 +102,25 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 			if only != nil && !only[h.Name()] {
 				continue // applied or dead-lettered by the previous owner
 			}
+			span := w.tr.startPair(d.span, h.Name(), d.ev)
 			p, ok := h.(Planner)
 			if !ok || w.begin == nil {
-				single = append(single, pair{d: d, h: h})
+				single = append(single, pair{d: d, h: h, span: span})
 				continue
 			}
 			st, err := plan(p, h.Name(), d.ev)
 			if err != nil {
 				w.cfg.Metrics.failed(ctx, pairAttrs(h.Name(), d.ev.TenantSchema), retry.Classify(err))
-				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: stackOf(err), firstAt: time.Now()})
+				failedAttempt(span, err)
+				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: stackOf(err), firstAt: time.Now(), span: span})
 				continue
 			}
-			planned = append(planned, pair{d: d, h: h, stmt: st})
+			planned = append(planned, pair{d: d, h: h, stmt: st, span: span})
 		}
 		if d.replay.projection != "" && matched == 0 {
-			failures = append(failures, pairFailure{d: d, firstAt: time.Now(),
-				err: fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)})
+			err := fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)
+			failedAttempt(d.span, err)
+			failures = append(failures, pairFailure{d: d, firstAt: time.Now(), err: err, span: d.span})
 		}
 	}
 
@@ -135,12 +139,16 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 	}
 	failures = append(failures, f...)
 	for _, p := range single {
-		if _, err := pc.attempt(ctx, p.h, p.d.ev); err != nil {
+		out, err := pc.attempt(spanContext(ctx, p.span), p.h, p.d.ev)
+		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stackOf(err), firstAt: time.Now()})
+			failedAttempt(p.span, err)
+			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stackOf(err), firstAt: time.Now(), span: p.span})
+			continue
 		}
+		endPair(p.span, spanOutcome(out), 0)
 	}
 	return pc.settle(ctx, batch, failures)
 }
@@ -294,17 +302,23 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 	}
 	class := retry.Classify(err)
 	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
-	return pairFailure{
-		d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)},
-		err: fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err),
-	}
+	err = fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err)
+	failedAttempt(p.span, err)
+	return pairFailure{d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)}, err: err, span: p.span}
 }
 
 // execBatch applies seg in one transaction. It returns the index of the
 // statement that failed with the error, or −1 with an error that is not one
 // statement's (begin, commit, connection), or −1 and nil on success.
-func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
+func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err error) {
 	start := time.Now()
+	ctx, span := w.tr.startBatch(ctx, "apply batch", seg)
+	defer func() {
+		endBatch(span, err)
+		if err != nil {
+			w.cfg.Metrics.observeBatch(ctx, len(seg), time.Since(start), false)
+		}
+	}()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return -1, err
@@ -331,13 +345,22 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (int, error) {
 		return -1, err
 	}
 	took := time.Since(start)
-	w.cfg.Metrics.observeBatch(ctx, len(seg), took)
+	w.cfg.Metrics.observeBatch(ctx, len(seg), took, true)
 	for i, p := range seg {
 		attrs := pairAttrs(p.h.Name(), p.d.ev.TenantSchema)
 		w.cfg.Metrics.applied(ctx, attrs, outcomes[i])
 		w.cfg.Metrics.observeApply(ctx, attrs, took) // a pair of a batch takes the batch's transaction
+		endPair(p.span, spanOutcome(outcomes[i]), 0)
 	}
 	return -1, nil
+}
+
+// spanOutcome is out as a span's causet.outcome.
+func spanOutcome(out Outcome) string {
+	if out == Stale {
+		return outcomeStale
+	}
+	return outcomeApplied
 }
 
 // detach returns a copy of d that shares no memory with its batch nor with

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/causet/projection-worker/retry"
 )
@@ -107,9 +107,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics records counters and histograms; default: none recorded.
 	Metrics *Metrics
-	// Tracer, when set, starts a process span per record, continuing the W3C
-	// trace context found in the record's headers (franz-go kotel).
-	Tracer *kotel.Tracer
+	// TracerProvider, when set, receives the worker's spans (tracing.go): a
+	// span per record, the child of the W3C trace context in its headers,
+	// ending when the record is done; a span per (record, projection) pair;
+	// a span per batch transaction, linked to its records. Default nil: no
+	// spans.
+	TracerProvider trace.TracerProvider
 	// TenantSchemas narrows the tenant schemas the worker accepts
 	// (NewTenantSchemas, --tenant-schema-pattern). Default nil: every name
 	// ValidTenantSchema accepts (SPEC §3's pattern, PostgreSQL's own

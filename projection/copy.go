@@ -141,6 +141,13 @@ func upsertKey(tp *TableProjection, pr pair) string {
 // (applyCopyGroups) then applies the groups again with execCopyIsolating.
 func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int, err error) {
 	start := time.Now()
+	ctx, span := w.tr.startBatch(ctx, "copy batch", groupPairs(w.tr, groups))
+	defer func() {
+		endBatch(span, err)
+		if err != nil {
+			w.cfg.Metrics.observeBatch(ctx, groupsSize(groups), time.Since(start), false)
+		}
+	}()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return -1, err
@@ -152,6 +159,9 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int,
 			return gi, err
 		}
 		results[gi] = copyResult{g: g, n: g.n}
+		if w.tr != nil {
+			results[gi].pairs = g.all
+		}
 		if results[gi].affected, err = copyRows(ctx, tx, g); err != nil {
 			return gi, err
 		}
@@ -173,8 +183,31 @@ const rangeColumn = "_causet_rn"
 // copyResult is what execCopyIsolating applied of one group.
 type copyResult struct {
 	g        *copyGroup
-	n        int   // upserts in the ranges applied
-	affected int64 // rows the upserts changed
+	n        int    // upserts in the ranges applied
+	affected int64  // rows the upserts changed
+	pairs    []pair // the pairs of those upserts, with tracing only (their spans end)
+}
+
+// groupPairs returns the pairs of groups, for the links of their batch
+// span; nil without tracing.
+func groupPairs(t *tracing, groups []*copyGroup) []pair {
+	if t == nil {
+		return nil
+	}
+	var all []pair
+	for _, g := range groups {
+		all = append(all, g.all...)
+	}
+	return all
+}
+
+// groupsSize is the number of upserts in groups.
+func groupsSize(groups []*copyGroup) int {
+	n := 0
+	for _, g := range groups {
+		n += g.n
+	}
+	return n
 }
 
 // execCopyIsolating applies the groups in one transaction and returns the
@@ -192,16 +225,22 @@ type copyResult struct {
 // skipped. An
 // infrastructure error, or any error outside a range's savepoint (begin,
 // COPY, commit), is returned: nothing was applied.
-func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) ([]pair, error) {
+func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) (left []pair, err error) {
 	w := pc.w
 	start := time.Now()
+	ctx, span := w.tr.startBatch(ctx, "copy batch isolating", groupPairs(w.tr, groups))
+	defer func() {
+		endBatch(span, err)
+		if err != nil {
+			w.cfg.Metrics.observeBatch(ctx, groupsSize(groups), time.Since(start), false)
+		}
+	}()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var results []copyResult
-	var left []pair
 	for _, g := range groups {
 		tmp := g.p.copyTable() + "_r"
 		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
@@ -237,6 +276,9 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 				}
 				res.n += r[1] - r[0]
 				res.affected += tag.RowsAffected()
+				if w.tr != nil {
+					res.pairs = append(res.pairs, g.all[r[0]:r[1]]...)
+				}
 				continue
 			}
 			if ctx.Err() != nil || retry.IsInfrastructure(err) {
@@ -323,8 +365,11 @@ func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start ti
 		total += r.n
 	}
 	took := time.Since(start)
-	w.cfg.Metrics.observeBatch(ctx, total, took)
+	w.cfg.Metrics.observeBatch(ctx, total, took, true)
 	for _, r := range results {
+		for _, p := range r.pairs {
+			endPair(p.span, outcomeCopied, 0)
+		}
 		attrs := pairAttrs(r.g.p.Name(), r.g.schema)
 		for i := 0; i < r.n; i++ {
 			out := Applied

@@ -234,12 +234,24 @@ func (m *Metrics) observeApply(ctx context.Context, attrs metric.MeasurementOpti
 	}
 }
 
-func (m *Metrics) observeBatch(ctx context.Context, n int, d time.Duration) {
+// observeBatch records one batch transaction of n pairs that took d:
+// committed, or rolled back (an error: the batch is applied again in parts
+// or as statements).
+func (m *Metrics) observeBatch(ctx context.Context, n int, d time.Duration, committed bool) {
 	if m.batchLatency != nil {
-		m.batchLatency.Record(ctx, d.Seconds())
-		m.batchSize.Record(ctx, int64(n))
+		o := batchCommitted
+		if !committed {
+			o = batchRolledBack
+		}
+		m.batchLatency.Record(ctx, d.Seconds(), o)
+		m.batchSize.Record(ctx, int64(n), o)
 	}
 }
+
+var (
+	batchCommitted  = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "committed")))
+	batchRolledBack = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "rolled_back")))
+)
 
 func (m *Metrics) addStuck(ctx context.Context, n int64) {
 	if m.stuckC != nil {

@@ -49,6 +49,9 @@ type recordState struct {
 	// itself) to when it first failed.
 	pending map[string]time.Time
 	bytes   int // recordBytes of the record
+	// deadLettered is why the record's span ends with status Error: the
+	// first of its dead letters; "" when none.
+	deadLettered string
 }
 
 func (pc *partition) push(recs []*kgo.Record, hwm int64) {
@@ -254,8 +257,23 @@ func (pc *partition) release() {
 	if pc.stuckOn() != nil {
 		pc.w.cfg.Metrics.addStuck(context.Background(), -1)
 	}
+	pc.endSpans(pc.open, pc.retries.pairs)
 	pc.retries.cancel(pc.w.breaker)
 	pc.setRetrying(0)
+}
+
+// endSpans ends the spans of open records and waiting pairs that the
+// partition drops unfinished (revoked, or rewound): outcome released.
+func (pc *partition) endSpans(open []*recordState, waiting []*retryPair) {
+	if pc.w.tr == nil {
+		return
+	}
+	for _, p := range waiting {
+		endPair(p.span, outcomeReleased, p.retries)
+	}
+	for _, rs := range open {
+		endRecord(rs.d.span, outcomeReleased, "")
+	}
 }
 
 // track registers the records of a batch once its fast path is done:
@@ -266,6 +284,8 @@ func (pc *partition) track(batch []decoded, failed map[int]map[string]time.Time,
 	for i := range batch {
 		if pending := failed[i]; len(pending) > 0 {
 			pc.open = append(pc.open, &recordState{d: detached[i], pending: pending, bytes: recordBytes(batch[i].rec)})
+		} else {
+			endRecord(batch[i].span, outcomeApplied, "")
 		}
 	}
 	if len(batch) > 0 {
@@ -288,6 +308,9 @@ func (pc *partition) stateOf(offset int64) *recordState {
 func (pc *partition) finish(offset int64, projection string) {
 	if rs := pc.stateOf(offset); rs != nil {
 		delete(rs.pending, projection)
+		if len(rs.pending) == 0 {
+			endRecord(rs.d.span, outcomeApplied, rs.deadLettered)
+		}
 	}
 }
 
@@ -355,6 +378,8 @@ func (pc *partition) rewound(first *kgo.Record) {
 	for _, rs := range pc.open {
 		if rs.d.rec.Offset < first.Offset {
 			keep = append(keep, rs)
+		} else {
+			pc.endSpans([]*recordState{rs}, nil)
 		}
 	}
 	clear(pc.open[len(keep):])

@@ -1,6 +1,8 @@
 package projection
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"slices"
 	"time"
 
@@ -30,6 +32,7 @@ type retryPair struct {
 	backoff *backoff.ExponentialBackOff // fresh per pair: not goroutine-safe
 	fp      string                      // the failure's fingerprint (breaker)
 	probe   bool                        // the half-open probe of fp's breaker
+	span    trace.Span                  // the pair's span (tracing.go), nil without tracing
 }
 
 func (s *retrySet) hasRoom(cfg Config) bool {

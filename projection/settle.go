@@ -60,7 +60,7 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 			dead = append(dead, pc.w.immediateDeadLetter(f))
 			continue
 		}
-		if dl := pc.schedule(&retryPair{d: f.d, h: f.h, err: f.err, stack: f.stack, firstAt: f.firstAt}); dl != nil {
+		if dl := pc.schedule(&retryPair{d: f.d, h: f.h, err: f.err, stack: f.stack, firstAt: f.firstAt, span: f.span}); dl != nil {
 			dead = append(dead, *dl)
 		}
 	}
@@ -75,7 +75,7 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	w := pc.w
 	if p.retries == 0 { // the first failure: ask the breaker
-		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, 0, p.firstAt)
+		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, 0, p.firstAt, p.span)
 		p.fp = dl.Fingerprint()
 		probe, err := w.breaker.admit(p.fp)
 		if err != nil {
@@ -90,7 +90,7 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	wait := p.backoff.NextBackOff()
 	if p.retries >= w.cfg.Retry.MaxRetries || wait == backoff.Stop {
 		w.breaker.exhausted(p.fp, p.probe)
-		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt)
+		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt, p.span)
 		return &dl
 	}
 	ev := p.d.ev
@@ -102,6 +102,7 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	} else {
 		w.log.Debug("projection failed, retrying", attrs...)
 	}
+	retryEvent(p.span, p.retries+1, wait)
 	p.due = time.Now().Add(wait)
 	pc.retries.add(p)
 	return nil
@@ -115,7 +116,7 @@ func (pc *partition) shortCircuit(p *retryPair) *dlq.DeadLetter {
 	if p.probe || !pc.w.breaker.isOpen(p.fp) {
 		return nil
 	}
-	dl := pc.w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt)
+	dl := pc.w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt, p.span)
 	dl.ShortCircuit = p.fp
 	return &dl
 }
@@ -138,7 +139,7 @@ func (pc *partition) retryDue(ctx context.Context) error {
 			dead = append(dead, *dl)
 			continue
 		}
-		_, err := pc.attempt(ctx, p.h, p.d.ev)
+		out, err := pc.attempt(spanContext(ctx, p.span), p.h, p.d.ev)
 		if ctx.Err() != nil {
 			for _, rest := range due[i:] {
 				pc.retries.add(rest) // for release to free their probes
@@ -149,15 +150,17 @@ func (pc *partition) retryDue(ctx context.Context) error {
 		w.cfg.Metrics.retried(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema))
 		if err == nil {
 			w.breaker.succeeded(p.fp, p.probe)
+			endPair(p.span, spanOutcome(out), p.retries)
 			pc.finish(p.d.rec.Offset, p.h.Name())
 			continue
 		}
+		failedAttempt(p.span, err)
 		p.err, p.stack = err, stackOf(err)
 		if retry.IsPermanent(err) {
 			if p.probe {
 				w.breaker.cancelled(p.fp)
 			}
-			dl := w.newDeadLetter(p.d, p.h.Name(), retry.Permanent, err, p.stack, p.retries, p.firstAt)
+			dl := w.newDeadLetter(p.d, p.h.Name(), retry.Permanent, err, p.stack, p.retries, p.firstAt, p.span)
 			dead = append(dead, dl)
 			continue
 		}
@@ -256,8 +259,7 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 			refused = append(refused, dl)
 			continue
 		}
-		pc.w.deadLettered(ctx, dl)
-		pc.finish(dl.Source.Offset, dl.Projection)
+		pc.deadLetterDone(ctx, dl)
 	}
 	pc.advance()
 	if len(refused) > 0 && ctx.Err() != nil {
@@ -267,8 +269,7 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 		if err := pc.deadLetter(ctx, dl); err != nil {
 			return err
 		}
-		pc.w.deadLettered(ctx, dl)
-		pc.finish(dl.Source.Offset, dl.Projection)
+		pc.deadLetterDone(ctx, dl)
 		pc.advance()
 	}
 	return nil
@@ -316,6 +317,22 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 	return nil
 }
 
+// deadLetterDone finishes the pair of dl, whose dead letter Kafka
+// acknowledged: metrics and log (deadLettered), its span ended with status
+// Error, its record's span marked as such.
+func (pc *partition) deadLetterDone(ctx context.Context, dl dlq.DeadLetter) {
+	pc.w.deadLettered(ctx, dl)
+	if rs := pc.stateOf(dl.Source.Offset); rs != nil && dl.Context != nil {
+		if s := trace.SpanFromContext(dl.Context); s != rs.d.span {
+			endDeadLettered(s, dl.Class, dl.Err, dl.Retries)
+		}
+		if rs.deadLettered == "" {
+			rs.deadLettered = "dead-lettered: " + dl.Err.Error()
+		}
+	}
+	pc.finish(dl.Source.Offset, dl.Projection)
+}
+
 // deadLettered records an acknowledged dead letter in the metrics and log
 // (WARN, repeats of one fingerprint aggregated by failureLog; DEBUG for a
 // pair short-circuited by an open breaker).
@@ -324,10 +341,10 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 	attrs := []any{"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
 		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err}
-	if rc := dl.Source.Context; rc != nil {
-		// The record's own trace (kotel's span of the record), for the
-		// log line's trace_id.
-		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(rc))
+	if dl.Context != nil {
+		// The pair's span, in the record's own trace, for the log line's
+		// trace_id and span_id.
+		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(dl.Context))
 	}
 	if dl.ShortCircuit != "" {
 		w.log.DebugContext(ctx, "dead-lettered", attrs...) // the breaker's ERROR line when it opened says it for all of them
@@ -336,9 +353,12 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 	w.failures.write(ctx, slog.LevelWarn, "dead-lettered", dl.Fingerprint(), attrs...)
 }
 
-func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack callStack, retries int, firstAt time.Time) dlq.DeadLetter {
+// newDeadLetter is the dead letter of a pair of d; span is the pair's span
+// (nil without tracing), which its send span continues.
+func (w *Worker) newDeadLetter(d *decoded, projection string, class retry.Class, err error, stack callStack, retries int, firstAt time.Time, span trace.Span) dlq.DeadLetter {
 	ev := d.ev
 	return dlq.DeadLetter{
+		Context:       traceContext(span),
 		Source:        d.rec,
 		Projection:    projection,
 		TenantSchema:  ev.TenantSchema,
@@ -367,11 +387,12 @@ func firstFailedAt(replay replayInfo, now time.Time) time.Time {
 // a record that reached no projection, or a permanent error of a pair.
 func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 	if f.h != nil {
-		return w.newDeadLetter(f.d, f.h.Name(), retry.Permanent, f.err, f.stack, 0, f.firstAt)
+		return w.newDeadLetter(f.d, f.h.Name(), retry.Permanent, f.err, f.stack, 0, f.firstAt, f.span)
 	}
 	if f.d.ev == nil {
 		dl := dlq.DeadLetter{
-			Source: f.d.rec, Class: retry.Permanent, Err: f.err,
+			Context: traceContext(f.span),
+			Source:  f.d.rec, Class: retry.Permanent, Err: f.err,
 			FirstFailedAt: firstFailedAt(f.d.replay, f.firstAt), ReplayCount: f.d.replay.count,
 		}
 		var ve *ValidationError
@@ -386,7 +407,7 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 	}
 	// A replay to a projection this worker does not have: a projection
 	// error, not retried (no retry can add a projection).
-	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, callStack{}, 0, f.firstAt)
+	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, callStack{}, 0, f.firstAt, f.span)
 }
 
 // writeContext returns the context of one dead-letter write: ctx, except

@@ -46,6 +46,7 @@ type Worker struct {
 	handlers []Handler
 	breaker  *breaker
 	failures *failureLog
+	tr       *tracing // nil: no spans
 
 	queued atomic.Int64 // record bytes queued in all partitions
 	// processing is the budget of record bytes being processed, all
@@ -100,6 +101,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		w.begin = b
 	}
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
+	w.tr = newTracing(cfg)
 	w.processing = semaphore.NewWeighted(int64(cfg.MaxQueuedBytes))
 	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, exhausted int) {
 		if open {

@@ -136,7 +136,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		}
 		defer ln.Close()
 	}
-	tel, err := newTelemetry(ctx, telemetryConfig{group: s.group, workerID: s.workerID, spanQueue: s.spanQueue, log: log})
+	tel, err := newTelemetry(ctx, telemetryConfig{group: s.group, workerID: s.workerID, spanQueue: s.spanQueue, maxLinks: s.maxBatch, log: log})
 	if err != nil {
 		return err
 	}
@@ -153,6 +153,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}
 	kopts = append(kopts, kgo.WithLogger(klog), tel.hooks())
 
+	pcfg.ConnConfig.Tracer = tel.dbTracer()
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
@@ -203,6 +204,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		Backoff:        policy,
 		Logger:         log,
 		AttemptTimeout: s.dlqTimeout,
+		TracerProvider: tel.tracerProvider(),
 	})
 	if err != nil {
 		return err
@@ -228,7 +230,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		ShutdownGrace:      s.shutdownGrace,
 		Logger:             log,
 		Metrics:            metrics,
-		Tracer:             tel.tracer,
+		TracerProvider:     tel.tracerProvider(),
 		TenantSchemas:      tenants,
 	}, handlers, pool, redactedWriter{dlqWriter, red}, kopts...)
 	if err != nil {

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/exaring/otelpgx"
 	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
@@ -21,7 +23,7 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
+	noopmetric "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -35,10 +37,7 @@ type telemetry struct {
 	meters   *sdkmetric.MeterProvider
 	sdkTrace *sdktrace.TracerProvider // nil without OTLP
 	registry *prometheus.Registry
-	// tracer starts a process span per record, continuing the W3C trace
-	// context of its headers; nil (no spans) without an OTLP endpoint.
-	tracer *kotel.Tracer
-	kotel  *kotel.Kotel
+	kotel    *kotel.Kotel
 }
 
 func otlpConfigured() bool {
@@ -61,7 +60,10 @@ type telemetryConfig struct {
 	workerID string // service.instance.id
 	// spanQueue bounds the spans waiting for export (OTEL_BSP_MAX_QUEUE_SIZE).
 	spanQueue int
-	log       *slog.Logger
+	// maxLinks bounds the links of one span: a batch transaction's span
+	// links every record of the batch (--max-batch-records).
+	maxLinks int
+	log      *slog.Logger
 }
 
 // newTelemetry builds the process's telemetry. Its resource is
@@ -120,20 +122,46 @@ func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) 
 			_ = os.Setenv("OTEL_GO_X_OBSERVABILITY", "true")
 		}
 		otel.SetMeterProvider(t.meters)
-		t.sdkTrace = sdktrace.NewTracerProvider(sdktrace.WithResource(res),
+		limits := sdktrace.NewSpanLimits() // OTEL_SPAN_*_LIMIT
+		limits.LinkCountLimit = max(limits.LinkCountLimit, cfg.maxLinks)
+		t.sdkTrace = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanLimits(limits),
 			sdktrace.WithBatcher(texp, sdktrace.WithMaxQueueSize(cfg.spanQueue)))
 	}
-	kopts := []kotel.Opt{kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(t.meters)))}
-	if t.sdkTrace != nil {
-		// Spans only when they go somewhere: kotel's per-record hooks cost
-		// about 15% of the worker's CPU in make bench.
-		prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-		t.tracer = kotel.NewTracer(kotel.TracerProvider(t.sdkTrace), kotel.TracerPropagator(prop), kotel.ConsumerGroup(cfg.group))
-		kopts = append(kopts, kotel.WithTracer(t.tracer))
-	}
-	t.kotel = kotel.NewKotel(kopts...)
+	// kotel meters the Kafka clients; the worker starts its spans itself
+	// (projection/tracing.go), with the current messaging conventions.
+	t.kotel = kotel.NewKotel(kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(t.meters))))
 	return t, nil
 }
+
+// tracerProvider is where the worker's and the dead-letter writer's spans
+// go: nil (no spans) without an OTLP endpoint.
+func (t *telemetry) tracerProvider() trace.TracerProvider {
+	if t.sdkTrace == nil {
+		return nil
+	}
+	return t.sdkTrace
+}
+
+// dbTracer returns pgx's tracer: nil without an OTLP endpoint, else
+// otelpgx's spans (SQL, COPY, prepare, one pipelined batch) under the span
+// of the pair or batch transaction that runs them, and none outside one
+// (otelpgx starts none without a recording parent).
+func (t *telemetry) dbTracer() pgx.QueryTracer {
+	if t.sdkTrace == nil {
+		return nil
+	}
+	return dbTracer{otelpgx.NewTracer(otelpgx.WithTracerProvider(t.sdkTrace),
+		otelpgx.WithMeterProvider(noopmetric.NewMeterProvider()), // the worker's own metrics say enough
+		otelpgx.WithDisableAcquireTracer())}
+}
+
+// dbTracer is otelpgx's tracer with a pipelined batch as one span (its
+// batch size an attribute), not one span per statement besides: 500
+// statements applied in one round trip are one piece of work.
+type dbTracer struct{ *otelpgx.Tracer }
+
+// TraceBatchQuery does nothing: the batch's span covers its statements.
+func (dbTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
 // meter returns the meter for the project's instruments.
 func (t *telemetry) meter() metric.Meter {

@@ -17,9 +17,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kotel"
 	"github.com/twmb/franz-go/plugin/kslog"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/projection"
@@ -29,7 +27,7 @@ import (
 // BenchmarkWorkerInProcess runs the clean scenario of
 // BenchmarkWorkerThroughput with the worker in this process, wired as
 // `projection-worker run` wires it (pgxpool defaults, OpenTelemetry metrics
-// with a Prometheus reader, kotel hooks and a no-op tracer, a dead-letter
+// with a Prometheus reader, kotel's metric hooks, no tracing, a dead-letter
 // producer with acks=all and no linger), so that it can be profiled. The
 // broker (kfake) runs in this process too and shows in profiles. The time
 // reported runs from NewWorker until every pair is applied and Run, once
@@ -47,8 +45,6 @@ import (
 //     tenant that is not migrated;
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
-//   - BENCH_NO_TRACER=1 leaves out the kotel tracer (fetch hooks and process
-//     spans) and keeps its meter;
 //   - BENCH_TIMELINE=1 prints the pairs done every 0.5 s (where a slowdown
 //     happens: before or after a breaker opens);
 //   - BENCH_DEBUG=1 logs the worker at DEBUG (every retry and dead letter).
@@ -83,9 +79,7 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	}
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	b.Cleanup(func() { _ = meters.Shutdown(context.Background()) })
-	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	tracer := kotel.NewTracer(kotel.TracerProvider(noop.NewTracerProvider()), kotel.TracerPropagator(prop), kotel.ConsumerGroup(s.group))
-	k := kotel.NewKotel(kotel.WithTracer(tracer), kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters))))
+	k := kotel.NewKotel(kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters))))
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: benchLogLevel()}))
 	kopts := []kgo.Opt{kgo.SeedBrokers(e.brokers), kgo.DialTimeout(10 * time.Second),
 		kgo.WithLogger(kslog.New(log.With("component", "kgo"))), kgo.WithHooks(k.Hooks()...)}
@@ -133,12 +127,8 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 		defer pprof.StopCPUProfile()
 	}
 	start := time.Now()
-	wcfg := projection.Config{Topic: s.topic, Group: s.group, Logger: log, Metrics: metrics, Tracer: tracer,
+	wcfg := projection.Config{Topic: s.topic, Group: s.group, Logger: log, Metrics: metrics,
 		MaxPollRecords: envInt(b, "BENCH_MAX_POLL_RECORDS"), MaxQueuedBytes: envInt(b, "BENCH_MAX_QUEUED_BYTES")}
-	if os.Getenv("BENCH_NO_TRACER") != "" {
-		wcfg.Tracer = nil
-		kopts[len(kopts)-1] = kgo.WithHooks(kotel.NewKotel(kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(meters)))).Hooks()...)
-	}
 	w, err := projection.NewWorker(wcfg, handlers, pool, writer, append(kopts, kgo.WithHooks(&fetched))...)
 	if err != nil {
 		b.Fatal(err)

@@ -1,0 +1,242 @@
+package projection
+
+// The worker's spans (Config.TracerProvider; none without it):
+//
+//   - one "process <topic>" span per record (kind consumer), the child of
+//     the W3C trace context in the record's headers (a new trace without
+//     one), from when the record is taken until it is done: every pair
+//     applied, stale or dead-lettered (acknowledged by Kafka). Its status
+//     is Error when a pair of it, or the record itself, was dead-lettered.
+//   - one "apply <projection>" span per (record, projection) pair, the
+//     child of its record's span, from planning until the pair's outcome;
+//     each failed attempt is recorded on it as an exception event, each
+//     retry it waits for as a "retry" event; status Error when it is
+//     dead-lettered. The dead letter's "send <dlq topic>" span (package dlq)
+//     is its child, so the dead letter and its traceparent header continue
+//     the record's own trace.
+//   - one span per database transaction of the batch path ("apply batch",
+//     "copy batch", "copy batch isolating"), a new root linked to the
+//     record spans of the pairs in it: a transaction serves many records
+//     and belongs to none of them. The database client's spans (pgx's
+//     tracer, set up by the caller) are its children.
+//
+// Attribute names follow OpenTelemetry's messaging and database semantic
+// conventions (messaging.*, db.response.status_code, error.type); the
+// project's own are causet.*.
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// Span attribute keys of the project's own (the rest are OpenTelemetry's
+// semantic conventions).
+const (
+	AttrProjection   = attribute.Key("causet.projection")
+	AttrTenantSchema = attribute.Key("causet.tenant_schema")
+	AttrEventType    = attribute.Key("causet.event_type")
+	// AttrOutcome is a pair's outcome: applied, stale (older than the row),
+	// copied (upserted by a COPY group, whose merge does not say whether
+	// this pair's row was the newer one), dead_lettered; and for a record,
+	// also handed_off (finished by the partition's previous owner) and
+	// released (its partition was revoked before it was done).
+	AttrOutcome    = attribute.Key("causet.outcome")
+	AttrRetryCount = attribute.Key("causet.retry.count")
+	// AttrBatchPairs is the number of pairs in a batch transaction.
+	AttrBatchPairs = attribute.Key("causet.batch.pairs")
+)
+
+// Outcomes of AttrOutcome.
+const (
+	outcomeApplied      = "applied"
+	outcomeStale        = "stale"
+	outcomeCopied       = "copied"
+	outcomeDeadLettered = "dead_lettered"
+	outcomeHandedOff    = "handed_off"
+	outcomeReleased     = "released"
+)
+
+// tracing starts the worker's spans; a nil *tracing starts none.
+type tracing struct {
+	tracer      trace.Tracer
+	prop        propagation.TextMapPropagator
+	processName string // "process <topic>"
+	common      []attribute.KeyValue
+}
+
+func newTracing(cfg Config) *tracing {
+	if cfg.TracerProvider == nil {
+		return nil
+	}
+	return &tracing{
+		tracer: cfg.TracerProvider.Tracer("github.com/causet/projection-worker/projection",
+			trace.WithSchemaURL(semconv.SchemaURL)),
+		prop:        propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+		processName: "process " + cfg.Topic,
+		common: []attribute.KeyValue{
+			semconv.MessagingSystemKafka,
+			semconv.MessagingOperationTypeProcess,
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingDestinationName(cfg.Topic),
+			semconv.MessagingConsumerGroupName(cfg.Group),
+		},
+	}
+}
+
+// startRecord starts rec's span, the child of the trace context in its
+// headers; nil when t is nil.
+func (t *tracing) startRecord(rec *kgo.Record) trace.Span {
+	if t == nil {
+		return nil
+	}
+	ctx := t.prop.Extract(context.Background(), kotel.NewRecordCarrier(rec))
+	attrs := make([]attribute.KeyValue, 0, len(t.common)+3)
+	attrs = append(attrs, t.common...)
+	attrs = append(attrs,
+		semconv.MessagingDestinationPartitionID(strconv.Itoa(int(rec.Partition))),
+		semconv.MessagingKafkaOffset(int(rec.Offset)))
+	if len(rec.Key) > 0 {
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
+	}
+	_, span := t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return span
+}
+
+// eventAttrs are the attributes of ev on its record's span.
+func eventAttrs(s trace.Span, ev *Event) {
+	if s != nil && ev != nil && s.IsRecording() {
+		s.SetAttributes(AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType))
+	}
+}
+
+// startPair starts the span of the pair (record, projection), the child of
+// the record's span; nil when the record has none.
+func (t *tracing) startPair(record trace.Span, projection string, ev *Event) trace.Span {
+	if t == nil || record == nil {
+		return nil
+	}
+	if !record.IsRecording() { // not sampled: its children are not either
+		return record
+	}
+	_, span := t.tracer.Start(trace.ContextWithSpan(context.Background(), record), "apply "+projection,
+		trace.WithAttributes(AttrProjection.String(projection), AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType)))
+	return span
+}
+
+// spanContext returns ctx with s as its span (ctx when s is nil).
+func spanContext(ctx context.Context, s trace.Span) context.Context {
+	if s == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, s)
+}
+
+// traceContext returns a context holding s, nil when s is nil: a dead
+// letter's Context.
+func traceContext(s trace.Span) context.Context {
+	if s == nil {
+		return nil
+	}
+	return trace.ContextWithSpan(context.Background(), s)
+}
+
+// endPair ends a pair's span with its outcome.
+func endPair(s trace.Span, outcome string, retries int) {
+	if s == nil || !s.IsRecording() {
+		return
+	}
+	s.SetAttributes(AttrOutcome.String(outcome), AttrRetryCount.Int(retries))
+	s.End()
+}
+
+// failedAttempt records a pair's failed attempt on its span: an exception
+// event, and the error's class and SQLSTATE as attributes.
+func failedAttempt(s trace.Span, err error) {
+	if s == nil || !s.IsRecording() {
+		return
+	}
+	s.RecordError(err)
+	attrs := []attribute.KeyValue{semconv.ErrorTypeKey.String(retry.Classify(err).String())}
+	if code := retry.SQLState(err); code != "" {
+		attrs = append(attrs, semconv.DBResponseStatusCode(code))
+	}
+	s.SetAttributes(attrs...)
+}
+
+// retryEvent records on a pair's span that it waits for retry number n.
+func retryEvent(s trace.Span, n int, wait time.Duration) {
+	if s == nil || !s.IsRecording() {
+		return
+	}
+	s.AddEvent("retry", trace.WithAttributes(AttrRetryCount.Int(n), attribute.Int64("causet.retry.wait_ms", wait.Milliseconds())))
+}
+
+// endDeadLettered ends the span of a pair (or of a record that reached no
+// projection) whose dead letter Kafka acknowledged: status Error.
+func endDeadLettered(s trace.Span, class retry.Class, err error, retries int) {
+	if s == nil || !s.IsRecording() {
+		return
+	}
+	s.SetAttributes(AttrOutcome.String(outcomeDeadLettered), AttrRetryCount.Int(retries), semconv.ErrorTypeKey.String(class.String()))
+	s.SetStatus(codes.Error, "dead-lettered: "+err.Error())
+	s.End()
+}
+
+// endRecord ends a record's span: status Error with the reason when a pair
+// of it (or the record itself) was dead-lettered (deadLettered non-empty).
+func endRecord(s trace.Span, outcome, deadLettered string) {
+	if s == nil || !s.IsRecording() {
+		return
+	}
+	if deadLettered != "" {
+		s.SetStatus(codes.Error, deadLettered)
+		outcome = outcomeDeadLettered
+	}
+	s.SetAttributes(AttrOutcome.String(outcome))
+	s.End()
+}
+
+// startBatch starts the span of one database transaction of the batch
+// path: a new root, linked to the record spans of its pairs (each record
+// once). ctx is returned unchanged when t is nil.
+func (t *tracing) startBatch(ctx context.Context, name string, pairs []pair) (context.Context, trace.Span) {
+	if t == nil {
+		return ctx, nil
+	}
+	links := make([]trace.Link, 0, len(pairs))
+	var last *decoded
+	for _, p := range pairs {
+		if p.d == last || p.d.span == nil {
+			continue // a record's pairs are consecutive
+		}
+		last = p.d
+		if sc := p.d.span.SpanContext(); sc.IsSampled() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return t.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithLinks(links...),
+		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, AttrBatchPairs.Int(len(pairs))))
+}
+
+// endBatch ends a batch transaction's span, status Error when err is set.
+func endBatch(s trace.Span, err error) {
+	if s == nil {
+		return
+	}
+	if err != nil {
+		s.RecordError(err)
+		s.SetStatus(codes.Error, err.Error())
+	}
+	s.End()
+}
