@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -138,4 +139,46 @@ func startOnKfake(t *testing.T, partitions int32, extra ...string) (*kafkatest.B
 		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
 		"--group", kafkatest.TopicName(t, "group")}, extra...)...)
 	return b, events, w
+}
+
+// TestRunLogsDroppedSpansOnce: when the span export queue is full (a
+// collector slower than the worker, --trace-queue-size 1), the dropped
+// spans are counted on /metrics and said once in the log, with the fix.
+func TestRunLogsDroppedSpansOnce(t *testing.T) {
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/traces" {
+			time.Sleep(time.Second)
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(slow.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", slow.URL)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
+	b, events, w := startOnKfake(t, 1, "--trace-queue-size", "1")
+	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 20 {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Key: fmt.Appendf(nil, "poison-%d", i), Value: poison}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const said = "spans dropped: the OTLP export queue was full"
+	w.waitFor(t, "the dropped spans logged", 30*time.Second, func() bool { return w.logged(said) })
+	m := w.get(t, "/metrics")
+	if !strings.Contains(m, `otel_sdk_processor_span_processed_total{error_type="queue_full"`) {
+		t.Errorf("/metrics does not count the dropped spans (error_type=queue_full)")
+	}
+	for i := range 20 { // more drops: still one line
+		if err := prod.ProduceSync(ctx, &kgo.Record{Key: fmt.Appendf(nil, "more-%d", i), Value: poison}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(3 * droppedSpansCheck)
+	if n := strings.Count(w.stderr.String(), said); n != 1 {
+		t.Errorf("the dropped spans were logged %d times, want once", n)
+	}
+	w.shutdown(t)
 }

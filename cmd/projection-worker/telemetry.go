@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/exaring/otelpgx"
 	"github.com/go-logr/logr"
@@ -34,6 +35,8 @@ import (
 // /metrics, and OTLP metric and trace exporters when
 // OTEL_EXPORTER_OTLP_ENDPOINT (or the signal-specific variables) is set.
 type telemetry struct {
+	log      *slog.Logger
+	stop     chan struct{} // closed by shutdown: ends watchDroppedSpans
 	meters   *sdkmetric.MeterProvider
 	sdkTrace *sdktrace.TracerProvider // nil without OTLP
 	registry *prometheus.Registry
@@ -99,7 +102,7 @@ func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) 
 		// kotel declares its byte counters in "by", which is not UCUM and comes
 		// out of the Prometheus exporter as a "_by" suffix; "By" is bytes.
 		sdkmetric.WithView(sdkmetric.NewView(sdkmetric.Instrument{Unit: "by"}, sdkmetric.Stream{Unit: "By"}))}
-	t := &telemetry{registry: reg}
+	t := &telemetry{registry: reg, log: cfg.log, stop: make(chan struct{})}
 	var texp *otlptrace.Exporter
 	if otlpConfigured() {
 		mexp, err := otlpmetrichttp.New(ctx)
@@ -126,6 +129,7 @@ func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) 
 		limits.LinkCountLimit = max(limits.LinkCountLimit, cfg.maxLinks)
 		t.sdkTrace = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanLimits(limits),
 			sdktrace.WithBatcher(texp, sdktrace.WithMaxQueueSize(cfg.spanQueue)))
+		go t.watchDroppedSpans(droppedSpansCheck)
 	}
 	// kotel meters the Kafka clients; the worker starts its spans itself
 	// (projection/tracing.go), with the current messaging conventions.
@@ -178,7 +182,55 @@ func (t *telemetry) metricsHandler() http.Handler {
 	return promhttp.HandlerFor(t.registry, promhttp.HandlerOpts{})
 }
 
+// droppedSpansCheck is how often watchDroppedSpans looks at the SDK's
+// count of dropped spans.
+const droppedSpansCheck = 2 * time.Second
+
+// watchDroppedSpans logs once, at WARN, that the span export queue dropped
+// spans (the SDK counts them in otel_sdk_processor_span_processed_total with
+// error_type="queue_full", which /metrics serves), with the fix; it looks
+// every interval until shutdown.
+func (t *telemetry) watchDroppedSpans(interval time.Duration) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+		}
+		if n := t.droppedSpans(); n > 0 {
+			t.log.Warn("spans dropped: the OTLP export queue was full; raise --trace-queue-size, sample fewer (OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG) or check the collector; otel_sdk_processor_span_processed_total{error_type=\"queue_full\"} counts them from now on",
+				"dropped", n)
+			return
+		}
+	}
+}
+
+// droppedSpans is the SDK's count of spans dropped on a full queue.
+func (t *telemetry) droppedSpans() float64 {
+	families, err := t.registry.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, f := range families {
+		if f.GetName() != "otel_sdk_processor_span_processed_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "error_type" && l.GetValue() == "queue_full" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
 func (t *telemetry) shutdown(ctx context.Context) error {
+	close(t.stop)
 	var errs []error
 	errs = append(errs, t.meters.Shutdown(ctx))
 	if t.sdkTrace != nil {
