@@ -37,6 +37,7 @@ type decoded struct {
 	err    error  // decoding error
 	replay replayInfo
 	span   trace.Span // the record's span (tracing.go), nil without tracing
+	taken  time.Time  // when the record was taken, with tracing: its span's start
 }
 
 // pairFailure is one (event, projection) pair whose first attempt failed.
@@ -63,18 +64,25 @@ type pair struct {
 // one by one, each pair once. It then settles each failing pair on its own
 // (settle) and advances the watermark. It returns a non-nil error only when
 // ctx is done first.
-func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error {
+func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err error) {
 	w := pc.w
 	batch := make([]decoded, len(recs))
+	if w.tr != nil {
+		defer func() {
+			if err != nil { // revoked or stopped mid-batch: the records are left to the next owner
+				for i := range batch {
+					endRecord(batch[i].span, outcomeReleased, "")
+				}
+			}
+		}()
+	}
 	for i, rec := range recs {
 		d := &batch[i]
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
 		d.ev, d.err = w.cfg.TenantSchemas.DecodeEvent(rec.Value)
-		if d.span = w.tr.startRecord(rec); d.span != nil {
-			eventAttrs(d.span, d.ev)
-		}
+		d.span = w.tr.startRecord(d)
 	}
 
 	var planned, single []pair
@@ -102,7 +110,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 			if only != nil && !only[h.Name()] {
 				continue // applied or dead-lettered by the previous owner
 			}
-			span := w.tr.startPair(d.span, h.Name(), d.ev)
+			span := w.tr.planSpan(d, h.Name())
 			p, ok := h.(Planner)
 			if !ok || w.begin == nil {
 				single = append(single, pair{d: d, h: h, span: span})
@@ -111,7 +119,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 			st, err := plan(p, h.Name(), d.ev)
 			if err != nil {
 				w.cfg.Metrics.failed(ctx, pairAttrs(h.Name(), d.ev.TenantSchema), retry.Classify(err))
-				failedAttempt(span, err)
+				span = w.tr.pairFailed(span, d, h.Name(), err)
 				failures = append(failures, pairFailure{d: d, h: h, err: err, stack: stackOf(err), firstAt: time.Now(), span: span})
 				continue
 			}
@@ -144,8 +152,8 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) error
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			failedAttempt(p.span, err)
-			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stackOf(err), firstAt: time.Now(), span: p.span})
+			span := w.tr.pairFailed(p.span, p.d, p.h.Name(), err)
+			failures = append(failures, pairFailure{d: p.d, h: p.h, err: err, stack: stackOf(err), firstAt: time.Now(), span: span})
 			continue
 		}
 		endPair(p.span, spanOutcome(out), 0)
@@ -303,8 +311,8 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 	class := retry.Classify(err)
 	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
 	err = fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err)
-	failedAttempt(p.span, err)
-	return pairFailure{d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)}, err: err, span: p.span}
+	span := w.tr.pairFailed(p.span, p.d, p.h.Name(), err)
+	return pairFailure{d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)}, err: err, span: span}
 }
 
 // execBatch applies seg in one transaction. It returns the index of the

@@ -113,6 +113,12 @@ type Config struct {
 	// a span per batch transaction, linked to its records. Default nil: no
 	// spans.
 	TracerProvider trace.TracerProvider
+	// TraceEveryPair gives every (record, projection) pair a span of its
+	// own. Default false: only a pair whose first attempt failed gets one
+	// (its retries and dead letter in it); a pair applied at once is told
+	// by its record's span and the linked batch span, at about a third of
+	// the spans.
+	TraceEveryPair bool
 	// TenantSchemas narrows the tenant schemas the worker accepts
 	// (NewTenantSchemas, --tenant-schema-pattern). Default nil: every name
 	// ValidTenantSchema accepts (SPEC §3's pattern, PostgreSQL's own

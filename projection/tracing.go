@@ -7,11 +7,14 @@ package projection
 //     one), from when the record is taken until it is done: every pair
 //     applied, stale or dead-lettered (acknowledged by Kafka). Its status
 //     is Error when a pair of it, or the record itself, was dead-lettered.
-//   - one "apply <projection>" span per (record, projection) pair, the
-//     child of its record's span, from planning until the pair's outcome;
-//     each failed attempt is recorded on it as an exception event, each
-//     retry it waits for as a "retry" event; status Error when it is
-//     dead-lettered. The dead letter's "send <dlq topic>" span (package dlq)
+//   - one "apply <projection>" span per (record, projection) pair that
+//     failed an attempt (every pair with Config.TraceEveryPair), the child
+//     of its record's span, from when the record was taken until the
+//     pair's outcome; each failed attempt is recorded on it as an exception
+//     event, each retry it waits for as a "retry" event; status Error when
+//     it is dead-lettered. A pair applied at its first attempt has no span
+//     of its own by default: its record's span and the batch transaction's
+//     span linked to it say so, at a third of the spans. The dead letter's "send <dlq topic>" span (package dlq)
 //     is its child, so the dead letter and its traceparent header continue
 //     the record's own trace.
 //   - one span per database transaction of the batch path ("apply batch",
@@ -29,10 +32,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/exaring/otelpgx"
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/plugin/kotel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	noopmetric "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
@@ -73,6 +78,7 @@ type tracing struct {
 	prop        propagation.TextMapPropagator
 	processName string // "process <topic>"
 	common      []attribute.KeyValue
+	everyPair   bool // Config.TraceEveryPair
 }
 
 func newTracing(cfg Config) *tracing {
@@ -84,6 +90,7 @@ func newTracing(cfg Config) *tracing {
 			trace.WithSchemaURL(semconv.SchemaURL)),
 		prop:        propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		processName: "process " + cfg.Topic,
+		everyPair:   cfg.TraceEveryPair,
 		common: []attribute.KeyValue{
 			semconv.MessagingSystemKafka,
 			semconv.MessagingOperationTypeProcess,
@@ -94,14 +101,16 @@ func newTracing(cfg Config) *tracing {
 	}
 }
 
-// startRecord starts rec's span, the child of the trace context in its
-// headers; nil when t is nil.
-func (t *tracing) startRecord(rec *kgo.Record) trace.Span {
+// startRecord starts the span of d (its record decoded into d.ev, nil when
+// invalid), the child of the trace context in the record's headers; nil
+// when t is nil.
+func (t *tracing) startRecord(d *decoded) trace.Span {
 	if t == nil {
 		return nil
 	}
+	rec := d.rec
 	ctx := t.prop.Extract(context.Background(), kotel.NewRecordCarrier(rec))
-	attrs := make([]attribute.KeyValue, 0, len(t.common)+3)
+	attrs := make([]attribute.KeyValue, 0, len(t.common)+5)
 	attrs = append(attrs, t.common...)
 	attrs = append(attrs,
 		semconv.MessagingDestinationPartitionID(strconv.Itoa(int(rec.Partition))),
@@ -109,28 +118,52 @@ func (t *tracing) startRecord(rec *kgo.Record) trace.Span {
 	if len(rec.Key) > 0 {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
 	}
-	_, span := t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	if ev := d.ev; ev != nil {
+		attrs = append(attrs, AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType))
+	}
+	d.taken = time.Now()
+	_, span := t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attrs...), trace.WithTimestamp(d.taken))
 	return span
 }
 
-// eventAttrs are the attributes of ev on its record's span.
-func eventAttrs(s trace.Span, ev *Event) {
-	if s != nil && ev != nil && s.IsRecording() {
-		s.SetAttributes(AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType))
-	}
-}
-
-// startPair starts the span of the pair (record, projection), the child of
-// the record's span; nil when the record has none.
-func (t *tracing) startPair(record trace.Span, projection string, ev *Event) trace.Span {
-	if t == nil || record == nil {
+// startPair starts the span of the pair (d, projection), the child of the
+// record's span, from when the record was taken; nil when the record has
+// none.
+func (t *tracing) startPair(d *decoded, projection string) trace.Span {
+	if t == nil || d.span == nil {
 		return nil
 	}
-	if !record.IsRecording() { // not sampled: its children are not either
-		return record
+	if !d.span.IsRecording() { // not sampled: its children are not either
+		return d.span
 	}
-	_, span := t.tracer.Start(trace.ContextWithSpan(context.Background(), record), "apply "+projection,
+	ev := d.ev
+	_, span := t.tracer.Start(trace.ContextWithSpan(context.Background(), d.span), "apply "+projection, trace.WithTimestamp(d.taken),
 		trace.WithAttributes(AttrProjection.String(projection), AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType)))
+	return span
+}
+
+// planSpan is the span a pair gets when it is planned: with
+// Config.TraceEveryPair, its span; else none yet (pairFailed starts it if
+// the pair fails).
+func (t *tracing) planSpan(d *decoded, projection string) trace.Span {
+	if t == nil || !t.everyPair {
+		return nil
+	}
+	return t.startPair(d, projection)
+}
+
+// pairFailed records a failed attempt of the pair (d, projection) on its
+// span, starting the span (from when the record was taken) when it has
+// none yet, and returns the span.
+func (t *tracing) pairFailed(span trace.Span, d *decoded, projection string, err error) trace.Span {
+	if t == nil {
+		return nil
+	}
+	if span == nil {
+		span = t.startPair(d, projection)
+	}
+	failedAttempt(span, err)
 	return span
 }
 
@@ -240,3 +273,23 @@ func endBatch(s trace.Span, err error) {
 	}
 	s.End()
 }
+
+// NewDBTracer returns pgx's tracer for the worker's pool
+// (pgx.ConnConfig.Tracer): otelpgx's spans (SQL, COPY, prepare, one
+// pipelined batch) into tp, under the span of the pair or batch
+// transaction that runs them; none outside a recording span (otelpgx
+// starts none without one: the readiness checks make no spans). A
+// pipelined batch is one span with its size (db.operation.batch.size), not
+// one span per statement besides: 500 statements applied in one round trip
+// are one piece of work. Its metrics are off: the worker's own say enough.
+func NewDBTracer(tp trace.TracerProvider) pgx.QueryTracer {
+	return dbTracer{otelpgx.NewTracer(otelpgx.WithTracerProvider(tp),
+		otelpgx.WithMeterProvider(noopmetric.NewMeterProvider()),
+		otelpgx.WithDisableAcquireTracer())}
+}
+
+// dbTracer is otelpgx's tracer with a pipelined batch as one span.
+type dbTracer struct{ *otelpgx.Tracer }
+
+// TraceBatchQuery does nothing: the batch's span covers its statements.
+func (dbTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +27,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/jqcheck"
 	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/otlptest"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
@@ -137,10 +140,16 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 	t := r.t
 	t.Helper()
 	prod := r.broker.Client(t, kgo.ProducerLinger(0))
+	// Every rig traces (spans counted, not kept), so that the worker's
+	// spans go through every scenario, under the race detector too; every
+	// pair has a span in half of the tests (by name), only the failed ones
+	// in the other half.
+	tp := testTracerProvider(t)
 	writer, err := dlq.NewWriter(prod, dlq.WriterConfig{
-		RecordConfig: dlq.RecordConfig{Topic: r.dlqTopic, Worker: "test-worker", Generation: "test/v42"},
-		Backoff:      retry.Policy{Initial: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 100 * time.Millisecond, Jitter: 0.2},
-		Logger:       slog.New(slog.DiscardHandler),
+		RecordConfig:   dlq.RecordConfig{Topic: r.dlqTopic, Worker: "test-worker", Generation: "test/v42"},
+		Backoff:        retry.Policy{Initial: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 100 * time.Millisecond, Jitter: 0.2},
+		Logger:         slog.New(slog.DiscardHandler),
+		TracerProvider: tp,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +163,8 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 		CommitInterval: 100 * time.Millisecond,
 		CopyMinRows:    copyMinRows,
 		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		TracerProvider: tp,
+		TraceEveryPair: len(t.Name())%2 == 0,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -179,6 +190,14 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 		}
 	})
 	return rn
+}
+
+// testTracerProvider returns a tracer provider sampling every span into a
+// processor that counts them, shut down when t ends.
+func testTracerProvider(t *testing.T) *sdktrace.TracerProvider {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(&otlptest.SpanCounter{}))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp
 }
 
 // testWriter sends log lines to t.Log.

@@ -51,6 +51,7 @@ type settings struct {
 	breaker            projection.BreakerConfig
 	failureLogInterval time.Duration
 	spanQueue          int
+	traceEveryPair     bool
 	maxTenants         int
 	grantRole          string // migrate --grant
 
@@ -109,6 +110,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
 	fs.Int(&s.spanQueue, "trace-queue-size", "OTEL_BSP_MAX_QUEUE_SIZE", DefaultSpanQueueSize, "spans waiting for OTLP export; when full, new spans are dropped (and counted)")
+	fs.Bool(&s.traceEveryPair, "trace-every-pair", "TRACE_EVERY_PAIR", false, "a span for every (event, projection) pair, not only for the pairs that failed an attempt (about 3x the spans)")
 	fs.Duration(&s.failureLogInterval, "failure-log-interval", "FAILURE_LOG_INTERVAL", projection.DefaultFailureLogInterval, "interval over which the WARN lines of failing pairs are aggregated per failure fingerprint: the first in full, the repeats as one line with their count")
 	fs.Int(&s.maxTenants, "metrics-max-tenants", "METRICS_MAX_TENANTS", projection.DefaultMaxTenantSchemas,
 		"tenant schemas that get their own tenant_schema label in /metrics (the first ones seen); later ones are counted under \""+projection.OtherTenantSchemas+"\" (0: every tenant under it)")

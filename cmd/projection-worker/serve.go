@@ -231,6 +231,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		Logger:             log,
 		Metrics:            metrics,
 		TracerProvider:     tel.tracerProvider(),
+		TraceEveryPair:     s.traceEveryPair,
 		TenantSchemas:      tenants,
 	}, handlers, pool, redactedWriter{dlqWriter, red}, kopts...)
 	if err != nil {

@@ -9,8 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/exaring/otelpgx"
 	"github.com/go-logr/logr"
+
+	"github.com/causet/projection-worker/projection"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
@@ -24,7 +25,6 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	noopmetric "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -147,25 +147,13 @@ func (t *telemetry) tracerProvider() trace.TracerProvider {
 }
 
 // dbTracer returns pgx's tracer: nil without an OTLP endpoint, else
-// otelpgx's spans (SQL, COPY, prepare, one pipelined batch) under the span
-// of the pair or batch transaction that runs them, and none outside one
-// (otelpgx starts none without a recording parent).
+// projection.NewDBTracer's.
 func (t *telemetry) dbTracer() pgx.QueryTracer {
 	if t.sdkTrace == nil {
 		return nil
 	}
-	return dbTracer{otelpgx.NewTracer(otelpgx.WithTracerProvider(t.sdkTrace),
-		otelpgx.WithMeterProvider(noopmetric.NewMeterProvider()), // the worker's own metrics say enough
-		otelpgx.WithDisableAcquireTracer())}
+	return projection.NewDBTracer(t.sdkTrace)
 }
-
-// dbTracer is otelpgx's tracer with a pipelined batch as one span (its
-// batch size an attribute), not one span per statement besides: 500
-// statements applied in one round trip are one piece of work.
-type dbTracer struct{ *otelpgx.Tracer }
-
-// TraceBatchQuery does nothing: the batch's span covers its statements.
-func (dbTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
 // meter returns the meter for the project's instruments.
 func (t *telemetry) meter() metric.Meter {

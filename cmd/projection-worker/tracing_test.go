@@ -74,6 +74,13 @@ func eventNames(sp *tracepb.Span) []string {
 //   - the batch transaction's span, a root linked to the records it
 //     applied, with the database client's spans under it.
 func TestRunTraceShape(t *testing.T) {
+	t.Run("default", func(t *testing.T) { testTraceShape(t, false) })
+	t.Run("every pair", func(t *testing.T) { testTraceShape(t, true) })
+}
+
+// testTraceShape: with everyPair (--trace-every-pair) the good records'
+// pairs have spans too, else only the pairs that failed an attempt.
+func testTraceShape(t *testing.T, everyPair bool) {
 	rcv := newOTLPReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
@@ -89,8 +96,12 @@ func TestRunTraceShape(t *testing.T) {
 	}
 	dlqTopic := kafkatest.TopicName(t, "dlq")
 	group := kafkatest.TopicName(t, "group")
-	b, events, w := startOnKfake(t, 3, "--dlq-topic", dlqTopic, "--group", group,
-		"--max-retries", "2", "--retry-initial", "700ms", "--retry-max-interval", "1s")
+	args := []string{"--dlq-topic", dlqTopic, "--group", group,
+		"--max-retries", "2", "--retry-initial", "700ms", "--retry-max-interval", "1s"}
+	if everyPair {
+		args = append(args, "--trace-every-pair")
+	}
+	b, events, w := startOnKfake(t, 3, args...)
 
 	const (
 		goodParent    = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -208,8 +219,18 @@ func TestRunTraceShape(t *testing.T) {
 		}
 	}
 	for _, key := range []string{"good", "retried", "headerless"} {
-		if len(pairsOf[key]) != 2 {
-			t.Errorf("record %q has %d pair spans, want 2 (artist_followers, user_follows)", key, len(pairsOf[key]))
+		want := 2 // artist_followers, user_follows
+		if key != "retried" && !everyPair {
+			want = 0 // applied at once: told by the record's span and the batch's
+		}
+		if len(pairsOf[key]) != want {
+			t.Errorf("record %q has %d pair spans, want %d", key, len(pairsOf[key]), want)
+		}
+	}
+	for _, sp := range pairsOf["retried"] {
+		if sp.StartTimeUnixNano != retried.StartTimeUnixNano {
+			t.Errorf("pair span %s starts %v after its record's: want from when the record was taken", sp.Name,
+				time.Duration(sp.StartTimeUnixNano-retried.StartTimeUnixNano))
 		}
 	}
 	for _, sp := range pairsOf["good"] {

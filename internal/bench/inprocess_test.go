@@ -1,6 +1,10 @@
 package bench
 
 import (
+	"github.com/causet/projection-worker/internal/otlptest"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -45,6 +49,10 @@ import (
 //     tenant that is not migrated;
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
+//   - BENCH_TRACE=ratio traces as `run` does with an OTLP endpoint, sampling
+//     that ratio of the records (parent-based; 1 is every record), into an
+//     in-process OTLP receiver; it prints the spans received and dropped
+//     (BENCH_TRACE_EVERY_PAIR=1: a span for every pair, --trace-every-pair);
 //   - BENCH_TIMELINE=1 prints the pairs done every 0.5 s (where a slowdown
 //     happens: before or after a breaker opens);
 //   - BENCH_DEBUG=1 logs the worker at DEBUG (every retry and dead letter).
@@ -90,6 +98,15 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	tp, rcv, ended := benchTracing(b)
+	if tp != nil {
+		cfg.ConnConfig.Tracer = projection.NewDBTracer(tp)
+		b.Cleanup(func() {
+			_ = tp.Shutdown(context.Background())
+			e.logf("tracing (BENCH_TRACE=%s): %d spans ended, %d received by the OTLP receiver, %d dropped",
+				os.Getenv("BENCH_TRACE"), ended.Sampled(), rcv.SpanCount(), ended.Sampled()-int64(rcv.SpanCount()))
+		})
+	}
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -129,6 +146,10 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	start := time.Now()
 	wcfg := projection.Config{Topic: s.topic, Group: s.group, Logger: log, Metrics: metrics,
 		MaxPollRecords: envInt(b, "BENCH_MAX_POLL_RECORDS"), MaxQueuedBytes: envInt(b, "BENCH_MAX_QUEUED_BYTES")}
+	if tp != nil {
+		wcfg.TracerProvider = tp
+		wcfg.TraceEveryPair = os.Getenv("BENCH_TRACE_EVERY_PAIR") != ""
+	}
 	w, err := projection.NewWorker(wcfg, handlers, pool, writer, append(kopts, kgo.WithHooks(&fetched))...)
 	if err != nil {
 		b.Fatal(err)
@@ -179,6 +200,32 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	e.logf("in-process worker fetched %d records in %d batches (%.2f× the events; %.1f MiB decompressed)",
 		fetched.records.Load(), fetched.batches.Load(), float64(fetched.records.Load())/float64(n), mib(fetched.uncompressed.Load()))
 	b.ReportMetric(float64(n)/el.Seconds(), "worker_events/s")
+}
+
+// benchTracing returns the tracer provider of BENCH_TRACE (nil when unset)
+// and its OTLP receiver: the worker's telemetry.go setup (batch processor
+// queue of 65536 spans, OTLP/HTTP protobuf, parent-based ratio sampler).
+func benchTracing(b *testing.B) (*sdktrace.TracerProvider, *otlptest.Receiver, *otlptest.SpanCounter) {
+	v := os.Getenv("BENCH_TRACE")
+	if v == "" {
+		return nil, nil, nil
+	}
+	ratio, err := strconv.ParseFloat(v, 64)
+	if err != nil || ratio < 0 || ratio > 1 {
+		b.Fatalf("BENCH_TRACE=%q: want a ratio in [0, 1]", v)
+	}
+	rcv := otlptest.NewReceiver(false)
+	b.Cleanup(rcv.Close)
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(rcv.Endpoint()+"/v1/traces"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	limits := sdktrace.NewSpanLimits()
+	limits.LinkCountLimit = 1000
+	ended := &otlptest.SpanCounter{}
+	return sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+		sdktrace.WithSpanLimits(limits), sdktrace.WithSpanProcessor(ended),
+		sdktrace.WithBatcher(exp, sdktrace.WithMaxQueueSize(65536))), rcv, ended
 }
 
 // fetchCounter is a kgo hook that counts the records and bytes the worker's

@@ -34,6 +34,8 @@ type Report struct {
 	LongestRecoveryAfter     string // the fault kind it followed
 	Violations               []Violation
 	InstancesStarted, Killed int
+	// SpansEnded counts the instances' spans (every record and pair traced).
+	SpansEnded int64
 }
 
 // Failed reports whether any invariant was broken.
@@ -47,6 +49,9 @@ func (r *Report) Print(w io.Writer, max int) {
 	row("duration", fmt.Sprintf("%s faults + %s drain", r.Duration.Round(time.Second), r.Drain.Round(time.Second)))
 	row("events / pairs", fmt.Sprintf("%d / %d", r.Events, r.Pairs))
 	row("instances started / killed", fmt.Sprintf("%d / %d", r.InstancesStarted, r.Killed))
+	if r.SpansEnded > 0 {
+		row("spans ended", fmt.Sprint(r.SpansEnded))
+	}
 	row("faults injected", counts(r.Faults))
 	row("  broker answers", counts(r.Refusals))
 	row("lost (invariant 1)", fmt.Sprintf("%d (and %d pairs behind a stall, never committed)", r.Lost, r.Unprocessed))

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -29,6 +31,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/otlptest"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
@@ -219,6 +222,7 @@ type soak struct {
 	started   int
 	killed    int
 	migrated  atomic.Bool
+	spans     otlptest.SpanCounter // the instances' ended spans
 }
 
 type faultEnd struct {
@@ -312,7 +316,7 @@ func runSoak(t *testing.T, s settings) *Report {
 		CommitsChecked: k.checker.Commits, CommitViolations: k.checker.Bad, CommitsLate: k.checker.Late,
 		DeadLetters: fin.DeadLetters, DeadLettersByCause: fin.ByCause, GoodDeadLettered: fin.GoodDeadLettered, ExpectedGoodDeadLettered: fin.ExpectedGoodDeadLettered,
 		Duplicates: fin.Duplicates, InFlightDuplicates: fin.InFlightDuplicates, RewoundDuplicates: fin.RewoundDuplicates, TimedOutDuplicates: fin.TimedOutDuplicates,
-		Stalls: k.stalls, InstancesStarted: k.started, Killed: k.killed,
+		Stalls: k.stalls, InstancesStarted: k.started, Killed: k.killed, SpansEnded: k.spans.Ended(),
 	}
 	rep.Refusals = k.hooks.refused
 	rep.Violations = append(slices.Clone(k.vs), fin.Violations...)
@@ -499,10 +503,14 @@ func (k *soak) startInstance() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The instances trace every record and pair (spans counted, not
+	// kept): the spans' bookkeeping goes through every fault too.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(&k.spans))
 	writer, err := dlq.NewWriter(prod, dlq.WriterConfig{
-		RecordConfig: dlq.RecordConfig{Topic: k.topics.DLQTopic, Worker: name, Generation: "soak/" + k.defs.IRVersion, MaxBytes: k.dlqMax},
-		Backoff:      soakRetry,
-		Logger:       log,
+		RecordConfig:   dlq.RecordConfig{Topic: k.topics.DLQTopic, Worker: name, Generation: "soak/" + k.defs.IRVersion, MaxBytes: k.dlqMax},
+		Backoff:        soakRetry,
+		Logger:         log,
+		TracerProvider: tp,
 		// Like the retries and the grace, scaled down: a dead-letter topic
 		// that does not answer makes the partition stuck (visible) after 5
 		// attempts of 2 s plus the backoff, well inside the 30 s after
@@ -535,6 +543,8 @@ func (k *soak) startInstance() {
 		CommitInterval: time.Second,
 		ShutdownGrace:  10 * time.Second,
 		Logger:         log,
+		TracerProvider: tp,
+		TraceEveryPair: true,
 	}, handlers, pool, dead, kopts...)
 	if err != nil {
 		t.Fatal(err)
