@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/otlptranslator"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
+
+	"github.com/causet/projection-worker/internal/otlptest"
 )
 
 // otlpMetric returns the README's view of a metric exported over OTLP: its
@@ -101,7 +103,7 @@ func TestRunExportsTheDocumentedMetricsOverOTLP(t *testing.T) {
 				}
 			}
 			if causet {
-				id := attr(rm.Resource.GetAttributes(), "service.instance.id")
+				id := otlptest.Attr(rm.Resource.GetAttributes(), "service.instance.id")
 				if !slices.Contains(instances, id) {
 					instances = append(instances, id)
 				}
