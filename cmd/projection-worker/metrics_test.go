@@ -23,8 +23,9 @@ import (
 // PostgreSQL) on records that exercise every counter: the SPEC example
 // (applied), an older sequence number of it (stale), the SPEC example for a
 // tenant never migrated (failed, retried, dead-lettered) and a record that is
-// not JSON (dead-lettered at once). Retries are fast (5ms..20ms).
-func startBusyWorker(t *testing.T) *running {
+// not JSON (dead-lettered at once). Retries are fast (5ms..20ms). extra are
+// more arguments of run.
+func startBusyWorker(t *testing.T, extra ...string) *running {
 	t.Helper()
 	b := kafkatest.New(t)
 	dbURL := pgtest.URL(t)
@@ -39,10 +40,11 @@ func startBusyWorker(t *testing.T) *running {
 	}
 	events := kafkatest.TopicName(t, "events")
 	b.CreateTopic(t, events, 2, nil)
-	w := startRun(t, "--brokers", strings.Join(b.Addrs, ","), "--database-url", dbURL, "--projections", exampleProjections,
+	args := []string{"--brokers", strings.Join(b.Addrs, ","), "--database-url", dbURL, "--projections", exampleProjections,
 		"--topic", events, "--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
 		"--group", kafkatest.TopicName(t, "group"), "--shutdown-grace", "10s",
-		"--retry-initial", "5ms", "--retry-max-interval", "20ms")
+		"--retry-initial", "5ms", "--retry-max-interval", "20ms"}
+	w := startRun(t, append(args, extra...)...)
 	t.Cleanup(func() { w.shutdown(t) })
 
 	older := strings.Replace(fmt.Sprintf(specExample, tenant), `"sequenceNumber":1891`, `"sequenceNumber":1000`, 1)

@@ -17,12 +17,11 @@ import (
 )
 
 // newOTLPReceiver starts an in-process OTLP receiver that keeps the
-// spans it receives, closed when t ends.
+// spans and metrics it receives, closed when t ends; behind the
+// OpenTelemetry Collector that OTELCOL_BIN names, when set (make test-otel).
 func newOTLPReceiver(t *testing.T) *otlptest.Receiver {
 	t.Helper()
-	r := otlptest.NewReceiver(true)
-	t.Cleanup(r.Close)
-	return r
+	return otlptest.Start(t)
 }
 
 var attr = otlptest.Attr
