@@ -150,11 +150,13 @@ func testTraceShape(t *testing.T, everyPair bool) {
 	})
 	w.shutdown(t)
 	spans = exportedSpans(rcv)
-	if testing.Verbose() {
-		for _, sp := range spans {
-			t.Logf("span %s %s parent %s %v events %v links %d", hexID(sp.SpanId), sp.Name, hexID(sp.ParentSpanId), spanAttrs(sp), eventNames(sp), len(sp.Links))
+	defer func() {
+		if t.Failed() { // the whole trace, to see what went wrong
+			for _, sp := range spans {
+				t.Logf("span %s %s parent %s %v events %v links %d", hexID(sp.SpanId), sp.Name, hexID(sp.ParentSpanId), spanAttrs(sp), eventNames(sp), len(sp.Links))
+			}
 		}
-	}
+	}()
 
 	record := map[string]*tracepb.Span{} // by record key
 	for _, sp := range byName(spans, "process "+events) {
