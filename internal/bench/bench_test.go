@@ -317,7 +317,11 @@ func (e *env) runWorker(s *scenario) workerResult {
 	b := e.b
 	b.Helper()
 	httpAddr := freeAddr(b)
-	logPath := filepath.Join(e.dir, "worker-"+s.name+".log")
+	logDir := e.dir
+	if d := os.Getenv("BENCH_LOG_DIR"); d != "" { // keep the worker's logs
+		logDir = d
+	}
+	logPath := filepath.Join(logDir, "worker-"+s.name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		b.Fatal(err)

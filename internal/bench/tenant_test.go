@@ -44,13 +44,7 @@ func BenchmarkUnmigratedTenant(b *testing.B) {
 			b.Fatalf("BENCH_TENANT_EVENTS=%q: want an integer >= %d", s, numPartitions)
 		}
 	}
-	rounds := 3
-	if s := os.Getenv("BENCH_ROUNDS"); s != "" {
-		var err error
-		if rounds, err = strconv.Atoi(s); err != nil || rounds < 1 {
-			b.Fatalf("BENCH_ROUNDS=%q: want an integer >= 1", s)
-		}
-	}
+	rounds := benchRounds(b)
 	e := newEnv(b, true)
 	replayer := filepath.Join(e.dir, "dlq-replayer")
 	if out, err := exec.Command("go", "build", "-o", replayer, "github.com/causet/projection-worker/cmd/dlq-replayer").CombinedOutput(); err != nil {

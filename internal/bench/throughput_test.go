@@ -346,7 +346,9 @@ func (t *throughput) deleteTopics(topics ...string) {
 // same figures and every run's rate.
 //
 // BENCH_WORKER_FLAGS (space-separated) adds flags to `projection-worker
-// run`, e.g. BENCH_WORKER_FLAGS='--copy-min-rows -1'.
+// run`, e.g. BENCH_WORKER_FLAGS='--copy-min-rows -1'; BENCH_LOG_DIR=dir
+// keeps each worker run's log there (with BENCH_WORKER_FLAGS='--log-level
+// debug' it shows each COPY group that PostgreSQL refused).
 func BenchmarkWorkerThroughput(b *testing.B) {
 	words := benchScenarios(b)
 	rounds := benchRounds(b)
