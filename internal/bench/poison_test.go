@@ -39,10 +39,8 @@ func TestPoisonKinds(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, sql := range benchConstraints(strict) {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
+	if err := benchConstraints(ctx, pool, strict); err != nil {
+		t.Fatal(err)
 	}
 	// exec applies st in a transaction it rolls back and returns the
 	// SQLSTATE of its error, "" on success.

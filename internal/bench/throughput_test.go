@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/otlptest"
@@ -112,19 +114,25 @@ type benchScenario struct {
 
 func (s *benchScenario) worker() bool { return s.work != nil }
 
-// benchConstraints is the benchmark's own migration, applied after
-// projection.Migrate to every schema it writes (raw and worker alike): it
+// benchConstraints runs the benchmark's own migration in schema, after
+// projection.Migrate, in every schema it writes (raw and worker alike): it
 // makes the tables stricter than the definitions say, so that PostgreSQL
 // refuses values Plan cannot know to be wrong: artist_followers.score
 // becomes integer (the definition says bigint; a score beyond 2^31−1 is
 // 22003 numeric_value_out_of_range) and artist_ratings.review NOT NULL (the
 // definition leaves it nullable; a missing review is 23502
-// not_null_violation). The clean events satisfy both.
-func benchConstraints(schema string) []string {
-	return []string{
+// not_null_violation). The clean events satisfy both. The error names the
+// statement that failed.
+func benchConstraints(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	for _, sql := range []string{
 		"ALTER TABLE " + pgx.Identifier{schema, "artist_followers"}.Sanitize() + " ALTER COLUMN score TYPE integer",
 		"ALTER TABLE " + pgx.Identifier{schema, "artist_ratings"}.Sanitize() + " ALTER COLUMN review SET NOT NULL",
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
 	}
+	return nil
 }
 
 // throughput is the state of one BenchmarkWorkerThroughput.
@@ -146,10 +154,8 @@ func (t *throughput) resetSchema(schema string) {
 	if err := projection.Migrate(t.ctx, t.pool, t.defs, schema); err != nil {
 		t.b.Fatalf("migrate %s: %v", schema, err)
 	}
-	for _, sql := range benchConstraints(schema) {
-		if _, err := t.pool.Exec(t.ctx, sql); err != nil {
-			t.b.Fatalf("%s: %v", sql, err)
-		}
+	if err := benchConstraints(t.ctx, t.pool, schema); err != nil {
+		t.b.Fatal(err)
 	}
 }
 
