@@ -240,7 +240,10 @@ func (t *throughput) runWorkerScenario(s *benchScenario, round int) measured {
 		}
 	}
 	res := t.runWorker(sc)
-	if res.fetched != int64(t.n) {
+	switch {
+	case res.fetched == 0:
+		b.Fatalf("%s: the worker's /metrics has no messaging_kafka_fetch_records: whether each record was fetched once cannot be told", run)
+	case res.fetched != int64(t.n):
 		b.Fatalf("%s: the worker fetched %d records, want each of the %d once", run, res.fetched, t.n)
 	}
 	t.checkTables(run, t.tableStates(w.tenant, t.shapes), w.want)
