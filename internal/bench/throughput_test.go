@@ -98,18 +98,18 @@ type measured struct {
 // benchScenario is one row of BenchmarkWorkerThroughput's table.
 type benchScenario struct {
 	name   string
-	word   string // the BENCH_SCENARIOS word that selects it
-	ref    string // the scenario its ratio is against; "" none
-	target float64
+	word   string  // the BENCH_SCENARIOS word that selects it
+	ref    string  // the scenario its ratio is against; "" none
+	target float64 // the ratio's target (at least); 0 none
 	// Raw methods.
 	mode       applyMode
 	goroutines int
 	// Worker runs.
-	work    *workload
-	dl      func(w *workload) deadLetterWant
-	sampler string // "" tracing off; else OTEL_TRACES_SAMPLER=sampler
-	ratio   string // OTEL_TRACES_SAMPLER_ARG
-	runs    []measured
+	work       *workload
+	dl         func(w *workload) deadLetterWant
+	sampler    string // "" tracing off; else OTEL_TRACES_SAMPLER=sampler
+	samplerArg string // OTEL_TRACES_SAMPLER_ARG; "" unset
+	runs       []measured
 }
 
 func (s *benchScenario) worker() bool { return s.work != nil }
@@ -235,8 +235,8 @@ func (t *throughput) runWorkerScenario(s *benchScenario, round int) measured {
 		rcv = otlptest.NewReceiver(false)
 		defer rcv.Close()
 		sc.env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + rcv.Endpoint(), "OTEL_TRACES_SAMPLER=" + s.sampler}
-		if s.ratio != "" {
-			sc.env = append(sc.env, "OTEL_TRACES_SAMPLER_ARG="+s.ratio)
+		if s.samplerArg != "" {
+			sc.env = append(sc.env, "OTEL_TRACES_SAMPLER_ARG="+s.samplerArg)
 		}
 	}
 	res := t.runWorker(sc)
@@ -410,7 +410,7 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 			work: work(unmigratedPoison, "nomig", "unmigrated"),
 			dl:   func(w *workload) deadLetterWant { return deadLetterWant{tenant: w.absent, sqlstate: "42P01"} }},
 		{name: "trace-1pct", word: "trace", ref: "clean", target: targetTraceSampled, work: clean, dl: onTenant("", ""),
-			sampler: "parentbased_traceidratio", ratio: "0.01"},
+			sampler: "parentbased_traceidratio", samplerArg: "0.01"},
 		{name: "trace-100pct", word: "trace", ref: "clean", target: targetTraceAll, work: clean, dl: onTenant("", ""),
 			sampler: "parentbased_always_on"},
 	}
