@@ -102,7 +102,7 @@ fuzz:
 	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s
 
 bench:
-	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) BENCH_ROUNDS=$(ROUNDS) BENCH_SCENARIOS=$(SCENARIOS) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant|BenchmarkLargeRecords' -benchtime 1x -timeout 60m -v
+	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) BENCH_ROUNDS=$(ROUNDS) BENCH_SCENARIOS=$(SCENARIOS) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant|BenchmarkLargeRecords' -benchtime 1x -timeout 180m -v
 
 bench-replay:
 	$(GO) test ./dlq -run '^$$' -bench BenchmarkScan -benchtime 1x -timeout 30m -v
