@@ -12,6 +12,10 @@ TEST_KAFKA_TLS_CA ?= $(CURDIR)/.kafka/tls/ca.pem
 N ?= 200000
 # Events of the unmigrated-tenant scenario of make bench (non-blocking retries).
 N_TENANT ?= 1000000
+# Rounds of make bench's alternated runs (medians and spread over them), and
+# the scenarios of its table (make bench SCENARIOS=raw,clean; README).
+ROUNDS ?= 3
+SCENARIOS ?= all
 # Fault phase of make soak (make soak SOAK_DURATION=30m); SOAK_SEED,
 # SOAK_FAULTS and the rest are read from the environment (README).
 SOAK_DURATION ?= 10m
@@ -30,7 +34,7 @@ help:
 	@echo "make soak-kafka   3 worker processes killed and restarted on a real broker of its own, restarted once (SOAK_DURATION=5m SOAK_SEED=n)"
 	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
 	@echo "make soak         the fault soak: workers, faults and invariants for SOAK_DURATION=$(SOAK_DURATION) (SOAK_SEED=n reproduces a run)"
-	@echo "make bench        worker throughput against the raw PostgreSQL ceiling (N=$(N) events), and with 1% of N_TENANT=$(N_TENANT) events for an unmigrated tenant"
+	@echo "make bench        worker throughput against the best raw PostgreSQL method, poisoned and traced runs against clean, alternated ROUNDS=$(ROUNDS) times (N=$(N) events, SCENARIOS=$(SCENARIOS)); then 1% of N_TENANT=$(N_TENANT) events for an unmigrated tenant"
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
 	@echo "make build        binaries in bin/"
 	@echo "make image        the container image $(IMAGE) with buildah (BINARIES=prebuilt RUNTIME_IMAGE=scratch: no image pulled)"
@@ -116,7 +120,7 @@ fuzz:
 	$(GO) test ./projection -run '^$$' -fuzz FuzzDecodeEvent -fuzztime 60s
 
 bench:
-	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant|BenchmarkLargeRecords' -benchtime 1x -timeout 60m -v
+	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) BENCH_ROUNDS=$(ROUNDS) BENCH_SCENARIOS=$(SCENARIOS) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant|BenchmarkLargeRecords' -benchtime 1x -timeout 180m -v
 
 bench-replay:
 	$(GO) test ./dlq -run '^$$' -bench BenchmarkScan -benchtime 1x -timeout 30m -v

@@ -224,6 +224,7 @@ type scenario struct {
 	dlq    string
 	ledger string
 	group  string
+	env    []string // added to the worker's environment (OTEL_* of a tracing run)
 }
 
 func (e *env) newScenario(name string, data *dataset) *scenario {
@@ -304,6 +305,7 @@ type workerResult struct {
 	stopTook       time.Duration // SIGTERM → exit
 	fetched        int64         // records read from fetch responses (refetches included), 0: unknown
 	cpu            time.Duration // user + system CPU of the worker until every pair was applied
+	spans          spanStats     // the SDK's span counts when every pair was applied (OTLP on)
 }
 
 // runWorker runs `projection-worker run` for s until its /metrics count
@@ -315,7 +317,11 @@ func (e *env) runWorker(s *scenario) workerResult {
 	b := e.b
 	b.Helper()
 	httpAddr := freeAddr(b)
-	logPath := filepath.Join(e.dir, "worker-"+s.name+".log")
+	logDir := e.dir
+	if d := os.Getenv("BENCH_LOG_DIR"); d != "" { // keep the worker's logs
+		logDir = d
+	}
+	logPath := filepath.Join(logDir, "worker-"+s.name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		b.Fatal(err)
@@ -335,7 +341,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 		"--log-level", "warn",
 	)
 	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_WORKER_FLAGS"))...)
-	cmd.Env = workerEnv()
+	cmd.Env = append(workerEnv(), s.env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
 
@@ -404,6 +410,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 	sample()
 	res.fetched = fetchedRecords(hc, httpAddr)
 	res.cpu = cpuTime(cmd.Process.Pid)
+	res.spans = scrapeSpans(hc, httpAddr)
 
 	// SIGTERM: the worker commits what it has applied and leaves the group;
 	// the clock stops when the group's committed offsets cover every event,
@@ -558,6 +565,54 @@ func pairsDone(hc *http.Client, addr string) (int64, bool) {
 	return int64(math.Round(sum)), true
 }
 
+// spanStats are the OpenTelemetry SDK's own counts of the worker's spans,
+// from its /metrics (served with OTLP on; the worker turns the SDK's
+// observability on).
+type spanStats struct {
+	// served: /metrics has the batch span processor's
+	// otel_sdk_processor_span_queue_capacity, so its drops are counted.
+	served bool
+	// dropped: otel_sdk_processor_span_processed_total with
+	// error_type="queue_full", counted when a span finds the queue full (the
+	// series without error_type only appears once spans are exported).
+	dropped int64
+	// sampled: otel_sdk_span_started_total with
+	// otel_span_sampling_result="RECORD_AND_SAMPLE", the spans to export.
+	sampled int64
+}
+
+// scrapeSpans reads the worker's spanStats from its /metrics.
+func scrapeSpans(hc *http.Client, addr string) spanStats {
+	var st spanStats
+	resp, err := hc.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return st
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(line, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, "otel_sdk_processor_span_queue_capacity"):
+			st.served = true
+		case strings.HasPrefix(line, "otel_sdk_processor_span_processed_total") && strings.Contains(line, `error_type="queue_full"`):
+			st.dropped += int64(v)
+		case strings.HasPrefix(line, "otel_sdk_span_started_total") && strings.Contains(line, `otel_span_sampling_result="RECORD_AND_SAMPLE"`):
+			st.sampled += int64(v)
+		}
+	}
+	return st
+}
+
 // fetchedRecords returns the records the worker's client read from fetch
 // responses (kotel's messaging.kafka.fetch_records.count), 0 when unknown.
 func fetchedRecords(hc *http.Client, addr string) int64 {
@@ -595,103 +650,6 @@ func loadAvg() string {
 }
 
 func mib(bytes int64) float64 { return float64(bytes) / (1 << 20) }
-
-// figures are the printed results of one scenario.
-type figures struct {
-	workerEPS float64 // events per second, start of the process to every offset committed
-	rawEPS    float64 // events per second of the raw ceiling (its upserts for those events)
-	rss       float64 // MiB
-}
-
-func (f figures) ratio() float64 { return f.workerEPS / f.rawEPS }
-
-// runScenario produces s's events, measures the raw ceiling (with the given
-// goroutine counts; the best counts) and the worker, and checks the rows
-// and the dead letters.
-func (e *env) runScenario(s *scenario, goroutines ...int) (figures, int) {
-	b := e.b
-	b.Helper()
-	e.logf("%s: load average %s (2 cores, shared)", s.name, loadAvg())
-	e.produce(s)
-	var rawRows [tables]int64
-	raws := e.raw(s, &rawRows, goroutines...)
-	best := raws[0]
-	for _, r := range raws[1:] {
-		if r.elapsed < best.elapsed {
-			best = r
-		}
-	}
-	e.migrate(s.tenant)
-	w := e.runWorker(s)
-
-	if got := e.rowCounts(s.tenant); got != rawRows {
-		b.Fatalf("%s: the worker left rows %v, the raw upserts %v", s.name, got, rawRows)
-	}
-	if got := e.records(s.dlq); got != int64(s.data.poisoned) {
-		b.Fatalf("%s: dead-letter topic holds %d records, want %d (the poisoned pairs)", s.name, got, s.data.poisoned)
-	}
-	e.logf("%s: rows match the raw ceiling %v; dead letters %d = poisoned pairs", s.name, rawRows, s.data.poisoned)
-	e.dropSchema(s.tenant)
-	e.logf("%s: load average %s", s.name, loadAvg())
-	n := float64(len(s.data.events))
-	return figures{
-		workerEPS: n / w.committedAt.Seconds(),
-		rawEPS:    n / best.elapsed.Seconds(),
-		rss:       mib(w.peakRSS),
-	}, best.goroutines
-}
-
-// BenchmarkWorkerThroughput is `make bench`: BENCH_EVENTS events (default
-// 200000; 8 partitions, keys over 100000 entities, 60% ARTIST_FOLLOWED with
-// two projections, 40% ARTIST_RATED with one) on an in-process kfake broker,
-// applied by the projection-worker binary run as a subprocess, against the
-// raw ceiling of the same upserts done with plain pgx. Then the same with 1%
-// of the events poisoned (the score derive divides by zero).
-//
-// Both rates are events per second. The worker's is N over the time from
-// starting the process (connect, create the DLQ topic, join the group) until
-// the group has committed all N offsets: once the worker's /metrics count
-// every (event, projection) pair as done, the benchmark sends SIGTERM, on
-// which the worker commits what it applied, so the figure does not wait for
-// the next periodic commit (every 5 s). The raw ceiling's is N over the time
-// to apply the same successful upserts, one per (event, projection) pair,
-// 500 per transaction, from 8 or from 1 goroutines (the better is used),
-// without Kafka, decoding or CEL.
-//
-// BENCH_WORKER_FLAGS (space-separated) adds flags to `projection-worker run`
-// for experiments, e.g. BENCH_WORKER_FLAGS='--max-poll-records 100000'.
-func BenchmarkWorkerThroughput(b *testing.B) {
-	n := benchEvents(b)
-	e := newEnv(b, true)
-	b.ResetTimer()
-
-	clean, cleanG := e.runScenario(e.newScenario("clean", newDataset(n, noPoison)), numPartitions, 1)
-	poison, _ := e.runScenario(e.newScenario("poison", newDataset(n, derivePoison)), cleanG)
-
-	b.StopTimer()
-	b.ReportMetric(clean.workerEPS, "worker_events/s")
-	b.ReportMetric(clean.rawEPS, "raw_events/s")
-	b.ReportMetric(clean.ratio(), "ratio")
-	b.ReportMetric(clean.rss, "worker_peak_RSS_MiB")
-	b.ReportMetric(poison.workerEPS, "poison_worker_events/s")
-	b.ReportMetric(poison.workerEPS/clean.workerEPS, "poison/clean")
-	if f := os.Getenv("BENCH_WORKER_FLAGS"); f != "" {
-		e.logf("worker run with extra flags BENCH_WORKER_FLAGS=%q", f)
-	}
-	e.logf("N=%d events; every rate is events/s: the worker's from process start to all offsets committed, "+
-		"raw's from the first to the last of those events' upserts (best of 8 and 1 goroutines: %d)", n, cleanG)
-	e.logf("poison/clean of the ratios (each run against the raw ceiling measured just before it): %.3f", poison.ratio()/clean.ratio())
-
-	fmt.Printf("worker events/s: %.0f\n", clean.workerEPS)
-	fmt.Printf("raw upserts/s: %.0f\n", clean.rawEPS)
-	fmt.Printf("ratio: %.3f\n", clean.ratio())
-	fmt.Printf("worker peak RSS MiB: %.1f\n", clean.rss)
-	fmt.Printf("poison 1%% worker events/s: %.0f\n", poison.workerEPS)
-	fmt.Printf("poison 1%% raw upserts/s: %.0f\n", poison.rawEPS)
-	fmt.Printf("poison 1%% ratio: %.3f\n", poison.ratio())
-	fmt.Printf("poison 1%% worker peak RSS MiB: %.1f\n", poison.rss)
-	fmt.Printf("poison/clean throughput: %.3f\n", poison.workerEPS/clean.workerEPS)
-}
 
 // projections loads the benchmark's definitions file and its table
 // projections, failing b on error.

@@ -146,19 +146,23 @@ type plannedPair struct {
 }
 
 // planPairs renders d's events in tenant schema, decodes them and plans
-// every (event, projection) pair, in the worker's projection order.
+// every (event, projection) pair that is not poisoned (those succeed: the
+// rows the worker must leave), in the worker's projection order.
 func planPairs(b *testing.B, d *dataset, tps []*projection.TableProjection, schema string) [][]plannedPair {
 	b.Helper()
 	out := make([][]plannedPair, len(d.events))
 	buf := make([]byte, 0, 512)
 	for i := range d.events {
+		if d.events[i].absent {
+			continue
+		}
 		buf = appendValue(buf[:0], &d.events[i], schema)
 		ev, err := projection.DecodeEvent(buf)
 		if err != nil {
 			b.Fatal(err)
 		}
 		for j, p := range tps {
-			if !p.Handles(ev.EventType) {
+			if !p.Handles(ev.EventType) || d.events[i].poisonedPair(j) {
 				continue
 			}
 			st, err := p.Plan(ev)

@@ -68,20 +68,45 @@ type event struct {
 	ts     int64
 	user   int32
 	artist int32
-	points int32
-	games  int32 // 0 only in a poisoned event: the score derive divides by zero
+	points int64 // beyond integer's range (score > 2^31−1) only in a rangePoison event
+	games  int32 // 0 only in a derivePoison event: the score derive divides by zero
 	absent bool  // for a tenant that is not migrated: every pair fails (42P01)
+	poison poisonKind
 	typ    uint8
 	tier   int8 // index into tiers; −1: absent, the derive gives "free"
 	source uint8
 	device uint8
 	stars  uint8
-	review uint8
+	review uint8 // index into reviews; noReview: the field is absent (nullPoison)
 }
+
+// noReview is event.review of an ARTIST_RATED without a review field.
+const noReview = 255
 
 func (e *event) partition() int32 { return e.user % numPartitions }
 
-func (e *event) poisoned() bool { return e.typ == followed && e.games == 0 }
+// Projections of testdata/projections.yaml, in its order (tps and
+// tableNames follow it).
+const (
+	projFollowers = 0 // artist_followers
+	projFollows   = 1 // user_follows
+	projRatings   = 2 // artist_ratings
+)
+
+// poisonedPair reports whether the pair of e and projection proj (an index
+// into the definitions' projections) fails: it has a dead letter and
+// changes no row.
+func (e *event) poisonedPair(proj int) bool {
+	switch e.poison {
+	case derivePoison, rangePoison:
+		return proj == projFollowers
+	case nullPoison:
+		return proj == projRatings
+	case unmigratedPoison:
+		return true
+	}
+	return false
+}
 
 // poisonKind is the poison of a dataset: 1% of its events, one kind each.
 type poisonKind int
@@ -95,6 +120,15 @@ const (
 	// each of their pairs fails with 42P01 (a projection error: retried,
 	// then dead-lettered, or short-circuited by the breaker).
 	unmigratedPoison
+	// rangePoison: ARTIST_FOLLOWED whose score (points / games) is beyond
+	// integer's range. The definitions say bigint, so Plan passes it; the
+	// bench's own migration (benchConstraints) narrows artist_followers.score
+	// to integer, so PostgreSQL refuses it (22003) inside the COPY group.
+	rangePoison
+	// nullPoison: ARTIST_RATED without a review. The definitions leave review
+	// nullable, so Plan passes it; benchConstraints makes it NOT NULL, so
+	// PostgreSQL refuses it (23502) inside the COPY group.
+	nullPoison
 )
 
 // dataset is the generated stream of one run.
@@ -108,6 +142,14 @@ type dataset struct {
 // is not poisoned.
 func (d *dataset) statements() int { return d.pairs - d.poisoned }
 
+// handles reports whether projection proj handles e's event type.
+func (e *event) handles(proj int) bool {
+	if e.typ == followed {
+		return proj != projRatings
+	}
+	return proj == projRatings
+}
+
 // pairsOf returns the (event, projection) pairs of an event.
 func (e *event) pairsOf() int {
 	if e.typ == followed {
@@ -117,9 +159,8 @@ func (e *event) pairsOf() int {
 }
 
 // newDataset generates n events deterministically (the same n gives the same
-// events); with poison, every poisonEvery-th event is poisoned: for
-// derivePoison an ARTIST_FOLLOWED with games 0, for unmigratedPoison an
-// event of the unmigrated tenant.
+// events); with poison, every poisonEvery-th event is poisoned as the
+// poisonKind says (1%: one pair of it fails, or both for unmigratedPoison).
 func newDataset(n int, poison poisonKind) *dataset {
 	rng := rand.New(rand.NewPCG(20260301, 5))
 	d := &dataset{events: make([]event, n)}
@@ -135,21 +176,29 @@ func newDataset(n int, poison poisonKind) *dataset {
 		if rng.Float64() < followShare {
 			e.typ = followed
 		}
-		e.points = int32(rng.IntN(100000))
+		e.points = int64(rng.IntN(100000))
 		e.games = int32(1 + rng.IntN(500))
 		e.tier = int8(rng.IntN(len(tiers)+1)) - 1
 		e.source = uint8(rng.IntN(len(sources)))
 		e.device = uint8(rng.IntN(len(devices)))
 		e.stars = uint8(1 + rng.IntN(5))
 		e.review = uint8(rng.IntN(len(reviews)))
-		if i%poisonEvery == poisonAt {
+		if i%poisonEvery == poisonAt && poison != noPoison {
+			e.poison = poison
 			switch poison {
 			case derivePoison:
 				e.typ, e.games = followed, 0
-				d.poisoned++
+			case rangePoison:
+				e.typ, e.points, e.games = followed, 3_000_000_000_000, 1
+			case nullPoison:
+				e.typ, e.review = rated, noReview
 			case unmigratedPoison:
 				e.absent = true
-				d.poisoned += e.pairsOf()
+			}
+			for j := range tables {
+				if e.handles(j) && e.poisonedPair(j) {
+					d.poisoned++
+				}
 			}
 		}
 		d.pairs += e.pairsOf()
@@ -180,7 +229,7 @@ func appendValue(b []byte, e *event, tenant string) []byte {
 	switch e.typ {
 	case followed:
 		b = append(b, `,"points":`...)
-		b = strconv.AppendInt(b, int64(e.points), 10)
+		b = strconv.AppendInt(b, e.points, 10)
 		b = append(b, `,"games":`...)
 		b = strconv.AppendInt(b, int64(e.games), 10)
 		if e.tier >= 0 {
@@ -192,9 +241,12 @@ func appendValue(b []byte, e *event, tenant string) []byte {
 	case rated:
 		b = append(b, `,"stars":`...)
 		b = strconv.AppendInt(b, int64(e.stars), 10)
-		b = append(b, `,"review":"`...)
-		b = append(b, reviews[e.review]...)
-		b = append(b, `","venue_id":"venue-0042"`...)
+		if e.review != noReview {
+			b = append(b, `,"review":"`...)
+			b = append(b, reviews[e.review]...)
+			b = append(b, '"')
+		}
+		b = append(b, `,"venue_id":"venue-0042"`...)
 	}
 	b = append(b, `,"source":"`...)
 	b = append(b, sources[e.source]...)

@@ -46,7 +46,9 @@ import (
 //     is in it: use pprof -ignore kfake);
 //   - BENCH_POISON=1 runs the poisoned scenario instead (derive dividing by
 //     zero), BENCH_POISON=unmigrated the one with 1% of the events for a
-//     tenant that is not migrated;
+//     tenant that is not migrated, BENCH_POISON=22003 or 23502 those that
+//     PostgreSQL refuses inside COPY groups (the tenant schema gets
+//     benchConstraints, as in BenchmarkWorkerThroughput, in every case);
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
 //   - BENCH_TRACE=ratio traces as `run` does with an OTLP endpoint, sampling
@@ -64,6 +66,10 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	case "":
 	case "unmigrated":
 		kind = unmigratedPoison
+	case "22003":
+		kind = rangePoison
+	case "23502":
+		kind = nullPoison
 	default:
 		kind = derivePoison
 	}
@@ -71,6 +77,9 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 	e.produce(s)
 	defs, tps := e.projections(b)
 	if err := projection.Migrate(e.ctx, e.pool, defs, s.tenant); err != nil {
+		b.Fatal(err)
+	}
+	if err := benchConstraints(e.ctx, e.pool, s.tenant); err != nil {
 		b.Fatal(err)
 	}
 	handlers := make([]projection.Handler, len(tps))

@@ -44,8 +44,8 @@ func (s rawSQL) queue(b *pgx.Batch, e *event) int {
 	switch e.typ {
 	case followed:
 		queued := 0
-		if !e.poisoned() {
-			b.Queue(s.followers, artist, user, ts, int64(e.points/e.games), sources[e.source], e.seq)
+		if !e.poisonedPair(projFollowers) {
+			b.Queue(s.followers, artist, user, ts, e.points/int64(e.games), sources[e.source], e.seq)
 			queued++
 		}
 		tier := "free"
@@ -55,6 +55,9 @@ func (s rawSQL) queue(b *pgx.Batch, e *event) int {
 		b.Queue(s.follows, user, artist, "production", ts, tier, []byte(devices[e.device]), e.seq)
 		return queued + 1
 	default:
+		if e.poisonedPair(projRatings) {
+			return 0
+		}
 		b.Queue(s.ratings, artist, user, int32(e.stars), reviews[e.review], ts, e.seq)
 		return 1
 	}

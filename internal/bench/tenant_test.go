@@ -44,13 +44,7 @@ func BenchmarkUnmigratedTenant(b *testing.B) {
 			b.Fatalf("BENCH_TENANT_EVENTS=%q: want an integer >= %d", s, numPartitions)
 		}
 	}
-	rounds := 3
-	if s := os.Getenv("BENCH_ROUNDS"); s != "" {
-		var err error
-		if rounds, err = strconv.Atoi(s); err != nil || rounds < 1 {
-			b.Fatalf("BENCH_ROUNDS=%q: want an integer >= 1", s)
-		}
-	}
+	rounds := benchRounds(b)
 	e := newEnv(b, true)
 	replayer := filepath.Join(e.dir, "dlq-replayer")
 	if out, err := exec.Command("go", "build", "-o", replayer, "github.com/causet/projection-worker/cmd/dlq-replayer").CombinedOutput(); err != nil {
@@ -151,30 +145,11 @@ func header(r *kgo.Record, key string) string {
 }
 
 // checkDeadLetteredOnce checks that s's dead-letter topic holds exactly one
-// dead letter per poisoned pair: s.data.poisoned records, no (partition,
-// offset, projection) twice, each for an event of the unmigrated tenant.
+// dead letter per poisoned pair, each for an event of the unmigrated tenant
+// (42P01).
 func (e *env) checkDeadLetteredOnce(s *scenario) {
 	e.b.Helper()
-	dls := e.deadLetterRecords(s.dlq)
-	seen := map[string]bool{}
-	short := 0
-	for _, r := range dls {
-		id := header(r, dlq.HeaderOriginalPartition) + "@" + header(r, dlq.HeaderOriginalOffset) + "/" + header(r, dlq.HeaderProjection)
-		if seen[id] {
-			e.b.Fatalf("%s: two dead letters for pair %s", s.name, id)
-		}
-		seen[id] = true
-		if t := header(r, dlq.HeaderTenantSchema); t != s.absent {
-			e.b.Fatalf("%s: dead letter %s for tenant %q, want only the unmigrated %q", s.name, id, t, s.absent)
-		}
-		if header(r, dlq.HeaderShortCircuit) != "" {
-			short++
-		}
-	}
-	if len(dls) != s.data.poisoned {
-		e.b.Fatalf("%s: %d dead letters, want %d (one per poisoned pair)", s.name, len(dls), s.data.poisoned)
-	}
-	e.logf("%s: %d dead letters, one per poisoned pair (%d short-circuited by the breaker)", s.name, len(dls), short)
+	e.checkDeadLetters(s, deadLetterWant{tenant: s.absent, sqlstate: "42P01"})
 }
 
 // replayAfterMigrate migrates s's unmigrated tenant, replays its dead letters
