@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -320,7 +321,7 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 // statement's (begin, commit, connection), or −1 and nil on success.
 func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err error) {
 	start := time.Now()
-	ctx, span := w.tr.startBatch(ctx, "apply batch", seg)
+	ctx, span := w.tr.startBatch(ctx, "apply batch", len(seg), slices.Values(seg))
 	defer func() {
 		endBatch(span, err)
 		if err != nil {

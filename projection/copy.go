@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"hash/fnv"
+	"iter"
 	"strconv"
 	"strings"
 	"time"
@@ -141,7 +142,7 @@ func upsertKey(tp *TableProjection, pr pair) string {
 // (applyCopyGroups) then applies the groups again with execCopyIsolating.
 func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int, err error) {
 	start := time.Now()
-	ctx, span := w.tr.startBatch(ctx, "copy batch", groupPairs(w.tr, groups))
+	ctx, span := w.tr.startBatch(ctx, "copy batch", groupsSize(groups), groupPairs(groups))
 	defer func() {
 		endBatch(span, err)
 		if err != nil {
@@ -159,7 +160,7 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int,
 			return gi, err
 		}
 		results[gi] = copyResult{g: g, n: g.n}
-		if w.tr != nil {
+		if w.tr.spansEveryPair() {
 			results[gi].pairs = g.all
 		}
 		if results[gi].affected, err = copyRows(ctx, tx, g); err != nil {
@@ -185,20 +186,20 @@ type copyResult struct {
 	g        *copyGroup
 	n        int    // upserts in the ranges applied
 	affected int64  // rows the upserts changed
-	pairs    []pair // the pairs of those upserts, with tracing only (their spans end)
+	pairs    []pair // the pairs of those upserts, with a span for every pair only (their spans end)
 }
 
-// groupPairs returns the pairs of groups, for the links of their batch
-// span; nil without tracing.
-func groupPairs(t *tracing, groups []*copyGroup) []pair {
-	if t == nil {
-		return nil
+// groupPairs yields the pairs of groups (their batch span's links).
+func groupPairs(groups []*copyGroup) iter.Seq[pair] {
+	return func(yield func(pair) bool) {
+		for _, g := range groups {
+			for _, p := range g.all {
+				if !yield(p) {
+					return
+				}
+			}
+		}
 	}
-	var all []pair
-	for _, g := range groups {
-		all = append(all, g.all...)
-	}
-	return all
 }
 
 // groupsSize is the number of upserts in groups.
@@ -228,7 +229,7 @@ func groupsSize(groups []*copyGroup) int {
 func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) (left []pair, err error) {
 	w := pc.w
 	start := time.Now()
-	ctx, span := w.tr.startBatch(ctx, "copy batch isolating", groupPairs(w.tr, groups))
+	ctx, span := w.tr.startBatch(ctx, "copy batch isolating", groupsSize(groups), groupPairs(groups))
 	defer func() {
 		endBatch(span, err)
 		if err != nil {
@@ -276,7 +277,7 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 				}
 				res.n += r[1] - r[0]
 				res.affected += tag.RowsAffected()
-				if w.tr != nil {
+				if w.tr.spansEveryPair() {
 					res.pairs = append(res.pairs, g.all[r[0]:r[1]]...)
 				}
 				continue

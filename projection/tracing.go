@@ -29,6 +29,7 @@ package projection
 
 import (
 	"context"
+	"iter"
 	"strconv"
 	"time"
 
@@ -75,7 +76,7 @@ const (
 // tracing starts the worker's spans; a nil *tracing starts none.
 type tracing struct {
 	tracer      trace.Tracer
-	prop        propagation.TextMapPropagator
+	prop        propagation.TraceContext
 	processName string // "process <topic>"
 	common      []attribute.KeyValue
 	everyPair   bool // Config.TraceEveryPair
@@ -88,7 +89,6 @@ func newTracing(cfg Config) *tracing {
 	return &tracing{
 		tracer: cfg.TracerProvider.Tracer("github.com/causet/projection-worker/projection",
 			trace.WithSchemaURL(semconv.SchemaURL)),
-		prop:        propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		processName: "process " + cfg.Topic,
 		everyPair:   cfg.TraceEveryPair,
 		common: []attribute.KeyValue{
@@ -110,6 +110,11 @@ func (t *tracing) startRecord(d *decoded) trace.Span {
 	}
 	rec := d.rec
 	ctx := t.prop.Extract(context.Background(), kotel.NewRecordCarrier(rec))
+	d.taken = time.Now()
+	_, span := t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(d.taken))
+	if !span.IsRecording() {
+		return span // not sampled: no attributes to build
+	}
 	attrs := make([]attribute.KeyValue, 0, len(t.common)+5)
 	attrs = append(attrs, t.common...)
 	attrs = append(attrs,
@@ -121,9 +126,7 @@ func (t *tracing) startRecord(d *decoded) trace.Span {
 	if ev := d.ev; ev != nil {
 		attrs = append(attrs, AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType))
 	}
-	d.taken = time.Now()
-	_, span := t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attrs...), trace.WithTimestamp(d.taken))
+	span.SetAttributes(attrs...)
 	return span
 }
 
@@ -142,6 +145,10 @@ func (t *tracing) startPair(d *decoded, projection string) trace.Span {
 		trace.WithAttributes(AttrProjection.String(projection), AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType)))
 	return span
 }
+
+// spansEveryPair reports whether every pair has a span from its planning
+// (Config.TraceEveryPair).
+func (t *tracing) spansEveryPair() bool { return t != nil && t.everyPair }
 
 // planSpan is the span a pair gets when it is planned: with
 // Config.TraceEveryPair, its span; else none yet (pairFailed starts it if
@@ -241,25 +248,29 @@ func endRecord(s trace.Span, outcome, deadLettered string) {
 }
 
 // startBatch starts the span of one database transaction of the batch
-// path: a new root, linked to the record spans of its pairs (each record
-// once). ctx is returned unchanged when t is nil.
-func (t *tracing) startBatch(ctx context.Context, name string, pairs []pair) (context.Context, trace.Span) {
+// path, of n pairs: a new root, linked to the record spans of the pairs
+// (each record once; read only when the span is sampled). ctx is returned
+// unchanged when t is nil.
+func (t *tracing) startBatch(ctx context.Context, name string, n int, pairs iter.Seq[pair]) (context.Context, trace.Span) {
 	if t == nil {
 		return ctx, nil
 	}
-	links := make([]trace.Link, 0, len(pairs))
+	ctx, span := t.tracer.Start(ctx, name, trace.WithNewRoot())
+	if !span.IsRecording() {
+		return ctx, span // not sampled: no links to build
+	}
+	span.SetAttributes(semconv.DBSystemNamePostgreSQL, AttrBatchPairs.Int(n))
 	var last *decoded
-	for _, p := range pairs {
+	for p := range pairs {
 		if p.d == last || p.d.span == nil {
 			continue // a record's pairs are consecutive
 		}
 		last = p.d
 		if sc := p.d.span.SpanContext(); sc.IsSampled() {
-			links = append(links, trace.Link{SpanContext: sc})
+			span.AddLink(trace.Link{SpanContext: sc})
 		}
 	}
-	return t.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithLinks(links...),
-		trace.WithAttributes(semconv.DBSystemNamePostgreSQL, AttrBatchPairs.Int(len(pairs))))
+	return ctx, span
 }
 
 // endBatch ends a batch transaction's span, status Error when err is set.
