@@ -137,10 +137,12 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
 		groups, rest = copyGroups(planned, w.cfg.CopyMinRows)
+		var refused []pairFailure
 		var err error
-		if rest, err = pc.applyCopyGroups(ctx, groups, rest, planned); err != nil {
+		if rest, refused, err = pc.applyCopyGroups(ctx, groups, rest, planned); err != nil {
 			return err
 		}
+		failures = append(failures, refused...)
 	}
 	f, err := pc.applyPlanned(ctx, rest)
 	if err != nil {
@@ -164,38 +166,43 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 
 // applyCopyGroups applies groups with COPY and returns the pairs left for
 // statements: rest, plus the pairs of the groups that COPY could not apply.
-// The groups are copied in one transaction (execCopy); when one fails, they
-// are applied again in one transaction by execCopyIsolating, which upserts
-// each group's copied rows by ranges in savepoints, splits a range that
-// PostgreSQL refused a row of, and leaves the rest to statements. An error that is not one
-// group's (begin, commit) or an infrastructure error sends every pair to
-// statements (planned), which wait for the database or find the failing
-// pairs. It returns a non-nil error only when ctx is done.
-func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, planned []pair) ([]pair, error) {
+// The groups are copied in one transaction (execCopy), each in a savepoint,
+// so that a group that fails is undone alone while the others commit; the
+// failed groups are then applied again in one transaction by
+// execCopyIsolating, which upserts each group's copied rows by ranges in
+// savepoints and splits a range that PostgreSQL refused a row of down to
+// that row, whose pair is returned as a failure; a range that fails
+// otherwise (its statement) is left to statements. An error that is not
+// one group's (begin, commit) or an infrastructure error sends every pair
+// not committed to statements, which wait for the database or find the
+// failing pairs. It returns a non-nil error only when ctx is done.
+func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, planned []pair) ([]pair, []pairFailure, error) {
 	if len(groups) == 0 {
-		return rest, nil
+		return rest, nil, nil
 	}
 	w := pc.w
 	failed, err := w.execCopy(ctx, groups)
+	switch {
+	case ctx.Err() != nil:
+		return nil, nil, ctx.Err()
+	case err != nil: // nothing committed
+		w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
+		return planned, nil, nil
+	case len(failed) == 0:
+		return rest, nil, nil
+	}
+	left, failures, err := pc.execCopyIsolating(ctx, failed)
 	if err == nil {
-		return rest, nil
+		return append(rest, left...), failures, nil
 	}
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	if failed >= 0 && !retry.IsInfrastructure(err) {
-		w.log.Debug("copy group failed; copying the groups again, each on its own", "partition", pc.partition,
-			"projection", groups[failed].p.Name(), "tenant_schema", groups[failed].schema, "error", err)
-		var left []pair
-		if left, err = pc.execCopyIsolating(ctx, groups); err == nil {
-			return append(rest, left...), nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+	w.log.Debug("copy failed; applying the failed groups as statements", "partition", pc.partition, "error", err)
+	for _, g := range failed {
+		rest = append(rest, g.all...)
 	}
-	w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
-	return planned, nil
+	return rest, nil, nil
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than

@@ -2,6 +2,8 @@ package projection
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"hash/fnv"
 	"iter"
 	"strconv"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/causet/projection-worker/retry"
 )
@@ -136,11 +139,14 @@ func upsertKey(tp *TableProjection, pr pair) string {
 	return rowKey(tp, pr.d.ev.TenantSchema, keyArgs)
 }
 
-// execCopy applies the groups in one transaction. Any error rolls all of
-// them back and is returned with the index of the group that failed (−1
-// when the failure is not one group's: begin, commit); the caller
-// (applyCopyGroups) then applies the groups again with execCopyIsolating.
-func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int, err error) {
+// execCopy applies the groups in one transaction, each group inside a
+// savepoint: a group that fails (PostgreSQL refused a row, or its
+// statement) is rolled back alone and returned in failed, while the other
+// groups are committed. An error that is not one group's (begin, commit,
+// the savepoint itself, an infrastructure error) is returned: nothing was
+// applied. The caller (applyCopyGroups) applies the failed groups again with
+// execCopyIsolating.
+func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed []*copyGroup, err error) {
 	start := time.Now()
 	ctx, span := w.tr.startBatch(ctx, "copy batch", groupsSize(groups), groupPairs(groups))
 	defer func() {
@@ -151,28 +157,40 @@ func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed int,
 	}()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
-		return -1, err
+		return nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	results := make([]copyResult, len(groups))
-	for gi, g := range groups {
-		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(g.p.copyTable(), false)); err != nil {
-			return gi, err
+	results := make([]copyResult, 0, len(groups))
+	for _, g := range groups {
+		affected, gerr := copyRows(ctx, tx, g)
+		switch {
+		case gerr == nil:
+		case ctx.Err() != nil || retry.IsInfrastructure(gerr) || errors.Is(gerr, errSavepoint):
+			return nil, gerr
+		default: // the group's own failure: undone alone (copyRows rolled back to its savepoint)
+			w.log.Debug("copy group failed; applying it again on its own", "projection", g.p.Name(),
+				"tenant_schema", g.schema, "rows", g.n, "error", gerr)
+			failed = append(failed, g)
+			continue
 		}
-		results[gi] = copyResult{g: g, n: g.n}
+		res := copyResult{g: g, n: g.n, affected: affected}
 		if w.tr.spansEveryPair() {
-			results[gi].pairs = g.all
+			res.pairs = g.all
 		}
-		if results[gi].affected, err = copyRows(ctx, tx, g); err != nil {
-			return gi, err
-		}
+		results = append(results, res)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return -1, err
+		return nil, err
 	}
-	w.copyApplied(ctx, results, start)
-	return -1, nil
+	if len(results) > 0 {
+		w.copyApplied(ctx, results, start)
+	}
+	return failed, nil
 }
+
+// errSavepoint marks a failure to set or roll back to a COPY group's
+// savepoint: the transaction cannot go on.
+var errSavepoint = errors.New("copy group savepoint")
 
 // copySavepoint is the savepoint around each part of execCopyIsolating.
 const copySavepoint = "SAVEPOINT causet_copy"
@@ -212,21 +230,22 @@ func groupsSize(groups []*copyGroup) int {
 }
 
 // execCopyIsolating applies the groups in one transaction and returns the
-// pairs left for statements. Each group's upserts, every one of them
-// (copyGroup.all, superseded ones included), are copied once into a
-// temporary table numbered in batch order; then ranges of them are upserted,
-// each inside a savepoint, the newest per key of the range only (as
-// copyGroup.add chooses). A range that fails is rolled back to its
-// savepoint alone; then, when PostgreSQL refused a row (rowError) and the
-// range holds more than CopyMinRows upserts, its parts (copyParts) are
-// upserted in its place, recursively; else its pairs are left for
-// statements, which isolate the failing ones. The good rows are thus
-// applied without another COPY, and the pass is one commit. An upsert
-// superseded in a range that fails is upserted again with its part, never
-// skipped. An
-// infrastructure error, or any error outside a range's savepoint (begin,
-// COPY, commit), is returned: nothing was applied.
-func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) (left []pair, err error) {
+// pairs left for statements and the pairs whose rows PostgreSQL refused.
+// Each group's upserts, every one of them (copyGroup.all, superseded ones
+// included), are copied once into a temporary table numbered in batch
+// order; then ranges of them are upserted, each inside a savepoint, the
+// newest per key of the range only (as copyGroup.add chooses). A range
+// that fails is rolled back to its savepoint alone; then, when PostgreSQL
+// refused a row (rowError), its parts (copyParts) are upserted in its
+// place, recursively, down to the single upsert refused, whose pair is a
+// failure with PostgreSQL's error (as its statement would have failed);
+// when the range's statement failed otherwise, its pairs are left for
+// statements. The good rows are thus applied without another COPY, and
+// the pass is one commit. An upsert superseded in a range that fails is
+// upserted again with its part, never skipped. An infrastructure error,
+// or any error outside a range's savepoint (begin, COPY, commit), is
+// returned: nothing was applied.
+func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) (left []pair, failures []pairFailure, err error) {
 	w := pc.w
 	start := time.Now()
 	ctx, span := w.tr.startBatch(ctx, "copy batch isolating", groupsSize(groups), groupPairs(groups))
@@ -238,14 +257,14 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 	}()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var results []copyResult
 	for _, g := range groups {
 		tmp := g.p.copyTable() + "_r"
 		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cols := make([]string, 0, len(g.p.cols)+2)
 		for _, c := range g.p.cols {
@@ -259,7 +278,7 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 			rows[i] = append(row, int64(i))
 		}
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		insert := g.p.copyInsertSQL(g.schema, g.p.copyRangeSQL(tmp))
 		res := copyResult{g: g}
@@ -267,14 +286,8 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 		for len(todo) > 0 {
 			r := todo[len(todo)-1]
 			todo = todo[:len(todo)-1]
-			if _, err := tx.Exec(ctx, copySavepoint); err != nil {
-				return nil, err
-			}
-			tag, err := tx.Exec(ctx, insert, g.p.def.Table, r[0], r[1])
+			tag, err := upsertRange(ctx, tx, insert, g.p.def.Table, r)
 			if err == nil {
-				if _, err := tx.Exec(ctx, "RELEASE "+copySavepoint); err != nil {
-					return nil, err
-				}
 				res.n += r[1] - r[0]
 				res.affected += tag.RowsAffected()
 				if w.tr.spansEveryPair() {
@@ -283,12 +296,19 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 				continue
 			}
 			if ctx.Err() != nil || retry.IsInfrastructure(err) {
-				return nil, err
+				return nil, nil, err
 			}
 			if _, rbErr := tx.Exec(ctx, "ROLLBACK TO "+copySavepoint); rbErr != nil {
-				return nil, rbErr
+				return nil, nil, rbErr
 			}
-			if size := r[1] - r[0]; rowError(err) && size > max(w.cfg.CopyMinRows, 1) {
+			size := r[1] - r[0]
+			if rowError(err) && size == 1 {
+				// The pair's own row, refused: its failure, as its
+				// statement would have failed.
+				failures = append(failures, w.batchFailure(ctx, g.all[r[0]], err))
+				continue
+			}
+			if rowError(err) {
 				parts := copyParts(size, w.cfg.CopyMinRows)
 				w.log.Debug("copy group failed; upserting its parts", "partition", pc.partition,
 					"projection", g.p.Name(), "tenant_schema", g.schema, "rows", size, "parts", parts, "error", err)
@@ -302,38 +322,64 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 			left = append(left, g.all[r[0]:r[1]]...)
 		}
 		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		results = append(results, res)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	w.copyApplied(ctx, results, start)
-	return left, nil
+	return left, failures, nil
 }
 
 // maxCopyParts bounds the parts a failing range of execCopyIsolating is
 // split into.
 const maxCopyParts = 16
 
+// upsertRange upserts the range r of a numbered temporary table (insert,
+// copyInsertSQL over copyRangeSQL) inside copySavepoint; on an error, the
+// caller rolls back to the savepoint. The upsert is not a cached prepared
+// statement (QueryExecModeExec): pgx drops a cached statement whenever it
+// fails, so that every range after a refused one would be prepared again.
+func upsertRange(ctx context.Context, tx pgx.Tx, insert, table string, r [2]int) (pgconn.CommandTag, error) {
+	if _, err := tx.Exec(ctx, copySavepoint); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := tx.Exec(ctx, insert, pgx.QueryExecModeExec, table, int64(r[0]), int64(r[1]))
+	if err != nil {
+		return tag, err
+	}
+	_, err = tx.Exec(ctx, "RELEASE "+copySavepoint)
+	return tag, err
+}
+
 // copyParts returns the parts a failing range of size upserts is split
-// into: parts of about minRows upserts (a part that fails again goes to
-// statements), at most maxCopyParts (larger parts are split again), at
-// least 2. Halves alone cost more than the statements they replace: with 5
-// refused rows in a 500-row group, halving down to 31 rows upserts each
-// good row about four times, and measured slower than applying the group
-// as statements; parts of about minRows upsert each good row about twice.
+// into: parts of about minRows upserts, at most maxCopyParts (larger parts
+// are split again), at least 2; a range of minRows or fewer is halved, down
+// to the single upsert PostgreSQL refuses. Halves from the top would cost
+// more: with 5 refused rows in a 500-row group, halving down to 31 rows
+// upserts each good row about four times; parts of about minRows upsert
+// each good row about twice, and only the few rows around a refused one
+// are halved further.
 func copyParts(size, minRows int) int {
 	minRows = max(minRows, 1)
 	return max(2, min(maxCopyParts, (size+minRows-1)/minRows))
 }
 
-// copyRows copies g's rows into its projection's temporary table (which
-// must exist), upserts them into the table and empties the temporary table.
-// It returns the rows the upsert changed.
+// copyRows applies g inside a savepoint: it creates its projection's
+// temporary table if needed, copies g's rows into it, upserts them into
+// the table and empties the temporary table, in three round trips. It
+// returns the rows the upsert changed. When the COPY or the upsert fails,
+// it rolls back to the savepoint (the temporary table is empty again) and
+// returns that error; an error setting or rolling back to the savepoint
+// wraps errSavepoint.
 func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 	tmp := g.p.copyTable()
+	// No arguments: one round trip in the simple protocol, both statements.
+	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, false)+"; "+copySavepoint); err != nil {
+		return 0, fmt.Errorf("%w: %w", errSavepoint, err)
+	}
 	cols := make([]string, 0, len(g.p.cols)+1)
 	for _, c := range g.p.cols {
 		cols = append(cols, c.name)
@@ -343,19 +389,38 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 	for i, pr := range g.pairs {
 		rows[i] = pr.stmt.Args[:len(g.p.cols)+1] // column values, then the sequence number
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+	var tag pgconn.CommandTag
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows))
+	if err == nil {
+		// The upsert, the release and the emptying in one round trip.
+		// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
+		// a catalog update, at every batch.
+		b := &pgx.Batch{}
+		b.Queue(g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize()), g.p.def.Table)
+		b.Queue("RELEASE " + copySavepoint)
+		b.Queue("DELETE FROM " + pgx.Identifier{tmp}.Sanitize())
+		br := tx.SendBatch(ctx, b)
+		if tag, err = br.Exec(); err == nil {
+			for range 2 {
+				if _, err = br.Exec(); err != nil {
+					break
+				}
+			}
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		return tag.RowsAffected(), nil
+	}
+	if ctx.Err() != nil || retry.IsInfrastructure(err) {
 		return 0, err
 	}
-	tag, err := tx.Exec(ctx, g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize()), g.p.def.Table)
-	if err != nil {
-		return 0, err
+	if _, rbErr := tx.Exec(ctx, "ROLLBACK TO "+copySavepoint); rbErr != nil {
+		return 0, fmt.Errorf("%w: %w (after %w)", errSavepoint, rbErr, err)
 	}
-	// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
-	// a catalog update, at every batch.
-	if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
-		return 0, err
-	}
-	return tag.RowsAffected(), nil
+	return 0, err
 }
 
 // copyApplied records committed COPY work in the metrics: of each

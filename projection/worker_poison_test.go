@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 )
@@ -161,8 +162,9 @@ func (c *logCounter) records(msg string) []slog.Record {
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
 // PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
 // with CopyMinRows 16: the failed group's copied rows are upserted by parts
-// of 16, every good row is applied, and exactly the violating pairs are
-// dead-lettered, once each. One violating row is the newer of two upserts
+// of 16, halved down to the refused row, every good row is applied, and
+// exactly the violating pairs are dead-lettered, once each, with
+// PostgreSQL's error. One violating row is the newer of two upserts
 // of its key: the older one, superseded in the group, is applied with its
 // own part. Two upserts of one key with one sequence number in a part
 // that succeeds: the later wins.
@@ -213,13 +215,69 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	if len(logs.records("copy group failed; upserting its parts")) == 0 {
 		t.Error("the failing COPY group was not split")
 	}
-	// Only parts of at most CopyMinRows upserts go to statements.
-	for _, rec := range logs.records("copy group failed; applying it as statements") {
+	// The refused rows are found inside the COPY pass, down to the row:
+	// nothing goes to statements.
+	if n := len(logs.records("copy group failed; applying it as statements")); n != 0 {
+		t.Errorf("%d ranges went to statements; want the refused rows isolated in the COPY pass", n)
+	}
+	for _, dl := range r.deadLetters() {
+		if !strings.Contains(dl.msg.Error, "stars_range") || dl.headers[dlq.HeaderSQLState] != "23514" {
+			t.Errorf("dead letter error %q (SQLSTATE %q): want PostgreSQL's check violation", dl.msg.Error, dl.headers[dlq.HeaderSQLState])
+		}
+	}
+}
+
+// TestWorkerCopyUndoesAFailedGroupAlone: in a batch with three COPY groups
+// (artist_followers and user_follows from ARTIST_FOLLOWED, artist_ratings
+// from ARTIST_RATED), rows of artist_ratings that only PostgreSQL refuses
+// undo that group alone: it is applied again on its own (and its refused
+// pairs dead-lettered), while the other two groups are committed by the
+// first COPY transaction, never copied again.
+func TestWorkerCopyUndoesAFailedGroupAlone(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	const n = 64
+	var keys, values []string
+	wantDead := map[string]int{}
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		stars := i % 10
+		if i == 7 || i == 40 {
+			stars = 99
+			wantDead[user+"@1"] = 1
+		}
+		keys = append(keys, user, user)
+		values = append(values, r.follow(user, "a", 1),
+			r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	r.produceAll(keys, values)
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) {
+		c.CopyMinRows = 16
+		c.MaxBatchRecords = 2 * n
+		c.Logger = slog.New(logs)
+	})
+	r.waitCommitted(testTimeout)
+	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+	}
+	if got := r.count("user_follows"); got != n {
+		t.Errorf("user_follows holds %d rows, want %d", got, n)
+	}
+	if got := len(r.ratings()); got != n-2 {
+		t.Errorf("artist_ratings holds %d rows, want %d", got, n-2)
+	}
+	again := map[string]int{}
+	for _, rec := range logs.records("copy group failed; applying it again on its own") {
 		rec.Attrs(func(a slog.Attr) bool {
-			if a.Key == "rows" && a.Value.Int64() > minRows {
-				t.Errorf("a range of %d rows went to statements", a.Value.Int64())
+			if a.Key == "projection" {
+				again[a.Value.String()]++
 			}
 			return true
 		})
+	}
+	if again["artist_ratings"] == 0 || len(again) != 1 {
+		t.Errorf("groups applied again on their own: %v; want artist_ratings only (the other groups commit at once)", again)
 	}
 }
