@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/cel-go/cel"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -73,6 +74,7 @@ type column struct {
 	notNull bool        // notNull and not a primary key column (nullKey reports those)
 	source  string      // "from payload.x" or `derive "expr"`, for errors
 	path    []string    // from, split at dots; nil for derive
+	fromTS  bool        // from ts into a timestamptz or date column: formatted from Event.TS
 	prog    cel.Program // derive; nil for from
 }
 
@@ -95,6 +97,7 @@ func NewTableProjections(d *Definitions) ([]*TableProjection, error) {
 			c := column{name: name, typ: cd.Type, kind: kindOf(cd.Type), notNull: cd.NotNull && !slices.Contains(pd.PrimaryKey, name)}
 			if cd.From != "" {
 				c.path = strings.Split(cd.From, ".")
+				c.fromTS = cd.From == "ts" && (c.kind == kindTimestamptz || c.kind == kindDate)
 				c.source = "from " + cd.From
 			} else {
 				c.prog = d.programs[cd.Derive]
@@ -184,6 +187,10 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	}
 	var vars *deriveActivation // built on first use
 	value := func(c *column) (any, error) {
+		if c.fromTS && inTimeRange(c.kind, ev.TS) {
+			// What the general path gives, without the text of ev.TS.
+			return formatTime(time.UnixMilli(ev.TS), c.kind == kindDate), nil
+		}
 		var v any
 		if c.prog != nil {
 			if vars == nil {
