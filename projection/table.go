@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/cel-go/cel"
@@ -64,6 +65,7 @@ type TableProjection struct {
 	pk     []int    // indexes into cols, in primary key order
 	upsert sqlTemplate
 	delete sqlTemplate
+	vars   sync.Pool // of *deriveActivation, reset
 }
 
 // column is a column with its value source resolved.
@@ -185,7 +187,13 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	if ev.SequenceNumber < 0 {
 		return Statement{}, p.permanent(fmt.Errorf("sequence number %d is negative", ev.SequenceNumber))
 	}
-	var vars *deriveActivation // built on first use
+	var vars *deriveActivation // taken on first use
+	defer func() {
+		if vars != nil {
+			vars.reset(nil)
+			p.vars.Put(vars)
+		}
+	}()
 	value := func(c *column) (any, error) {
 		if c.fromTS && inTimeRange(c.kind, ev.TS) {
 			// What the general path gives, without the text of ev.TS.
@@ -194,7 +202,10 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 		var v any
 		if c.prog != nil {
 			if vars == nil {
-				vars = deriveVars(ev)
+				if vars, _ = p.vars.Get().(*deriveActivation); vars == nil {
+					vars = &deriveActivation{}
+				}
+				vars.reset(ev)
 			}
 			var err error
 			if v, err = evalDerive(c.prog, vars); err != nil {
