@@ -30,6 +30,7 @@ import (
 	"sync"
 
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/common/types/traits"
@@ -60,6 +61,12 @@ var deriveEnv = sync.OnceValues(func() (*cel.Env, error) {
 
 // compileDerive compiles a derive expression into a program that is safe
 // for concurrent use. Errors give line:column and CEL's message.
+//
+// The program counts its cost as it runs, and stops at deriveCostLimit,
+// unless cel-go's static estimate of its worst case (every list, map and
+// string of unknown size taken at the largest size there is) is within the
+// limit: then it cannot reach the limit, and runs without the count, which
+// costs more than field arithmetic itself.
 func compileDerive(expr string) (cel.Program, error) {
 	env, err := deriveEnv()
 	if err != nil {
@@ -73,31 +80,59 @@ func compileDerive(expr string) (cel.Program, error) {
 		}
 		return nil, fmt.Errorf("%q does not compile: %s", expr, strings.Join(msgs, "; "))
 	}
-	prg, err := env.Program(ast, cel.CostLimit(deriveCostLimit))
+	var opts []cel.ProgramOption
+	if est, err := env.EstimateCost(ast, unknownSizes{}); err != nil || est.Max > deriveCostLimit {
+		opts = append(opts, cel.CostLimit(deriveCostLimit))
+	}
+	prg, err := env.Program(ast, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%q: %w", expr, err)
 	}
 	return prg, nil
 }
 
-// deriveVars returns the CEL activation for ev: payload at once, event
-// (the top level of the event, with the typed fields authoritative for
-// hand-built Events) built on first use, since most derives read only
-// payload. Nested values are converted by treeAdapter when read. An
-// activation serves one Plan call; it is not safe for concurrent use.
-func deriveVars(ev *Event) *deriveActivation {
-	payload := eventPayload(ev)
-	if payload == nil {
-		payload = map[string]any{}
-	}
-	return &deriveActivation{ev: ev, payload: payload}
+// unknownSizes is the checker.CostEstimator of compileDerive: it knows
+// nothing, so cel-go takes every size at its maximum and every call at its
+// own estimate.
+type unknownSizes struct{}
+
+func (unknownSizes) EstimateSize(checker.AstNode) *checker.SizeEstimate { return nil }
+
+func (unknownSizes) EstimateCallCost(string, string, *checker.AstNode, []checker.AstNode) *checker.CallEstimate {
+	return nil
 }
 
-// deriveActivation implements cel-go's interpreter.Activation.
+// deriveVars returns a CEL activation for ev (see deriveActivation.reset).
+func deriveVars(ev *Event) *deriveActivation {
+	a := &deriveActivation{}
+	a.reset(ev)
+	return a
+}
+
+// deriveActivation implements cel-go's interpreter.Activation: payload at
+// once, event (the top level of the event, with the typed fields
+// authoritative for hand-built Events) built on first use, since most
+// derives read only payload. Nested values are converted by treeAdapter
+// when read. An activation serves one Plan call at a time; it is not safe
+// for concurrent use. TableProjection reuses them (reset), keeping the
+// event map's room.
 type deriveActivation struct {
 	ev      *Event
 	payload map[string]any
-	event   map[string]any // nil until an expression reads event
+	event   map[string]any // built when eventOK; kept empty for reuse
+	eventOK bool
+}
+
+// reset makes a the activation of ev, or, with a nil ev, one that holds
+// nothing of the last event (for a pool).
+func (a *deriveActivation) reset(ev *Event) {
+	clear(a.event)
+	a.ev, a.payload, a.eventOK = ev, nil, false
+	if ev != nil {
+		if a.payload = eventPayload(ev); a.payload == nil {
+			a.payload = map[string]any{}
+		}
+	}
 }
 
 func (a *deriveActivation) ResolveName(name string) (any, bool) {
@@ -105,9 +140,11 @@ func (a *deriveActivation) ResolveName(name string) (any, bool) {
 	case "payload":
 		return a.payload, true
 	case "event":
-		if a.event == nil {
+		if !a.eventOK {
 			ev := a.ev
-			a.event = make(map[string]any, len(ev.Fields)+8)
+			if a.event == nil {
+				a.event = make(map[string]any, len(ev.Fields)+8)
+			}
 			for k, v := range ev.Fields {
 				a.event[k] = v
 			}
@@ -119,6 +156,7 @@ func (a *deriveActivation) ResolveName(name string) (any, bool) {
 			a.event["sequenceNumber"] = ev.SequenceNumber
 			a.event["ts"] = ev.TS
 			a.event["payload"] = a.payload
+			a.eventOK = true
 		}
 		return a.event, true
 	}

@@ -23,7 +23,7 @@ import (
 type copyGroup struct {
 	p      *TableProjection
 	schema string
-	rows   map[string]int // primary key → index into pairs of the newest
+	rows   map[string]int // primary key (appendKeyText) → index into pairs of the newest
 	pairs  []pair         // one per primary key
 	n      int            // upserts in the group, before deduplication
 	all    []pair         // every upsert of the group, in batch order
@@ -45,17 +45,17 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 			deleted[rowKey(tp, pr.d.ev.TenantSchema, pr.stmt.Args[:len(tp.pk)])] = true
 		}
 	}
+	// deletedKey reports whether the batch deletes the row of upsert pr.
+	deletedKey := func(tp *TableProjection, pr pair) bool {
+		return len(deleted) > 0 && deleted[upsertKey(tp, pr)]
+	}
 	groups := map[gk]*copyGroup{}
 	var order []*copyGroup
 	var rest []pair
+	var key []byte // the primary key of an upsert in its group, reused
 	for _, pr := range planned {
 		tp, ok := pr.h.(*TableProjection)
-		if !ok || tp.def.Events[pr.d.ev.EventType] != OpUpsert {
-			rest = append(rest, pr)
-			continue
-		}
-		k := upsertKey(tp, pr)
-		if deleted[k] {
+		if !ok || tp.def.Events[pr.d.ev.EventType] != OpUpsert || deletedKey(tp, pr) {
 			rest = append(rest, pr)
 			continue
 		}
@@ -65,7 +65,8 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 			groups[gk{tp, pr.d.ev.TenantSchema}] = g
 			order = append(order, g)
 		}
-		g.add(pr, k)
+		key = appendKeyText(key[:0], tp, pr.stmt.Args)
+		g.add(pr, key)
 	}
 	var out []*copyGroup
 	small := map[*copyGroup]bool{}
@@ -84,7 +85,7 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpUpsert {
 			g := groups[gk{tp, pr.d.ev.TenantSchema}]
-			if g != nil && !small[g] && !deleted[upsertKey(tp, pr)] {
+			if g != nil && !small[g] && !deletedKey(tp, pr) {
 				continue // in a COPY group
 			}
 		}
@@ -98,12 +99,13 @@ func newCopyGroup(p *TableProjection, schema string) *copyGroup {
 	return &copyGroup{p: p, schema: schema, rows: map[string]int{}}
 }
 
-// add adds the upsert pr of the row with key k (upsertKey) to g, in batch
-// order: it replaces the pair of the same key unless that one is newer.
-func (g *copyGroup) add(pr pair, k string) {
+// add adds the upsert pr of the row with primary key k (appendKeyText) to
+// g, in batch order: it replaces the pair of the same key unless that one is
+// newer. It keeps a copy of k.
+func (g *copyGroup) add(pr pair, k []byte) {
 	g.n++
 	g.all = append(g.all, pr)
-	if i, ok := g.rows[k]; ok {
+	if i, ok := g.rows[string(k)]; ok {
 		// Last sequence wins; on a tie, the later record (as applying
 		// them in order would).
 		if pr.d.ev.SequenceNumber >= g.pairs[i].d.ev.SequenceNumber {
@@ -111,8 +113,20 @@ func (g *copyGroup) add(pr pair, k string) {
 		}
 		return
 	}
-	g.rows[k] = len(g.pairs)
+	g.rows[string(k)] = len(g.pairs)
 	g.pairs = append(g.pairs, pr)
+}
+
+// appendKeyText appends to b the primary key values of tp's upsert
+// arguments args (as Plan sends them, never NUL inside), each after a NUL:
+// it tells the rows of one table in one tenant schema apart.
+func appendKeyText(b []byte, tp *TableProjection, args []any) []byte {
+	for _, i := range tp.pk {
+		s, _ := args[i].(string)
+		b = append(b, 0)
+		b = append(b, s...)
+	}
+	return b
 }
 
 // rowKey identifies a row of a table projection in a tenant schema by the
@@ -437,14 +451,10 @@ func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start ti
 			endPair(p.span, outcomeCopied, 0)
 		}
 		attrs := pairAttrs(r.g.p.Name(), r.g.schema)
-		for i := 0; i < r.n; i++ {
-			out := Applied
-			if int64(i) >= r.affected {
-				out = Stale // superseded in the batch, or older than the row
-			}
-			w.cfg.Metrics.applied(ctx, attrs, out)
-			w.cfg.Metrics.observeApply(ctx, attrs, took) // a pair of a batch takes the batch's transaction
-		}
+		applied := min(r.affected, int64(r.n))
+		// The rest are stale: superseded in the batch, or older than the row.
+		w.cfg.Metrics.appliedN(ctx, attrs, applied, int64(r.n)-applied)
+		w.cfg.Metrics.observeApplyN(ctx, attrs, took, r.n) // a pair of a batch takes the batch's transaction
 	}
 }
 

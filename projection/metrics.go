@@ -210,6 +210,21 @@ func (m *Metrics) applied(ctx context.Context, attrs metric.MeasurementOption, o
 	m.appliedC.Add(ctx, 1, attrs)
 }
 
+// appliedN counts applied pairs and stale ones of one projection and
+// tenant schema at once, as that many calls of applied would.
+func (m *Metrics) appliedN(ctx context.Context, attrs metric.MeasurementOption, applied, stale int64) {
+	if m.appliedC == nil {
+		return
+	}
+	attrs = m.bounded(attrs)
+	if stale > 0 {
+		m.staleC.Add(ctx, stale, attrs)
+	}
+	if applied > 0 {
+		m.appliedC.Add(ctx, applied, attrs)
+	}
+}
+
 func (m *Metrics) failed(ctx context.Context, attrs metric.MeasurementOption, class retry.Class) {
 	if m.failedC != nil {
 		m.failedC.Add(ctx, 1, m.bounded(attrs), metric.WithAttributes(attribute.String("error_class", class.String())))
@@ -231,6 +246,18 @@ func (m *Metrics) deadLettered(ctx context.Context, attrs metric.MeasurementOpti
 func (m *Metrics) observeApply(ctx context.Context, attrs metric.MeasurementOption, d time.Duration) {
 	if m.applyLatency != nil {
 		m.applyLatency.Record(ctx, d.Seconds(), m.bounded(attrs))
+	}
+}
+
+// observeApplyN records d as the apply latency of n pairs, as n calls of
+// observeApply would.
+func (m *Metrics) observeApplyN(ctx context.Context, attrs metric.MeasurementOption, d time.Duration, n int) {
+	if m.applyLatency == nil {
+		return
+	}
+	attrs = m.bounded(attrs)
+	for range n {
+		m.applyLatency.Record(ctx, d.Seconds(), attrs)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -107,5 +109,68 @@ func TestMetricsBoundTenantSchemas(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCopyAppliedCountsEachPair checks the metrics of a committed COPY
+// group, counted at once per group: of its n upserts, the affected rows
+// applied and the rest stale, and one apply latency per upsert.
+func TestCopyAppliedCountsEachPair(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	m, err := NewMetrics(provider.Meter("test"), MetricsConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps := hotProjections(t, hotDefinitions[0].path)
+	w := &Worker{cfg: Config{Metrics: m}}
+	ctx := context.Background()
+	w.copyApplied(ctx, []copyResult{
+		{g: newCopyGroup(tps[0], "tenant_a"), n: 5, affected: 3},
+		{g: newCopyGroup(tps[1], "tenant_a"), n: 4, affected: 4},
+		{g: newCopyGroup(tps[0], "tenant_b"), n: 2, affected: 0},
+	}, time.Now())
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{} // instrument/projection/tenant_schema → count
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			add := func(set interface {
+				Value(attribute.Key) (attribute.Value, bool)
+			}, n int64) {
+				p, _ := set.Value("projection")
+				ts, ok := set.Value("tenant_schema")
+				if ok {
+					got[md.Name+"/"+p.AsString()+"/"+ts.AsString()] += n
+				}
+			}
+			switch d := md.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					add(&p.Attributes, p.Value)
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					add(&p.Attributes, int64(p.Count))
+				}
+			}
+		}
+	}
+	a, u := tps[0].Name(), tps[1].Name()
+	want := map[string]int64{
+		"causet.projection.applied/" + a + "/tenant_a":        3,
+		"causet.projection.stale/" + a + "/tenant_a":          2,
+		"causet.projection.apply.duration/" + a + "/tenant_a": 5,
+		"causet.projection.applied/" + u + "/tenant_a":        4,
+		"causet.projection.apply.duration/" + u + "/tenant_a": 4,
+		"causet.projection.stale/" + a + "/tenant_b":          2,
+		"causet.projection.apply.duration/" + a + "/tenant_b": 2,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("metrics (-want +got):\n%s", diff)
 	}
 }

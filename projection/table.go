@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/google/cel-go/cel"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -63,6 +65,7 @@ type TableProjection struct {
 	pk     []int    // indexes into cols, in primary key order
 	upsert sqlTemplate
 	delete sqlTemplate
+	vars   sync.Pool // of *deriveActivation, reset
 }
 
 // column is a column with its value source resolved.
@@ -73,6 +76,7 @@ type column struct {
 	notNull bool        // notNull and not a primary key column (nullKey reports those)
 	source  string      // "from payload.x" or `derive "expr"`, for errors
 	path    []string    // from, split at dots; nil for derive
+	fromTS  bool        // from ts into a timestamptz or date column: formatted from Event.TS
 	prog    cel.Program // derive; nil for from
 }
 
@@ -95,6 +99,7 @@ func NewTableProjections(d *Definitions) ([]*TableProjection, error) {
 			c := column{name: name, typ: cd.Type, kind: kindOf(cd.Type), notNull: cd.NotNull && !slices.Contains(pd.PrimaryKey, name)}
 			if cd.From != "" {
 				c.path = strings.Split(cd.From, ".")
+				c.fromTS = cd.From == "ts" && (c.kind == kindTimestamptz || c.kind == kindDate)
 				c.source = "from " + cd.From
 			} else {
 				c.prog = d.programs[cd.Derive]
@@ -182,12 +187,25 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	if ev.SequenceNumber < 0 {
 		return Statement{}, p.permanent(fmt.Errorf("sequence number %d is negative", ev.SequenceNumber))
 	}
-	var vars *deriveActivation // built on first use
+	var vars *deriveActivation // taken on first use
+	defer func() {
+		if vars != nil {
+			vars.reset(nil)
+			p.vars.Put(vars)
+		}
+	}()
 	value := func(c *column) (any, error) {
+		if c.fromTS && inTimeRange(c.kind, ev.TS) {
+			// What the general path gives, without the text of ev.TS.
+			return formatTime(time.UnixMilli(ev.TS), c.kind == kindDate), nil
+		}
 		var v any
 		if c.prog != nil {
 			if vars == nil {
-				vars = deriveVars(ev)
+				if vars, _ = p.vars.Get().(*deriveActivation); vars == nil {
+					vars = &deriveActivation{}
+				}
+				vars.reset(ev)
 			}
 			var err error
 			if v, err = evalDerive(c.prog, vars); err != nil {

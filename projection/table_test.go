@@ -731,7 +731,7 @@ func TestPlanConcurrent(t *testing.T) {
 }
 
 // BenchmarkPlan measures planning an upsert: derive, conversions and the SQL
-// text for the tenant schema (rebuilt from a template on every call).
+// text for the tenant schema (built once per schema, then cached).
 func BenchmarkPlan(b *testing.B) {
 	_, tps := tblProjections(b)
 	p := tps["artist_followers"]
@@ -760,6 +760,35 @@ func BenchmarkPlanKinds(b *testing.B) {
 		if _, err := p.Plan(ev); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestSQLTemplateKeepsTheTextOfEachSchema checks that planning does not
+// write the SQL text again for a tenant schema it has seen, that the text
+// kept is the one written, and that schemas beyond maxCachedSchemas still
+// get theirs.
+func TestSQLTemplateKeepsTheTextOfEachSchema(t *testing.T) {
+	_, tps := tblProjections(t)
+	tmpl := tps["artist_followers"].upsert
+	schema := strings.Clone("acme_concertapp_production")
+	want := tmpl.write(schema)
+	if !strings.Contains(want, `"acme_concertapp_production"."artist_followers"`) {
+		t.Fatalf("write = %s", want)
+	}
+	if got := tmpl.build(schema); got != want {
+		t.Fatalf("build = %s, want %s", got, want)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = tmpl.build(schema) }); n != 0 {
+		t.Errorf("build of a schema seen before: %v allocations, want 0", n)
+	}
+	for i := range maxCachedSchemas + 10 {
+		s := fmt.Sprintf("tenant_%d", i)
+		if got := tmpl.build(s); got != tmpl.write(s) {
+			t.Fatalf("build(%s) = %s", s, got)
+		}
+	}
+	if n := tmpl.cache.n.Load(); n != maxCachedSchemas {
+		t.Errorf("%d schemas kept, want %d", n, maxCachedSchemas)
 	}
 }
 

@@ -230,11 +230,7 @@ func checkNumber(k colKind, typ, n string) string {
 		if err != nil {
 			return typ + " from a number wants integer epoch milliseconds, got " + shortenValue(n)
 		}
-		lo, end := MinTimestampMillis, EndTimestampMillis
-		if k == kindDate {
-			lo, end = minDateMillis, endDateMillis
-		}
-		if ms < lo || ms >= end {
+		if !inTimeRange(k, ms) {
 			return "epoch milliseconds " + n + " are out of range for type " + typ
 		}
 		return ""
@@ -242,6 +238,15 @@ func checkNumber(k colKind, typ, n string) string {
 		return "a JSON number cannot be stored in a uuid column"
 	}
 	return ""
+}
+
+// inTimeRange reports whether epoch milliseconds ms are inside the range
+// of kind k, kindTimestamptz or kindDate.
+func inTimeRange(k colKind, ms int64) bool {
+	if k == kindDate {
+		return ms >= minDateMillis && ms < endDateMillis
+	}
+	return ms >= MinTimestampMillis && ms < EndTimestampMillis
 }
 
 // pgTrim trims the white space PostgreSQL's input functions skip.

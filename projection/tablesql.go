@@ -3,33 +3,68 @@ package projection
 import (
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // sqlTemplate is SQL text split where the quoted tenant schema goes: the
-// SQL for schema s is parts[0] + quote(s) + parts[1] + ... + parts[n].
-// Building it costs one allocation; the text for a schema is always the
-// same, so pgx's per-connection statement cache finds it.
-type sqlTemplate []string
+// SQL for schema s is parts[0] + quote(s) + parts[1] + ... + parts[n]. The
+// text for a schema is always the same, so pgx's per-connection statement
+// cache finds it; build keeps the text of the first maxCachedSchemas
+// schemas, so that planning a statement does not write it again.
+type sqlTemplate struct {
+	parts []string
+	cache *schemaSQL
+}
+
+// maxCachedSchemas bounds the SQL texts a template keeps (one per tenant
+// schema, a few hundred bytes each); the text of a schema beyond it is
+// built at every call.
+const maxCachedSchemas = 4096
+
+// schemaSQL is a template's SQL text per tenant schema. It is safe for
+// concurrent use.
+type schemaSQL struct {
+	bySchema sync.Map // tenant schema → SQL text
+	n        atomic.Int32
+}
 
 // schemaMark stands for the quoted schema while a template is written. It
 // cannot occur in the rest of the SQL, which holds only validated
 // identifiers, keywords and placeholders.
 const schemaMark = "\x00schema\x00"
 
-func newSQLTemplate(sql string) sqlTemplate { return strings.Split(sql, schemaMark) }
+func newSQLTemplate(sql string) sqlTemplate {
+	return sqlTemplate{parts: strings.Split(sql, schemaMark), cache: &schemaSQL{}}
+}
 
 // build returns the SQL for schema, which must satisfy ValidTenantSchema.
+// It is safe for concurrent use.
 func (t sqlTemplate) build(schema string) string {
+	if sql, ok := t.cache.bySchema.Load(schema); ok {
+		return sql.(string)
+	}
+	sql := t.write(schema)
+	if t.cache.n.Load() < maxCachedSchemas {
+		if _, loaded := t.cache.bySchema.LoadOrStore(strings.Clone(schema), sql); !loaded {
+			t.cache.n.Add(1)
+		}
+	}
+	return sql
+}
+
+// write writes the SQL for schema.
+func (t sqlTemplate) write(schema string) string {
 	q := pgx.Identifier{schema}.Sanitize()
-	n := len(q) * (len(t) - 1)
-	for _, part := range t {
+	n := len(q) * (len(t.parts) - 1)
+	for _, part := range t.parts {
 		n += len(part)
 	}
 	var b strings.Builder
 	b.Grow(n)
-	for i, part := range t {
+	for i, part := range t.parts {
 		if i > 0 {
 			b.WriteString(q)
 		}

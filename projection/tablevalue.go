@@ -1,11 +1,9 @@
 package projection
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -72,17 +70,15 @@ func toParam(typ string, v any) (any, error) {
 		return nil, nil
 	}
 	if typ == "jsonb" {
-		var buf bytes.Buffer
-		enc := json.NewEncoder(&buf)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(v); err != nil {
-			return nil, fmt.Errorf("cannot encode as JSON: %w", err)
+		s, err := jsonbText(v)
+		if err != nil {
+			return nil, err
 		}
-		return strings.TrimSuffix(buf.String(), "\n"), nil
+		return s, nil
 	}
 	switch x := v.(type) {
 	case string:
-		return x, nil
+		return v, nil // v holds x already: no new allocation
 	case bool:
 		return strconv.FormatBool(x), nil
 	case json.Number:
@@ -115,7 +111,8 @@ func formatTime(t time.Time, dateOnly bool) string {
 	if bc {
 		y = 1 - y // Go's year 0 is 1 BC
 	}
-	b := make([]byte, 0, 40)
+	var buf [48]byte // the longest: year 294276, nanoseconds and " BC" fit
+	b := buf[:0]
 	b = appendPadded(b, y, 4)
 	b = append(b, '-')
 	b = appendPadded(b, int(mo), 2)
@@ -129,12 +126,11 @@ func formatTime(t time.Time, dateOnly bool) string {
 		b = append(b, ':')
 		b = appendPadded(b, t.Second(), 2)
 		b = append(b, '.')
-		frac := appendPadded(nil, t.Nanosecond(), 9)
-		n := len(frac)
-		for n > 3 && frac[n-1] == '0' {
-			n--
+		n := len(b)
+		b = appendPadded(b, t.Nanosecond(), 9)
+		for len(b) > n+3 && b[len(b)-1] == '0' {
+			b = b[:len(b)-1]
 		}
-		b = append(b, frac[:n]...)
 		b = append(b, 'Z')
 	}
 	if bc {

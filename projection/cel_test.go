@@ -1,0 +1,132 @@
+package projection
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/go-cmp/cmp"
+)
+
+// costExprs are derives of the definition files in testdata, examples and
+// internal/bench, and expressions whose cost depends on the data (string,
+// list and map sizes), which must keep the runtime cost limit.
+var costExprs = []string{
+	"payload.points / payload.games",
+	"has(payload.games) ? payload.points / payload.games : null",
+	"has(payload.games) && payload.games != 0 && has(payload.points) ? double(payload.points) / double(payload.games) : dyn(null)",
+	`payload.?tier.orValue("free")`,
+	"has(payload.stars) ? payload.stars : null",
+	"payload.?required.orValue(null)",
+	"double(payload.?n_int.orValue(0)) / 4.0",
+	`{"k": [1, 2.5, "x", null], "n": payload.?n_int.orValue(0), "at": timestamp("2024-06-25T16:00:00.5Z")}`,
+	"event.sequenceNumber",
+	"event.extra.region + '-' + event.forkId",
+	"payload.s + payload.s",
+	"payload.s.upperAscii()",
+	"payload.l.map(x, payload.l.map(y, [x, y]))",
+	"payload.l.exists(x, x == 'a')",
+	"size(payload.m) > 1",
+	"[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, [1,2,3,4,5,6,7,8,9,10].all(e, [1,2,3,4,5,6,7,8,9,10].all(f, a+b+c+d+e+f > 0))))))",
+}
+
+// TestDeriveCountsCostOnlyWhereTheLimitIsReachable checks that
+// compileDerive leaves out the runtime cost count exactly for the
+// expressions whose estimated worst case is within deriveCostLimit, and
+// that the estimate bounds what the count finds on sample events (so that
+// leaving it out cannot let an expression pass the limit).
+func TestDeriveCountsCostOnlyWhereTheLimitIsReachable(t *testing.T) {
+	env, err := deriveEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := make([]any, 50)
+	for i := range long {
+		long[i] = json.Number("7")
+	}
+	events := []*Event{
+		hotEvent(t, hotFollowed),
+		hotEvent(t, hotRated),
+		{EventType: "E", EntityID: "e", ForkID: "f", TenantSchema: "s", SequenceNumber: 3, TS: 5,
+			Fields: map[string]any{"extra": map[string]any{"region": "eu"}},
+			Payload: map[string]any{"points": json.Number("10"), "games": json.Number("4"), "stars": json.Number("5"),
+				"n_int": json.Number("8"), "required": json.Number("1"), "s": "some text", "l": long,
+				"m": map[string]any{"a": nil, "b": true}}},
+	}
+	var limited int
+	for _, expr := range costExprs {
+		ast, iss := env.Compile(expr)
+		if iss.Err() != nil {
+			t.Fatalf("%s: %v", expr, iss.Err())
+		}
+		est, err := env.EstimateCost(ast, unknownSizes{})
+		if err != nil {
+			t.Fatalf("%s: estimate: %v", expr, err)
+		}
+		counted, err := env.Program(ast, cel.CostLimit(deriveCostLimit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		prg, err := compileDerive(expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reachable := est.Max > deriveCostLimit
+		if reachable {
+			limited++
+		}
+		for _, ev := range events {
+			_, det, _ := counted.Eval(deriveVars(ev))
+			if c := det.ActualCost(); c == nil || !reachable && *c > est.Max {
+				t.Errorf("%s: cost %v beyond the estimate %d", expr, c, est.Max)
+			}
+			_, det, _ = prg.Eval(deriveVars(ev))
+			if got := det.ActualCost() != nil; got != reachable {
+				t.Errorf("%s (estimate %d..%d): cost counted %v, want %v", expr, est.Min, est.Max, got, reachable)
+			}
+		}
+	}
+	if limited < 5 || limited == len(costExprs) {
+		t.Errorf("%d of %d expressions keep the cost limit: the sample does not test both sides", limited, len(costExprs))
+	}
+}
+
+// TestPlanReusesActivations plans events one after another with derives
+// over event and payload: each statement holds its own event's values
+// (an activation taken again holds nothing of the last event), and an
+// activation is reused, not allocated, once the pool has one.
+func TestPlanReusesActivations(t *testing.T) {
+	p := inlineProjection(t, `seq:   { type: bigint, derive: "event.sequenceNumber * 10" }
+      extra: { type: text,   derive: "event.?extra.orValue('none')" }
+      pts:   { type: bigint, derive: "payload.?points.orValue(-1)" }`)
+	for i, tc := range []struct {
+		value string
+		want  []any
+	}{
+		{`{"eventType":"E","entityId":"a","forkId":"f","tenantSchema":"t","irVersion":"","sequenceNumber":1,"ts":0,"extra":"x","payload":{"points":5}}`, []any{"a", "10", "x", "5"}},
+		{`{"eventType":"E","entityId":"b","forkId":"f","tenantSchema":"t","irVersion":"","sequenceNumber":2,"ts":0,"payload":{}}`, []any{"b", "20", "none", "-1"}},
+		{`{"eventType":"E","entityId":"c","forkId":"f","tenantSchema":"t","irVersion":"","sequenceNumber":3,"ts":0,"extra":"z","payload":{"points":7}}`, []any{"c", "30", "z", "7"}},
+	} {
+		st, err := p.Plan(hotEvent(t, tc.value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(tc.want, st.Args[:4]); diff != "" {
+			t.Errorf("event %d: args (-want +got):\n%s", i, diff)
+		}
+	}
+	ev := hotEvent(t, `{"eventType":"E","entityId":"a","forkId":"f","tenantSchema":"t","irVersion":"","sequenceNumber":1,"ts":0,"payload":{"points":5}}`)
+	taken := 0
+	for range 100 {
+		if a, _ := p.vars.Get().(*deriveActivation); a != nil {
+			taken++
+			p.vars.Put(a)
+		}
+		if _, err := p.Plan(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if taken == 0 {
+		t.Error("no activation was ever back in the pool after Plan")
+	}
+}

@@ -1,0 +1,190 @@
+package projection
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The benchmarks in this file measure the worker's per-event CPU on the
+// shapes of the throughput benchmark (internal/bench: dataset_test.go's
+// appendValue and testdata/projections.yaml) and of examples/: decoding one
+// record value, planning each projection's statement, and grouping and
+// encoding a batch's upserts for COPY. Run them with
+//
+//	go test ./projection -run '^$' -bench 'Hot' -benchmem
+//
+// and compare ns/op and allocs/op before and after a change.
+
+// hotFollowed and hotRated are record values as internal/bench's
+// appendValue writes them (about 435 bytes, payload about 250).
+const (
+	hotFollowed = `{"eventType":"ARTIST_FOLLOWED","entityId":"user-0012345","forkId":"production",` +
+		`"tenantSchema":"bench_tenant","irVersion":"v42","sequenceNumber":17,"ts":1772366400007,` +
+		`"payload":{"user_id":"user-0012345","artist_id":"artist-004242","points":73512,"games":311,"tier":"plus",` +
+		`"campaign":"summer-tour-2026","followed_via":"search","source":"android-app",` +
+		`"device":{"os":"android","model":"Pixel 8","app_version":"5.12.1","locale":"de-DE"}}}`
+	hotRated = `{"eventType":"ARTIST_RATED","entityId":"user-0054321","forkId":"production",` +
+		`"tenantSchema":"bench_tenant","irVersion":"v42","sequenceNumber":3,"ts":1772366400014,` +
+		`"payload":{"user_id":"user-0054321","artist_id":"artist-011111","stars":4,` +
+		`"review":"Sound was muddy from the balcony but the setlist was perfect.","venue_id":"venue-0042",` +
+		`"source":"web","device":{"os":"web","browser":"firefox","app_version":"2026.3.1","locale":"fr-FR"}}}`
+)
+
+// hotDefinitions are the definition files the benchmarks plan with.
+var hotDefinitions = []struct{ name, path string }{
+	{"bench", "../internal/bench/testdata/projections.yaml"},
+	{"examples", "../examples/projections.yaml"},
+}
+
+func hotProjections(tb testing.TB, path string) []*TableProjection {
+	tb.Helper()
+	d, err := LoadDefinitions(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tps, err := NewTableProjections(d)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tps
+}
+
+func hotEvent(tb testing.TB, value string) *Event {
+	tb.Helper()
+	ev, err := DecodeEvent([]byte(value))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ev
+}
+
+// BenchmarkHotDecode decodes and validates one record value.
+func BenchmarkHotDecode(b *testing.B) {
+	for _, v := range []struct{ name, value string }{{"followed", hotFollowed}, {"rated", hotRated}} {
+		b.Run(v.name, func(b *testing.B) {
+			value := []byte(v.value)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(value)))
+			for b.Loop() {
+				if _, err := DecodeEvent(value); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHotPlan plans the statement of each projection of each
+// definitions file for the event type it handles.
+func BenchmarkHotPlan(b *testing.B) {
+	events := []*Event{hotEvent(b, hotFollowed), hotEvent(b, hotRated)}
+	for _, defs := range hotDefinitions {
+		for _, p := range hotProjections(b, defs.path) {
+			for _, ev := range events {
+				if !p.Handles(ev.EventType) {
+					continue
+				}
+				b.Run(defs.name+"/"+p.Name(), func(b *testing.B) {
+					if _, err := p.Plan(ev); err != nil {
+						b.Fatal(err)
+					}
+					b.ReportAllocs()
+					for b.Loop() {
+						if _, err := p.Plan(ev); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// hotBatch returns the planned upserts of n events of the bench shapes
+// (60 % followed, as in internal/bench), keys spread over distinct users.
+func hotBatch(tb testing.TB, n int) []pair {
+	tb.Helper()
+	tps := hotProjections(tb, hotDefinitions[0].path)
+	var planned []pair
+	for i := range n {
+		value := hotRated
+		if i%5 < 3 {
+			value = hotFollowed
+		}
+		value = strings.Replace(value, "0012345", fmt.Sprintf("%07d", i), 2)
+		value = strings.Replace(value, "0054321", fmt.Sprintf("%07d", i), 2)
+		d := &decoded{idx: i, ev: hotEvent(tb, value)}
+		for _, p := range tps {
+			if !p.Handles(d.ev.EventType) {
+				continue
+			}
+			st, err := p.Plan(d.ev)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			planned = append(planned, pair{d: d, h: p, stmt: st})
+		}
+	}
+	return planned
+}
+
+// BenchmarkHotCopy measures, for a batch of 500 events (about 800
+// upserts), the work of the COPY path in this process: grouping the
+// upserts (copyGroups) and encoding their rows in COPY's binary format as
+// pgx's CopyFrom does (every temporary-table column is text). Figures are
+// per upsert.
+func BenchmarkHotCopy(b *testing.B) {
+	planned := hotBatch(b, 500)
+	per := func(b *testing.B) {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(planned)), "ns/upsert")
+	}
+	b.Run("group", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if groups, rest := copyGroups(planned, 32); len(groups) != 3 || len(rest) != 0 {
+				b.Fatalf("copyGroups: %d groups, %d left", len(groups), len(rest))
+			}
+		}
+		per(b)
+	})
+	b.Run("encode", func(b *testing.B) {
+		groups, _ := copyGroups(planned, 32)
+		m := pgtype.NewMap()
+		var buf []byte
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = buf[:0]
+			for _, g := range groups {
+				for _, pr := range g.pairs {
+					row := pr.stmt.Args[:len(g.p.cols)+1]
+					buf = append(buf, 0, byte(len(row)))
+					for _, v := range row {
+						var err error
+						if buf, err = hotEncodeCopyValue(m, buf, v); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			}
+		}
+		per(b)
+	})
+}
+
+// hotEncodeCopyValue appends v as a field of a binary COPY row into a text
+// column, as pgx's encodeCopyValue does: a 4-byte length (−1 for NULL),
+// then the value.
+func hotEncodeCopyValue(m *pgtype.Map, buf []byte, v any) ([]byte, error) {
+	sp := len(buf)
+	buf = append(buf, 0xff, 0xff, 0xff, 0xff)
+	out, err := m.Encode(pgtype.TextOID, pgtype.BinaryFormatCode, v, buf)
+	if err != nil || out == nil {
+		return buf, err
+	}
+	n := len(out) - sp - 4
+	out[sp], out[sp+1], out[sp+2], out[sp+3] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+	return out, nil
+}

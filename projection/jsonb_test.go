@@ -1,0 +1,94 @@
+package projection
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
+)
+
+// encodingJSONText is what jsonbText must return: encoding/json's Encoder
+// with SetEscapeHTML(false), without the trailing newline.
+func encodingJSONText(v any) (string, error) {
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(out.String(), "\n"), nil
+}
+
+// checkJSONBText fails t unless jsonbText(v) is encoding/json's text of v,
+// or both refuse v.
+func checkJSONBText(t *testing.T, v any) {
+	t.Helper()
+	want, wantErr := encodingJSONText(v)
+	got, err := jsonbText(v)
+	if (err != nil) != (wantErr != nil) || got != want {
+		t.Errorf("jsonbText(%#v) = %q, %v; encoding/json: %q, %v", v, got, err, want, wantErr)
+	}
+}
+
+// jsonbSeeds are JSON documents and strings for the jsonbText tests:
+// events of the worker's tests and benchmarks, every escape encoding/json
+// writes, invalid UTF-8, and numbers valid and not.
+var jsonbSeeds = []string{
+	specExampleEvent, hotFollowed, hotRated,
+	testEventJSON(map[string]string{"payload": `{"big":9007199254740993,"dec":12345678901234567890.123456789,"l":[1,{"a":[]},null,true]}`}),
+	testEventJSON(map[string]string{"payload": `{"esc":"\u00e9\ud83d\ude00\n\"\\\/","k":"\u006b","\u2028":"\u2029<>&"}`}),
+	`{"b":1,"a":{"z":[],"y":{},"x":[[{"é":"\u0000\u001f\u007f\b\f\n\r\t"}]]},"A":false,"":null}`,
+	`{"k01":1,"k02":2,"k03":3,"k04":4,"k05":5,"k06":6,"k07":7,"k08":8,"k09":9,"k10":10,"k11":11,"k12":12,"k13":13,"k14":14,"k15":15,"k16":16,"k17":17,"k18":18}`,
+	`[-0,0.5,1e3,1E-3,-1.5e+300,123456789012345678901234567890]`,
+	"a\xffb\xc3", "\xed\xa0\x80", "tab\there", `quote"back\slash`, "",
+	"0", "-0", "01", "-", "1.", ".5", "1e", "1e+", "+1", "NaN", "1_000", "0x1F", " 1",
+}
+
+// TestJSONBTextMatchesEncodingJSON checks jsonbText against encoding/json
+// on documents, on every seed as a string value, and on every seed as a
+// json.Number (encoding/json refuses the ones that are not JSON numbers;
+// jsonbText must too).
+func TestJSONBTextMatchesEncodingJSON(t *testing.T) {
+	for _, s := range jsonbSeeds {
+		if tree, err := jsonstrict.Parse([]byte(s)); err == nil {
+			checkJSONBText(t, tree)
+		}
+		checkJSONBText(t, s)
+		checkJSONBText(t, json.Number(s))
+		checkJSONBText(t, []any{s, map[string]any{s: json.Number(s)}})
+	}
+	for c := range 256 {
+		checkJSONBText(t, string([]byte{'x', byte(c), 'y'}))
+	}
+	// A derive's list may hold a CEL timestamp: encoding/json writes it.
+	checkJSONBText(t, []any{time.Date(2024, 6, 25, 16, 0, 0, 5e8, time.UTC), json.Number("1")})
+}
+
+// FuzzJSONBText compares jsonbText with encoding/json on the tree of any
+// strict JSON document, and on the input as a string and as a json.Number.
+func FuzzJSONBText(f *testing.F) {
+	for _, s := range jsonbSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if tree, err := jsonstrict.Parse([]byte(s)); err == nil {
+			checkJSONBText(t, tree)
+		}
+		checkJSONBText(t, s)
+		checkJSONBText(t, json.Number(s))
+	})
+}
+
+// TestJSONBTextAllocations checks that the JSON text of an event's small
+// object costs one allocation, the string returned: no reflection, no key
+// slice, no buffer.
+func TestJSONBTextAllocations(t *testing.T) {
+	ev := hotEvent(t, hotFollowed)
+	device := ev.Payload["device"]
+	if n := testing.AllocsPerRun(100, func() { _, _ = jsonbText(device) }); n != 1 {
+		t.Errorf("jsonbText of payload.device: %v allocations, want 1", n)
+	}
+}
