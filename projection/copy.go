@@ -294,50 +294,33 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
 			return nil, nil, err
 		}
-		insert := g.p.copyInsertSQL(g.schema, g.p.copyRangeSQL(tmp))
-		res := copyResult{g: g}
-		todo := [][2]int{{0, len(g.all)}} // ranges [lo, hi) of g.all; next on top
-		for len(todo) > 0 {
-			r := todo[len(todo)-1]
-			todo = todo[:len(todo)-1]
-			tag, err := upsertRange(ctx, tx, insert, g.p.def.Table, r)
-			if err == nil {
-				res.n += r[1] - r[0]
-				res.affected += tag.RowsAffected()
-				if w.tr.spansEveryPair() {
-					res.pairs = append(res.pairs, g.all[r[0]:r[1]]...)
-				}
-				continue
-			}
-			if ctx.Err() != nil || retry.IsInfrastructure(err) {
-				return nil, nil, err
-			}
-			if _, rbErr := tx.Exec(ctx, "ROLLBACK TO "+copySavepoint); rbErr != nil {
-				return nil, nil, rbErr
-			}
-			size := r[1] - r[0]
-			if rowError(err) && size == 1 {
-				// The pair's own row, refused: its failure, as its
-				// statement would have failed.
-				failures = append(failures, w.batchFailure(ctx, g.all[r[0]], err))
-				continue
-			}
-			if rowError(err) {
-				parts := copyParts(size, w.cfg.CopyMinRows)
-				w.log.Debug("copy group failed; upserting its parts", "partition", pc.partition,
-					"projection", g.p.Name(), "tenant_schema", g.schema, "rows", size, "parts", parts, "error", err)
-				for j := parts - 1; j >= 0; j-- {
-					todo = append(todo, [2]int{r[0] + size*j/parts, r[0] + size*(j+1)/parts})
-				}
-				continue
-			}
-			w.log.Debug("copy group failed; applying it as statements", "partition", pc.partition,
-				"projection", g.p.Name(), "tenant_schema", g.schema, "rows", r[1]-r[0], "error", err)
-			left = append(left, g.all[r[0]:r[1]]...)
+		ranges, err := isolate(ctx, tx, g.p.isolateSQL(g.schema, tmp, len(g.all), w.cfg.CopyMinRows))
+		if err == nil {
+			err = checkCoverage(ranges, len(g.all))
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM "+pgx.Identifier{tmp}.Sanitize()); err != nil {
+		if err != nil {
 			return nil, nil, err
 		}
+		res := copyResult{g: g}
+		var refused, statements int
+		for _, r := range ranges {
+			switch r.kind {
+			case rangeApplied:
+				res.n += r.hi - r.lo
+				res.affected += r.affected
+				if w.tr.spansEveryPair() {
+					res.pairs = append(res.pairs, g.all[r.lo:r.hi]...)
+				}
+			case rangeRefused: // the pair's own row: its failure, as its statement would have failed
+				refused++
+				failures = append(failures, w.batchFailure(ctx, g.all[r.lo], r.err))
+			default: // the range's statement failed otherwise: statements find out
+				statements += r.hi - r.lo
+				left = append(left, g.all[r.lo:r.hi]...)
+			}
+		}
+		w.log.Debug("copy group failed; isolated in PostgreSQL", "partition", pc.partition,
+			"projection", g.p.Name(), "tenant_schema", g.schema, "rows", len(g.all), "refused", refused, "to_statements", statements)
 		results = append(results, res)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -351,21 +334,150 @@ func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup)
 // split into.
 const maxCopyParts = 16
 
-// upsertRange upserts the range r of a numbered temporary table (insert,
-// copyInsertSQL over copyRangeSQL) inside copySavepoint; on an error, the
-// caller rolls back to the savepoint. The upsert is not a cached prepared
-// statement (QueryExecModeExec): pgx drops a cached statement whenever it
-// fails, so that every range after a refused one would be prepared again.
-func upsertRange(ctx context.Context, tx pgx.Tx, insert, table string, r [2]int) (pgconn.CommandTag, error) {
-	if _, err := tx.Exec(ctx, copySavepoint); err != nil {
-		return pgconn.CommandTag{}, err
+// rangeKind is what became of a range of execCopyIsolating's temporary
+// table.
+type rangeKind string
+
+const (
+	rangeApplied   rangeKind = "applied"   // upserted
+	rangeRefused   rangeKind = "refused"   // one upsert, its row refused by PostgreSQL
+	rangeStatement rangeKind = "statement" // its upsert failed otherwise: left to statements
+)
+
+// isolatedRange is one range [lo, hi) of a group's upserts (copyGroup.all)
+// as isolateSQL reports it.
+type isolatedRange struct {
+	kind     rangeKind
+	lo, hi   int
+	affected int64           // rows the upsert changed (applied)
+	err      *pgconn.PgError // PostgreSQL's error (refused, statement)
+}
+
+// copyResultTable holds isolateSQL's report, one row per range.
+const copyResultTable = reservedPrefix + "_copy_result"
+
+// isolateSQL is one round trip (the simple protocol, several statements)
+// that upserts the n rows of the numbered temporary table tmp into p's
+// table in schema and reports, a row per range, what became of them. A
+// PL/pgSQL block upserts ranges of the rows, each in a block with an
+// exception handler (a subtransaction, as a savepoint), the newest per key
+// of the range only (copyRangeSQL): a range PostgreSQL refuses a row of
+// (SQLSTATE classes 21, 22, 23, and P0001, as rowError) is split into parts
+// (copyParts, the same rule), recursively, down to the single upsert
+// refused, which is reported with PostgreSQL's error fields; a range whose
+// upsert fails otherwise is reported for statements; an infrastructure
+// error (classes 08, 53, 57, 58, XX, 40001, 40P01) and a cancelled
+// statement end the whole statement with it. The upsert is written into
+// the block as static SQL, so that PL/pgSQL plans it once for all the
+// ranges. The temporary table is emptied after.
+func (p *TableProjection) isolateSQL(schema, tmp string, n, minRows int) string {
+	minRows = max(minRows, 1)
+	upsert := strings.NewReplacer("$1::text", quoteLiteral(p.def.Table)+"::text",
+		"$2::bigint", "_causet_lo", "$3::bigint", "_causet_hi").Replace(p.copyInsertSQL(schema, p.copyRangeSQL(tmp)))
+	result := pgx.Identifier{copyResultTable}.Sanitize()
+	return "CREATE TEMP TABLE IF NOT EXISTS " + result + " (kind text, lo bigint, hi bigint, affected bigint," +
+		" sqlstate text, message text, detail text, hint text, schema_name text, table_name text," +
+		" column_name text, datatype text, constraint_name text) ON COMMIT DELETE ROWS;\n" +
+		"DO $causet_isolate$\nDECLARE\n" +
+		"  _causet_todo int8[] := ARRAY[0, " + strconv.Itoa(n) + "]::int8[];\n" +
+		"  _causet_lo int8; _causet_hi int8; _causet_size int8; _causet_parts int8; _causet_n int8;\n" +
+		"  _causet_st text; _causet_msg text; _causet_det text; _causet_hint text; _causet_sch text;\n" +
+		"  _causet_tbl text; _causet_col text; _causet_typ text; _causet_con text;\n" +
+		"BEGIN\n" +
+		"  WHILE cardinality(_causet_todo) > 0 LOOP\n" +
+		"    _causet_hi := _causet_todo[cardinality(_causet_todo)];\n" +
+		"    _causet_lo := _causet_todo[cardinality(_causet_todo) - 1];\n" +
+		"    _causet_todo := _causet_todo[1:cardinality(_causet_todo) - 2];\n" +
+		"    BEGIN\n" +
+		"      " + upsert + ";\n" +
+		"      GET DIAGNOSTICS _causet_n = ROW_COUNT;\n" +
+		"      INSERT INTO " + result + " (kind, lo, hi, affected) VALUES ('" + string(rangeApplied) + "', _causet_lo, _causet_hi, _causet_n);\n" +
+		"    EXCEPTION WHEN OTHERS THEN\n" +
+		"      GET STACKED DIAGNOSTICS _causet_st = RETURNED_SQLSTATE, _causet_msg = MESSAGE_TEXT,\n" +
+		"        _causet_det = PG_EXCEPTION_DETAIL, _causet_hint = PG_EXCEPTION_HINT, _causet_sch = SCHEMA_NAME,\n" +
+		"        _causet_tbl = TABLE_NAME, _causet_col = COLUMN_NAME, _causet_typ = PG_DATATYPE_NAME,\n" +
+		"        _causet_con = CONSTRAINT_NAME;\n" +
+		"      IF left(_causet_st, 2) IN ('08', '53', '57', '58', 'XX') OR _causet_st IN ('40001', '40P01') THEN\n" +
+		"        RAISE;\n" +
+		"      END IF;\n" +
+		"      _causet_size := _causet_hi - _causet_lo;\n" +
+		"      IF (left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st = 'P0001') AND _causet_size > 1 THEN\n" +
+		"        _causet_parts := greatest(2, least(" + strconv.Itoa(maxCopyParts) + ", (_causet_size + " + strconv.Itoa(minRows-1) + ") / " + strconv.Itoa(minRows) + "));\n" +
+		"        FOR _causet_n IN REVERSE _causet_parts - 1 .. 0 LOOP\n" +
+		"          _causet_todo := _causet_todo || ARRAY[_causet_lo + _causet_size * _causet_n / _causet_parts,\n" +
+		"            _causet_lo + _causet_size * (_causet_n + 1) / _causet_parts];\n" +
+		"        END LOOP;\n" +
+		"      ELSE\n" +
+		"        INSERT INTO " + result + " VALUES (CASE WHEN left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st = 'P0001'\n" +
+		"          THEN '" + string(rangeRefused) + "' ELSE '" + string(rangeStatement) + "' END, _causet_lo, _causet_hi, 0, _causet_st, _causet_msg,\n" +
+		"          _causet_det, _causet_hint, _causet_sch, _causet_tbl, _causet_col, _causet_typ, _causet_con);\n" +
+		"      END IF;\n" +
+		"    END;\n" +
+		"  END LOOP;\n" +
+		"END $causet_isolate$;\n" +
+		"SELECT kind, lo, hi, affected, sqlstate, message, detail, hint, schema_name, table_name, column_name, datatype, constraint_name FROM " + result + " ORDER BY lo;\n" +
+		"DELETE FROM " + result + ";\n" +
+		"DELETE FROM " + pgx.Identifier{tmp}.Sanitize()
+}
+
+// checkCoverage returns an error unless ranges cover [0, n) once each, as
+// isolateSQL's report must.
+func checkCoverage(ranges []isolatedRange, n int) error {
+	next := 0
+	for _, r := range ranges { // ordered by lo
+		if r.lo != next || r.hi <= r.lo || r.hi > n || (r.kind == rangeRefused && r.hi-r.lo != 1) {
+			return fmt.Errorf("copy isolation report: range [%d, %d) %s where [%d, ...) was expected, of %d rows", r.lo, r.hi, r.kind, next, n)
+		}
+		next = r.hi
 	}
-	tag, err := tx.Exec(ctx, insert, pgx.QueryExecModeExec, table, int64(r[0]), int64(r[1]))
-	if err != nil {
-		return tag, err
+	if next != n {
+		return fmt.Errorf("copy isolation report: ranges end at %d of %d rows", next, n)
 	}
-	_, err = tx.Exec(ctx, "RELEASE "+copySavepoint)
-	return tag, err
+	return nil
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// isolate runs isolateSQL in tx and returns its report.
+func isolate(ctx context.Context, tx pgx.Tx, sql string) ([]isolatedRange, error) {
+	mrr := tx.Conn().PgConn().Exec(ctx, sql)
+	var out []isolatedRange
+	var parseErr error
+	for mrr.NextResult() {
+		rr := mrr.ResultReader()
+		for rr.NextRow() {
+			v := rr.Values()
+			if len(v) != 13 {
+				continue // not the report
+			}
+			r := isolatedRange{kind: rangeKind(v[0])}
+			lo, err1 := strconv.Atoi(string(v[1]))
+			hi, err2 := strconv.Atoi(string(v[2]))
+			affected, err3 := strconv.ParseInt(string(v[3]), 10, 64)
+			if err := errors.Join(err1, err2, err3); err != nil {
+				parseErr = fmt.Errorf("copy isolation report: %w", err)
+				continue
+			}
+			r.lo, r.hi, r.affected = lo, hi, affected
+			if r.kind != rangeApplied {
+				r.err = &pgconn.PgError{Severity: "ERROR", Code: string(v[4]), Message: string(v[5]), Detail: string(v[6]),
+					Hint: string(v[7]), SchemaName: string(v[8]), TableName: string(v[9]), ColumnName: string(v[10]),
+					DataTypeName: string(v[11]), ConstraintName: string(v[12])}
+			}
+			out = append(out, r)
+		}
+		if _, err := rr.Close(); err != nil {
+			_ = mrr.Close()
+			return nil, err
+		}
+	}
+	if err := mrr.Close(); err != nil {
+		return nil, err
+	}
+	return out, parseErr
 }
 
 // copyParts returns the parts a failing range of size upserts is split

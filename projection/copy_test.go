@@ -43,3 +43,30 @@ func TestCopyGroupsOneRowPerPrimaryKey(t *testing.T) {
 		t.Errorf("kept %v and %v, want the pair of sequence 5 and the last record of the tie", g.pairs[0].stmt.Args, g.pairs[1].stmt.Args)
 	}
 }
+
+// TestCheckCoverageRefusesAReportThatMissesRows: isolateSQL's report must
+// cover every upsert once, a refused range being one upsert; anything else
+// is an error (the caller then leaves the groups to statements) rather
+// than a row silently skipped.
+func TestCheckCoverageRefusesAReportThatMissesRows(t *testing.T) {
+	r := func(k rangeKind, lo, hi int) isolatedRange { return isolatedRange{kind: k, lo: lo, hi: hi} }
+	tests := []struct {
+		name   string
+		ranges []isolatedRange
+		ok     bool
+	}{
+		{"all applied", []isolatedRange{r(rangeApplied, 0, 10)}, true},
+		{"split", []isolatedRange{r(rangeApplied, 0, 4), r(rangeRefused, 4, 5), r(rangeStatement, 5, 8), r(rangeApplied, 8, 10)}, true},
+		{"gap", []isolatedRange{r(rangeApplied, 0, 4), r(rangeApplied, 5, 10)}, false},
+		{"overlap", []isolatedRange{r(rangeApplied, 0, 6), r(rangeApplied, 5, 10)}, false},
+		{"short", []isolatedRange{r(rangeApplied, 0, 9)}, false},
+		{"beyond", []isolatedRange{r(rangeApplied, 0, 11)}, false},
+		{"refused range of two", []isolatedRange{r(rangeApplied, 0, 8), r(rangeRefused, 8, 10)}, false},
+		{"empty", nil, false},
+	}
+	for _, tt := range tests {
+		if err := checkCoverage(tt.ranges, 10); (err == nil) != tt.ok {
+			t.Errorf("%s: checkCoverage = %v, want ok %v", tt.name, err, tt.ok)
+		}
+	}
+}

@@ -162,9 +162,9 @@ func (c *logCounter) records(msg string) []slog.Record {
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
 // PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
 // with CopyMinRows 16: the failed group's copied rows are upserted by parts
-// of 16, halved down to the refused row, every good row is applied, and
-// exactly the violating pairs are dead-lettered, once each, with
-// PostgreSQL's error. One violating row is the newer of two upserts
+// of 16, halved down to the refused row, in PostgreSQL (isolateSQL), every
+// good row is applied, and exactly the violating pairs are dead-lettered,
+// once each, with PostgreSQL's error. One violating row is the newer of two upserts
 // of its key: the older one, superseded in the group, is applied with its
 // own part. Two upserts of one key with one sequence number in a part
 // that succeeds: the later wins.
@@ -212,13 +212,22 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
 		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
 	}
-	if len(logs.records("copy group failed; upserting its parts")) == 0 {
-		t.Error("the failing COPY group was not split")
+	// The refused rows are found inside the COPY pass, down to the row, in
+	// PostgreSQL: nothing goes to statements.
+	var refused, statements int64
+	for _, rec := range logs.records("copy group failed; isolated in PostgreSQL") {
+		rec.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "refused":
+				refused += a.Value.Int64()
+			case "to_statements":
+				statements += a.Value.Int64()
+			}
+			return true
+		})
 	}
-	// The refused rows are found inside the COPY pass, down to the row:
-	// nothing goes to statements.
-	if n := len(logs.records("copy group failed; applying it as statements")); n != 0 {
-		t.Errorf("%d ranges went to statements; want the refused rows isolated in the COPY pass", n)
+	if refused != 3 || statements != 0 {
+		t.Errorf("the COPY pass isolated %d refused rows and left %d to statements; want 3 and 0", refused, statements)
 	}
 	for _, dl := range r.deadLetters() {
 		if !strings.Contains(dl.msg.Error, "stars_range") || dl.headers[dlq.HeaderSQLState] != "23514" {
@@ -279,5 +288,58 @@ func TestWorkerCopyUndoesAFailedGroupAlone(t *testing.T) {
 	}
 	if again["artist_ratings"] == 0 || len(again) != 1 {
 		t.Errorf("groups applied again on their own: %v; want artist_ratings only (the other groups commit at once)", again)
+	}
+}
+
+// TestWorkerCopyIsolationLeavesStatementErrorsToStatements: a row that
+// makes the upsert fail with an error that is not PostgreSQL refusing a
+// row (a trigger raising 42501, class 42) is not split further in the COPY
+// pass: its range goes to statements, which find the failing pair and
+// retry it as a projection error, then dead-letter it with PostgreSQL's
+// error; every other row is applied.
+func TestWorkerCopyIsolationLeavesStatementErrorsToStatements(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	tbl := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	fn := pgx.Identifier{r.tenant, "refuse_98"}.Sanitize()
+	exec(t, r.pool, "CREATE FUNCTION "+fn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.stars = 98 THEN RAISE EXCEPTION 'not allowed' USING ERRCODE = '42501'; END IF; RETURN NEW; END $$")
+	exec(t, r.pool, "CREATE TRIGGER refuse_98 BEFORE INSERT OR UPDATE ON "+tbl+" FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+	const n = 64
+	var keys, values []string
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		stars := i % 10
+		if i == 33 {
+			stars = 98
+		}
+		keys = append(keys, user)
+		values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	r.produceAll(keys, values)
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) {
+		c.CopyMinRows = 16
+		c.Retry.MaxRetries = 1
+		c.Logger = slog.New(logs)
+	})
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 || dls[0].key != "user-33" || dls[0].headers[dlq.HeaderSQLState] != "42501" || dls[0].msg.RetryCount != 1 {
+		t.Errorf("dead letters %+v: want user-33's alone, SQLSTATE 42501, retried once", dls)
+	}
+	if got := len(r.ratings()); got != n-1 {
+		t.Errorf("artist_ratings holds %d rows, want %d", got, n-1)
+	}
+	var statements int64
+	for _, rec := range logs.records("copy group failed; isolated in PostgreSQL") {
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == "to_statements" {
+				statements += a.Value.Int64()
+			}
+			return true
+		})
+	}
+	if statements == 0 {
+		t.Errorf("no range went to statements: the COPY pass split a statement error as if a row were refused")
 	}
 }
