@@ -74,9 +74,12 @@ const (
 // /metrics count every pair; Connect commits every second,
 // offset.flush.interval.ms=1000); "from the first row" starts when the first
 // row is visible in the tables. Peak RSS is VmHWM of the process (the JVM's
-// or the worker's). The final tables are compared, row by row (EXCEPT both
-// ways), with the expected state: the dataset's rows applied by plain upserts in
-// partition order, without the poisoned pairs.
+// or the worker's). Each final table is compared with the expected state (the
+// dataset's rows applied by plain upserts in partition order, without the
+// poisoned pairs) by its row count and two order-independent sums of a hash of
+// each row's text. Connect writes into a database of its own (see database);
+// it finds its plugins by their ServiceLoader manifests
+// (plugin.discovery=service_load).
 //
 // BENCH_PEER_ROUNDS (default 2) is the number of clean runs of each.
 func BenchmarkPeerKafkaConnect(b *testing.B) {
