@@ -81,7 +81,9 @@ const (
 // it finds its plugins by their ServiceLoader manifests
 // (plugin.discovery=service_load).
 //
-// BENCH_PEER_ROUNDS (default 2) is the number of clean runs of each.
+// BENCH_PEER_ROUNDS (default 2) is the number of clean runs of each;
+// BENCH_WORKER_FLAGS (space-separated) adds flags to `projection-worker run`, as
+// in make bench.
 func BenchmarkPeerKafkaConnect(b *testing.B) {
 	brokers := os.Getenv("BENCH_PEER_BROKERS")
 	if brokers == "" {
@@ -470,6 +472,7 @@ func (p *peerEnv) runWorker(pd *peerData, round int) peerRun {
 		"--projections", p.defs, "--topic", pd.events, "--dlq-topic", dlq, "--ledger-topic", ledger,
 		"--partitions", strconv.Itoa(numPartitions), "--group", group, "--http-addr", httpAddr,
 		"--worker-id", "bench-peer", "--log-level", "warn")
+	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_WORKER_FLAGS"))...)
 	cmd.Env = workerEnv()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
