@@ -24,7 +24,7 @@ SOAK_DURATION ?= 10m
 TEST_SOAK_DURATION ?= 75s
 TEST_SOAK_SEED ?= 4111227974322730
 
-.PHONY: help build run test test-unit test-kafka test-otel vet fuzz bench bench-replay soak soak-kafka soak-kafka-clean clean image image-bin
+.PHONY: help build run test test-unit test-kafka test-otel vet fuzz bench bench-peer bench-peer-clean bench-replay soak soak-kafka soak-kafka-clean clean image image-bin
 
 help:
 	@echo "make run          the worker on an embedded Kafka (127.0.0.1:9092) and a throwaway PostgreSQL, with example events"
@@ -35,6 +35,7 @@ help:
 	@echo "make kafka-up     start a local Apache Kafka broker (jars resolved with Maven); make kafka-down stops it"
 	@echo "make soak         the fault soak: workers, faults and invariants for SOAK_DURATION=$(SOAK_DURATION) (SOAK_SEED=n reproduces a run)"
 	@echo "make bench        worker throughput against the best raw PostgreSQL method, poisoned and traced runs against clean, alternated ROUNDS=$(ROUNDS) times (N=$(N) events, SCENARIOS=$(SCENARIOS)); then 1% of N_TENANT=$(N_TENANT) events for an unmigrated tenant"
+	@echo "make bench-peer   the worker against Kafka Connect + Debezium JDBC sink, same rows, on a real broker of its own (N=$(N); needs Java 17 and Maven)"
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
 	@echo "make build        binaries in bin/"
 	@echo "make image        the container image $(IMAGE) with buildah (BINARIES=prebuilt RUNTIME_IMAGE=scratch: no image pulled)"
@@ -121,6 +122,25 @@ fuzz:
 
 bench:
 	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) BENCH_ROUNDS=$(ROUNDS) BENCH_SCENARIOS=$(SCENARIOS) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant|BenchmarkLargeRecords' -benchtime 1x -timeout 180m -v
+
+# The peer benchmark (issue 11 item 4, README "Performance"): the same rows
+# into the same PostgreSQL by the worker and by Kafka Connect standalone with
+# Debezium's JDBC sink, alternated, on a real broker of its own (.kafka-peer,
+# 127.0.0.1:39092, never make kafka-up's), clean and with 1% poison; one table
+# and one JSON line (bench-peer-json:). Connect's jars come from Maven into
+# .kafka-connect (scripts/kafka-connect-fetch.sh). N events (make bench-peer
+# N=1000000), BENCH_PEER_ROUNDS clean runs of each (default 2). The broker is
+# stopped afterwards (its data kept; make bench-peer-clean removes it). Not
+# part of make test or CI.
+PEER_KAFKA_ENV := KAFKA_DIR=$(CURDIR)/.kafka-peer KAFKA_PORT=39092 KAFKA_CONTROLLER_PORT=39093 KAFKA_SASL_PORT=39094
+bench-peer:
+	bash scripts/kafka-connect-fetch.sh >/dev/null
+	$(PEER_KAFKA_ENV) bash scripts/kafka-up.sh >/dev/null
+	BENCH_PEER_BROKERS=127.0.0.1:39092 BENCH_EVENTS=$(N) $(GO) test ./internal/bench -run '^$$' -bench '^BenchmarkPeerKafkaConnect$$' -benchtime 1x -timeout 120m -v; \
+	rc=$$?; $(PEER_KAFKA_ENV) bash scripts/kafka-down.sh; exit $$rc
+
+bench-peer-clean:
+	$(PEER_KAFKA_ENV) bash scripts/kafka-down.sh --clean
 
 bench-replay:
 	$(GO) test ./dlq -run '^$$' -bench BenchmarkScan -benchtime 1x -timeout 30m -v

@@ -260,6 +260,28 @@ func appendValue(b []byte, e *event, tenant string) []byte {
 // with an asynchronous, batching producer and waits until all are acked. The
 // events marked absent name tenant absentTenant.
 func produce(ctx context.Context, opts []kgo.Opt, topic, tenant, absentTenant string, d *dataset) error {
+	n := names()
+	return produceRecords(ctx, opts, func(emit func(*kgo.Record)) {
+		for i := range d.events {
+			e := &d.events[i]
+			t := tenant
+			if e.absent {
+				t = absentTenant
+			}
+			emit(&kgo.Record{
+				Topic:     topic,
+				Partition: e.partition(),
+				Key:       []byte(n.users[e.user]),
+				Value:     appendValue(make([]byte, 0, 400), e, t),
+			})
+		}
+	})
+}
+
+// produceRecords produces the records that each emits, to the partition each
+// names, with an asynchronous, batching producer, and waits until all are
+// acked; it returns the first five errors.
+func produceRecords(ctx context.Context, opts []kgo.Opt, each func(emit func(*kgo.Record))) error {
 	cl, err := kgo.NewClient(append(opts,
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(50*time.Millisecond),
@@ -282,20 +304,7 @@ func produce(ctx context.Context, opts []kgo.Opt, topic, tenant, absentTenant st
 			mu.Unlock()
 		}
 	}
-	n := names()
-	for i := range d.events {
-		e := &d.events[i]
-		t := tenant
-		if e.absent {
-			t = absentTenant
-		}
-		cl.Produce(ctx, &kgo.Record{
-			Topic:     topic,
-			Partition: e.partition(),
-			Key:       []byte(n.users[e.user]),
-			Value:     appendValue(make([]byte, 0, 400), e, t),
-		}, done)
-	}
+	each(func(r *kgo.Record) { cl.Produce(ctx, r, done) })
 	if err := cl.Flush(ctx); err != nil {
 		return fmt.Errorf("flush: %w", err)
 	}
