@@ -81,6 +81,19 @@ func (a PlanningAudit) Plan(ev *projection.Event) (projection.Statement, error) 
 
 // AuditTableSQL creates AuditTable in tenant (the worker never changes DDL;
 // the soak migrates it with the tenant's other tables).
+// ratingsStarsMax is the largest stars RatingsCheckSQL lets through; the
+// stream's good ratings stay far below it.
+const ratingsStarsMax = 1_000_000
+
+// RatingsCheckSQL adds to tenant's ratings table a CHECK constraint the
+// definitions do not know of (stars <= ratingsStarsMax), so that the
+// stream's "23514" poison is refused by PostgreSQL alone, inside a COPY
+// group, never at plan time.
+func RatingsCheckSQL(tenant string) string {
+	return "ALTER TABLE " + pgx.Identifier{tenant, "ratings"}.Sanitize() +
+		" ADD CONSTRAINT soak_stars_max CHECK (stars <= " + strconv.Itoa(ratingsStarsMax) + ")"
+}
+
 func AuditTableSQL(tenant string) string {
 	return "CREATE TABLE IF NOT EXISTS " + pgx.Identifier{tenant, AuditTable}.Sanitize() +
 		" (user_id text NOT NULL, artist_id text NOT NULL, _causet_seq bigint NOT NULL DEFAULT 0, PRIMARY KEY (user_id, artist_id))"

@@ -261,6 +261,11 @@ func (k *kafkaSoak) run() *Report {
 	if _, err := k.db.Pool.Exec(context.Background(), "ALTER TABLE "+pgx.Identifier{TenantNoColumn, "followers"}.Sanitize()+" DROP COLUMN tier"); err != nil {
 		t.Fatal(err)
 	}
+	for _, tenant := range []string{TenantMain, TenantNoColumn} {
+		if _, err := k.db.Pool.Exec(context.Background(), RatingsCheckSQL(tenant)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	k.checker = &CommitChecker{Model: k.model, DB: k.db, Acked: k.dlq.isAcked, Wait: 2 * time.Second}
 
 	readCtx, stopReading := context.WithCancel(context.Background())
@@ -641,6 +646,8 @@ func (k *kafkaSoak) produce(ctx context.Context) {
 		}
 		if !k.migrated.Load() && time.Now().After(half) {
 			if err := k.worker("migrate", "--database-url", k.dbURL, "--projections", k.defs, "--tenant-schema", TenantLate); err != nil {
+				k.t.Error(err)
+			} else if _, err := k.db.Pool.Exec(ctx, RatingsCheckSQL(TenantLate)); err != nil {
 				k.t.Error(err)
 			}
 			k.migrated.Store(true)

@@ -247,7 +247,7 @@ func runSoak(t *testing.T, s settings) *Report {
 	k := &soak{
 		t: t, s: s,
 		rng:    rand.New(rand.NewPCG(s.seed, 2)),
-		log:    slog.New(rewindWatcher{slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo}), model}),
+		log:    slog.New(rewindWatcher{slog.NewJSONHandler(logf, &slog.HandlerOptions{Level: soakLogLevel()}), model}),
 		model:  model,
 		abrupt: map[string]bool{},
 		faults: map[string]int{},
@@ -383,6 +383,9 @@ func (k *soak) migrate(tenant string) {
 	if _, err := k.db.Pool.Exec(ctx, AuditTableSQL(tenant)); err != nil {
 		k.t.Errorf("audit table in %s: %v", tenant, err)
 	}
+	if _, err := k.db.Pool.Exec(ctx, RatingsCheckSQL(tenant)); err != nil {
+		k.t.Errorf("ratings check in %s: %v", tenant, err)
+	}
 }
 
 func (k *soak) dropDB() {
@@ -466,7 +469,8 @@ func (k *soak) startInstance() {
 	t := k.t
 	k.mu.Lock()
 	k.next++
-	name := fmt.Sprintf("soak-w%d", k.next)
+	n := k.next
+	name := fmt.Sprintf("soak-w%d", n)
 	k.started++
 	k.mu.Unlock()
 	log := k.log.With("instance", name)
@@ -535,7 +539,16 @@ func (k *soak) startInstance() {
 	} else {
 		handlers = append(handlers, Audit{})
 	}
+	// Every other instance (the first one too) copies groups of 2 upserts
+	// or more, so that at
+	// the soak's few events a second its batches go through COPY (and a
+	// refused row through the COPY isolation) as well as statements.
+	copyMinRows := 0 // the default, 32
+	if n%2 == 1 {
+		copyMinRows = 2
+	}
 	w, err := projection.NewWorker(projection.Config{
+		CopyMinRows:    copyMinRows,
 		Topic:          k.topics.EventsTopic,
 		Group:          k.group,
 		Retry:          soakRetry,
@@ -1179,4 +1192,14 @@ func asError(v slog.Value) error {
 	}
 	err, _ := v.Any().(error)
 	return err
+}
+
+// soakLogLevel is the soak log's level: SOAK_LOG_LEVEL=debug logs every
+// retry and every COPY group that failed (the log grows to hundreds of MB
+// in a long run); default info.
+func soakLogLevel() slog.Level {
+	if strings.EqualFold(os.Getenv("SOAK_LOG_LEVEL"), "debug") {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }

@@ -130,7 +130,7 @@ var PoisonCauses = []string{
 	"not-json", "duplicate-key", "string-seq", "bad-tenant", "kafka-tombstone", "lone-surrogate", "missing-ts", "keyless",
 	"not-a-tenant",
 	"div0", "22P02", "22003",
-	"23502", "panic",
+	"23502", "23514", "panic",
 }
 
 // OptInCauses are poison causes generated only when named: plan-panic (a
@@ -371,7 +371,7 @@ func (g *Generator) poisoned(user, cause string) *Record {
 	g.seq[user]-- // valid takes its own
 	kind := "follow"
 	switch cause {
-	case "22P02", "22003", "23502", "panic", "plan-panic", "slow-statement":
+	case "22P02", "22003", "23502", "23514", "panic", "plan-panic", "slow-statement":
 		kind = "rate"
 	}
 	tenant := TenantMain
@@ -398,6 +398,12 @@ func (g *Generator) poisoned(user, cause string) *Record {
 			mark("ratings", MustDeadLetter)
 		case "23502":
 			delete(payload, "stars")
+			mark("ratings", MustDeadLetter)
+		case "23514":
+			// Within the definitions' integer, beyond the CHECK constraint
+			// of RatingsCheckSQL: only PostgreSQL refuses it, inside the
+			// row's COPY group (23514, retried, then dead-lettered).
+			payload["stars"] = ratingsStarsMax + 1
 			mark("ratings", MustDeadLetter)
 		case "panic":
 			payload["explode"] = true
