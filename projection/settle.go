@@ -323,7 +323,9 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 func (pc *partition) deadLetterDone(ctx context.Context, dl dlq.DeadLetter) {
 	pc.w.deadLettered(ctx, dl)
 	if rs := pc.stateOf(dl.Source.Offset); rs != nil && dl.Context != nil {
-		if s := trace.SpanFromContext(dl.Context); s != rs.d.span {
+		// Spans are compared by id: a span that is not sampled is a value
+		// of an uncomparable type.
+		if s := trace.SpanFromContext(dl.Context); s.SpanContext().SpanID() != rs.d.span.SpanContext().SpanID() {
 			endDeadLettered(s, dl.Class, dl.Err, dl.Retries)
 		}
 		if rs.deadLettered == "" {

@@ -140,8 +140,9 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 	t := r.t
 	t.Helper()
 	prod := r.broker.Client(t, kgo.ProducerLinger(0))
-	// Every rig traces (spans counted, not kept), so that the worker's
-	// spans go through every scenario, under the race detector too; every
+	// Every rig traces half the records (spans counted, not kept), so that
+	// the worker's spans, sampled or not, go through every scenario, under
+	// the race detector too; every
 	// pair has a span in half of the tests (by name), only the failed ones
 	// in the other half.
 	tp := testTracerProvider(t)
@@ -192,10 +193,12 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 	return rn
 }
 
-// testTracerProvider returns a tracer provider sampling every span into a
+// testTracerProvider returns a tracer provider sampling half the traces
+// (records whose spans are not sampled go through every path too) into a
 // processor that counts them, shut down when t ends.
 func testTracerProvider(t *testing.T) *sdktrace.TracerProvider {
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(&otlptest.SpanCounter{}))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.5))),
+		sdktrace.WithSpanProcessor(&otlptest.SpanCounter{}))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	return tp
 }

@@ -507,9 +507,11 @@ func (k *soak) startInstance() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The instances trace every record and pair (spans counted, not
-	// kept): the spans' bookkeeping goes through every fault too.
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(&k.spans))
+	// The instances trace half the records and every pair of them (spans
+	// counted, not kept): the spans' bookkeeping, sampled or not, goes
+	// through every fault too.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.5))),
+		sdktrace.WithSpanProcessor(&k.spans))
 	writer, err := dlq.NewWriter(prod, dlq.WriterConfig{
 		RecordConfig:   dlq.RecordConfig{Topic: k.topics.DLQTopic, Worker: name, Generation: "soak/" + k.defs.IRVersion, MaxBytes: k.dlqMax},
 		Backoff:        soakRetry,
