@@ -293,6 +293,9 @@ func (s *settings) checkRun() error {
 	if s.spanQueue < 1 {
 		return flagenv.Usagef("--trace-queue-size must be >= 1, got %d", s.spanQueue)
 	}
+	if err := checkOTelEnv(); err != nil {
+		return err
+	}
 	if s.failureLogInterval <= 0 {
 		return flagenv.Usagef("--failure-log-interval must be > 0, got %s", s.failureLogInterval)
 	}

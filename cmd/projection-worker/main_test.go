@@ -302,8 +302,9 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 	noKafka := closedAddr(t)
 	noDB := "postgres://postgres:postgres@" + closedAddr(t) + "/postgres?sslmode=disable"
 	tests := []struct {
-		flag string   // the flag that is wrong
+		flag string   // the flag (or environment variable) that is wrong
 		args []string // added to a run command that is otherwise valid
+		env  []string // environment variables set, name then value
 	}{
 		{flag: "--max-retries", args: []string{"--max-retries", "-1"}},
 		{flag: "--retry-initial", args: []string{"--retry-initial", "0s"}},
@@ -339,9 +340,27 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
 		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
 		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
+		// OpenTelemetry's variables, which the SDK would only log about and
+		// ignore (an invalid sampler traces every span).
+		{flag: "OTEL_TRACES_SAMPLER", env: []string{"OTEL_TRACES_SAMPLER", "bogus"}},
+		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG", "abc"}},
+		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "5"}},
+		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "-1"}},
+		{flag: "OTEL_RESOURCE_ATTRIBUTES", env: []string{"OTEL_RESOURCE_ATTRIBUTES", "garbage"}},
+		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "not a url"}},
+		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x:99"}},
 	}
 	for _, tt := range tests {
-		t.Run(strings.TrimPrefix(tt.flag, "--")+" "+tt.args[len(tt.args)-1], func(t *testing.T) {
+		name := strings.TrimPrefix(tt.flag, "--")
+		if len(tt.args) > 0 {
+			name += " " + tt.args[len(tt.args)-1]
+		} else {
+			name += " " + tt.env[len(tt.env)-1]
+		}
+		t.Run(name, func(t *testing.T) {
+			for i := 0; i < len(tt.env); i += 2 {
+				t.Setenv(tt.env[i], tt.env[i+1])
+			}
 			args := append([]string{"run", "--brokers", noKafka, "--database-url", noDB,
 				"--projections", exampleProjections, "--http-addr", ""}, tt.args...)
 			r := runCmd(t, 30*time.Second, args...)

@@ -5,12 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/url"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/projection"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
@@ -246,4 +252,50 @@ func (h traceContextHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h traceContextHandler) WithGroup(name string) slog.Handler {
 	return traceContextHandler{h.Handler.WithGroup(name)}
+}
+
+// traceSamplers are the values of OTEL_TRACES_SAMPLER the Go SDK
+// implements; the *traceidratio ones take OTEL_TRACES_SAMPLER_ARG, a ratio
+// in [0, 1] (default 1).
+var traceSamplers = map[string]bool{
+	"always_on": false, "always_off": false, "traceidratio": true,
+	"parentbased_always_on": false, "parentbased_always_off": false, "parentbased_traceidratio": true,
+}
+
+// checkOTelEnv checks the OpenTelemetry environment variables the SDK
+// would otherwise only complain about at run time and ignore (tracing every
+// span on an invalid sampler), as usage errors naming the variable:
+// OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, OTEL_RESOURCE_ATTRIBUTES
+// (key=value pairs, comma-separated) and the OTLP endpoints (http or https
+// URLs with a host).
+func checkOTelEnv() error {
+	if v := os.Getenv("OTEL_TRACES_SAMPLER"); v != "" {
+		takesArg, ok := traceSamplers[v]
+		if !ok {
+			names := slices.Sorted(maps.Keys(traceSamplers))
+			return flagenv.Usagef("OTEL_TRACES_SAMPLER %q: not a sampler this worker knows (one of %s)", v, strings.Join(names, ", "))
+		}
+		if arg := os.Getenv("OTEL_TRACES_SAMPLER_ARG"); takesArg && arg != "" {
+			if r, err := strconv.ParseFloat(arg, 64); err != nil || r < 0 || r > 1 {
+				return flagenv.Usagef("OTEL_TRACES_SAMPLER_ARG %q: want the ratio of traces sampled, a number from 0 to 1 (0.01 is 1 %%)", arg)
+			}
+		}
+	}
+	if v := os.Getenv("OTEL_RESOURCE_ATTRIBUTES"); v != "" {
+		for _, kv := range strings.Split(v, ",") {
+			if k, _, ok := strings.Cut(kv, "="); !ok || strings.TrimSpace(k) == "" {
+				return flagenv.Usagef("OTEL_RESOURCE_ATTRIBUTES: %q is not key=value (want comma-separated key=value pairs)", kv)
+			}
+		}
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
+		v := os.Getenv(k)
+		if v == "" {
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, v)
+		}
+	}
+	return nil
 }
