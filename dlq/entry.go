@@ -72,6 +72,9 @@ type Entry struct {
 	Fingerprint  string
 	ErrorClass   string // permanent|projection|infrastructure, "" when unknown
 	SQLState     string
+	// OriginalTopic is the topic the failed record was read from (header
+	// causet.dlq.original-topic), "" when unknown.
+	OriginalTopic string
 	// OriginalPartition is the events-topic partition the failed record was
 	// read from (header causet.dlq.original-partition), -1 when unknown.
 	OriginalPartition int32
@@ -174,6 +177,7 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 		Fingerprint:       hv.fingerprint,
 		ErrorClass:        hv.class,
 		SQLState:          hv.sqlstate,
+		OriginalTopic:     hv.originalTopic,
 		OriginalPartition: hv.originalPartition,
 		ReplayCount:       hv.replayCount,
 	}

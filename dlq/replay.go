@@ -87,7 +87,8 @@ type ReplayConfig struct {
 	// many times (its causet.dlq.replay-count) unless Force. Default
 	// DefaultMaxReplays (3); 0 means the default.
 	MaxReplays int
-	// Force replays entries over MaxReplays.
+	// Force replays entries over MaxReplays, and entries first read from
+	// another topic than EventsTopic.
 	Force bool
 	// Rate caps replays per second; 0 means unlimited.
 	Rate float64
@@ -193,8 +194,8 @@ func (r *Replayer) RunID() string { return r.cfg.RunID }
 // is recorded in the ledger as "replayed" only after Kafka acknowledged its
 // record (acks=all). Not sent: entries the ledger marks skipped (never), or
 // replayed (unless IncludeReplayed); entries replayed MaxReplays times
-// already (unless Force) and entries whose originalEvent is null are
-// refused. In a dry run nothing is sent or recorded and Replayed counts what
+// already and entries first read from another topic than EventsTopic
+// (unless Force), and entries whose originalEvent is null, are refused. In a dry run nothing is sent or recorded and Replayed counts what
 // would be.
 //
 // A failed produce or ledger write is counted in Result.Failed (reported
@@ -306,6 +307,12 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			o.Kind, o.Reason = OutcomeRefused, omittedErr.Error()
 		case !e.HasOriginalEvent():
 			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a valid JSON object): nothing to replay"
+		case e.OriginalTopic != "" && e.OriginalTopic != cfg.EventsTopic && !cfg.Force:
+			// Another worker's topic, or the right one under another name:
+			// never a silent guess.
+			o.Kind = OutcomeRefused
+			o.Reason = fmt.Sprintf("first read from topic %q, not %q: replay it with --topic %s (or --force to send it to %s all the same)",
+				e.OriginalTopic, cfg.EventsTopic, e.OriginalTopic, cfg.EventsTopic)
 		case e.ReplayCount >= cfg.MaxReplays && !cfg.Force:
 			o.Kind = OutcomeRefused
 			o.Reason = fmt.Sprintf("event already replayed %d times (max %d; force to replay)", e.ReplayCount, cfg.MaxReplays)

@@ -73,6 +73,7 @@ type deadLetter struct {
 	firstFailedAt           time.Time
 	headers                 []kgo.RecordHeader // of the original record
 	strip                   bool               // drop the causet.dlq.* headers (a dead letter from another writer)
+	topic                   string             // the topic it was read from; default the fixture's events topic
 }
 
 func event(fork, tenant, eventType, entity string) []byte {
@@ -102,7 +103,11 @@ func (f *fixture) add(d deadLetter) dlq.Coordinates {
 	if d.failedAt.IsZero() {
 		d.failedAt = t0
 	}
-	src := &kgo.Record{Topic: f.events, Partition: d.originalPartition, Offset: 41, Key: key, Value: value,
+	topic := f.events
+	if d.topic != "" {
+		topic = d.topic
+	}
+	src := &kgo.Record{Topic: topic, Partition: d.originalPartition, Offset: 41, Key: key, Value: value,
 		Headers: d.headers, Timestamp: d.failedAt.Add(-time.Minute)}
 	rec, err := dlq.NewRecord(dlq.DeadLetter{
 		Source: src, Projection: d.projection, TenantSchema: d.tenant, ForkID: d.fork, EventType: d.eventType,
@@ -1064,4 +1069,29 @@ func ExampleScan() {
 		return nil
 	})
 	fmt.Println(st.Scanned, st.Matched, err)
+}
+
+// TestRetryRefusesADeadLetterOfAnotherTopic: a dead letter first read from
+// another topic than EventsTopic (another worker's, sharing the dead-letter
+// topic, or --topic forgotten) is refused with the fix, never sent to
+// EventsTopic silently; Force sends it all the same.
+func TestRetryRefusesADeadLetterOfAnotherTopic(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 4, 2)
+	f.add(deadLetter{key: "user-1", fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
+		projection: "artist_followers", originalPartition: 1, topic: "other.events"})
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice", RunID: "run-1"})
+	if res.String() != "matched=1 replayed=0 skipped=0 already-replayed=0 refused=1 failed=0" {
+		t.Fatalf("result = %s", res)
+	}
+	if len(outs) != 1 || !strings.Contains(outs[0].Reason, `first read from topic "other.events"`) || !strings.Contains(outs[0].Reason, "--topic other.events") {
+		t.Errorf("outcomes = %+v, want the refusal naming the topic and --topic", outs)
+	}
+	if got := readTopic(t, b, f.events); len(got) != 0 {
+		t.Fatalf("events topic has %d records, want none", len(got))
+	}
+	res, _ = f.retry(dlq.ReplayConfig{Actor: "alice", RunID: "run-2", Force: true})
+	if res.String() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("with Force: result = %s", res)
+	}
 }
