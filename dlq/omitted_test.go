@@ -58,6 +58,12 @@ func TestRetryReadsAnOmittedOriginalAgain(t *testing.T) {
 	if replayed == nil || !bytes.Equal(replayed.Value, big) {
 		t.Fatalf("replayed record %v, want the original's %d bytes", replayed, len(big))
 	}
+	// Replayed again on purpose: read again too, not refused as if the
+	// original had not been JSON (found by a new user).
+	res, outs = f.retry(dlq.ReplayConfig{Actor: "alice", IncludeReplayed: true, DryRun: true})
+	if res.Replayed != 1 || len(outs) != 1 || outs[0].Kind != dlq.OutcomeReplayed {
+		t.Fatalf("with IncludeReplayed: result %s, outcomes %+v; want it replayable again", res, outs)
+	}
 
 	gone := omittedDeadLetter(t, f, "user-2", bytes.Replace(big, []byte("user-1"), []byte("user-2"), 1))
 	adm := kadm.NewClient(f.cl)

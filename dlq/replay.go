@@ -294,7 +294,8 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
 		d, decided := r.ledger.Lookup(e.Coordinates())
 		var omittedErr error
-		if e.Omitted != nil && !decided {
+		if wanted := !decided || d.Action == ActionReplayed && cfg.IncludeReplayed; e.Omitted != nil && wanted {
+			// Read again only for an entry that would be replayed.
 			omittedErr = r.restoreOmitted(ctx, e)
 		}
 		switch {
