@@ -97,10 +97,11 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	attrs := []any{"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
 		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema,
 		"retry", p.retries + 1, "wait", wait, "error", p.err}
+	ctx := spanContext(context.Background(), p.span) // the line's trace_id and span_id: the pair's
 	if p.retries == 0 { // the first failure of the pair is at WARN, repeats aggregated
-		w.failures.write(context.Background(), slog.LevelWarn, "projection failed, retrying", p.fp, attrs...)
+		w.failures.write(ctx, slog.LevelWarn, "projection failed, retrying", p.fp, attrs...)
 	} else {
-		w.log.Debug("projection failed, retrying", attrs...)
+		w.log.DebugContext(ctx, "projection failed, retrying", attrs...)
 	}
 	retryEvent(p.span, p.retries+1, wait)
 	p.due = time.Now().Add(wait)

@@ -204,6 +204,14 @@ func testTraceShape(t *testing.T, everyPair bool) {
 			t.Errorf("record %q: status %v outcome %q, want Error and dead_lettered", key, sp.Status, spanAttrs(sp)["causet.outcome"])
 		}
 	}
+	// The retried pair's WARN line leads to its trace.
+	logged := false
+	for _, line := range strings.Split(w.stderr.String(), "\n") {
+		logged = logged || strings.Contains(line, "projection failed, retrying") && strings.Contains(line, "trace_id="+hexID(retried.TraceId))
+	}
+	if !logged {
+		t.Errorf("no \"projection failed, retrying\" line carries the retried record's trace_id %s", hexID(retried.TraceId))
+	}
 	if names := eventNames(record["poison"]); len(names) == 0 || names[0] != "exception" {
 		t.Errorf("the not-JSON record's span has events %v, want its error recorded", names)
 	}
