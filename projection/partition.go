@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -18,9 +20,10 @@ type partition struct {
 	partition int32
 	ctx       context.Context
 	cancel    context.CancelFunc
-	wake      chan struct{} // cap 1: records were queued
-	done      chan struct{} // closed when run returns
-	attempt   applyFunc     // one attempt of one pair (chain.go)
+	wake      chan struct{}        // cap 1: records were queued
+	done      chan struct{}        // closed when run returns
+	attempt   applyFunc            // one attempt of one pair (chain.go)
+	spanAttrs []attribute.KeyValue // its record spans' common attributes (tracing.go)
 
 	mu            sync.Mutex
 	queue         []*kgo.Record

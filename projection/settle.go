@@ -97,8 +97,10 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	attrs := []any{"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
 		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema,
 		"retry", p.retries + 1, "wait", wait, "error", p.err}
-	ctx := spanContext(context.Background(), p.span) // the line's trace_id and span_id: the pair's
-	if p.retries == 0 { // the first failure of the pair is at WARN, repeats aggregated
+	// The line's trace_id and span_id are the pair's; its first failure is
+	// at WARN, repeats aggregated.
+	ctx := spanContext(context.Background(), p.span)
+	if p.retries == 0 {
 		w.failures.write(ctx, slog.LevelWarn, "projection failed, retrying", p.fp, attrs...)
 	} else {
 		w.log.DebugContext(ctx, "projection failed, retrying", attrs...)

@@ -104,7 +104,7 @@ func newTracing(cfg Config) *tracing {
 // startRecord starts the span of d (its record decoded into d.ev, nil when
 // invalid), the child of the trace context in the record's headers; nil
 // when t is nil.
-func (t *tracing) startRecord(d *decoded) trace.Span {
+func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span {
 	if t == nil {
 		return nil
 	}
@@ -115,11 +115,9 @@ func (t *tracing) startRecord(d *decoded) trace.Span {
 	if !span.IsRecording() {
 		return span // not sampled: no attributes to build
 	}
-	attrs := make([]attribute.KeyValue, 0, len(t.common)+5)
-	attrs = append(attrs, t.common...)
-	attrs = append(attrs,
-		semconv.MessagingDestinationPartitionID(strconv.Itoa(int(rec.Partition))),
-		semconv.MessagingKafkaOffset(int(rec.Offset)))
+	attrs := make([]attribute.KeyValue, 0, len(base)+4)
+	attrs = append(attrs, base...)
+	attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)))
 	if len(rec.Key) > 0 {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
 	}
@@ -128,6 +126,15 @@ func (t *tracing) startRecord(d *decoded) trace.Span {
 	}
 	span.SetAttributes(attrs...)
 	return span
+}
+
+// partitionAttrs are the attributes every record span of partition shares
+// (startRecord's base): nil when t is nil.
+func (t *tracing) partitionAttrs(partition int32) []attribute.KeyValue {
+	if t == nil {
+		return nil
+	}
+	return append(t.common[:len(t.common):len(t.common)], semconv.MessagingDestinationPartitionID(strconv.Itoa(int(partition))))
 }
 
 // startPair starts the span of the pair (d, projection), the child of the

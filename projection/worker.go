@@ -331,6 +331,7 @@ func (w *Worker) partition(p int32) *partition {
 		next:      -1,
 	}
 	pc.attempt = pc.attemptChain()
+	pc.spanAttrs = w.tr.partitionAttrs(p)
 	w.partitions[p] = pc
 	w.wg.Add(1)
 	go func() {
