@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"time"
 
@@ -328,13 +329,8 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 // statement's (begin, commit, connection), or −1 and nil on success.
 func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err error) {
 	start := time.Now()
-	ctx, span := w.tr.startBatch(ctx, "apply batch", len(seg), slices.Values(seg))
-	defer func() {
-		endBatch(span, err)
-		if err != nil {
-			w.cfg.Metrics.observeBatch(ctx, len(seg), time.Since(start), false)
-		}
-	}()
+	ctx, done := w.batchTx(ctx, start, "apply batch", len(seg), slices.Values(seg))
+	defer func() { done(err) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return -1, err
@@ -369,6 +365,21 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err err
 		endPair(p.span, spanOutcome(outcomes[i]), 0)
 	}
 	return -1, nil
+}
+
+// batchTx starts the span of a batch transaction of n pairs begun at
+// start (tracing.go's startBatch); the returned func ends it with the
+// transaction's error and, when there is one, records the rolled-back
+// transaction in the batch metrics (a committed one is recorded with its
+// outcomes by the caller).
+func (w *Worker) batchTx(ctx context.Context, start time.Time, name string, n int, pairs iter.Seq[pair]) (context.Context, func(error)) {
+	ctx, span := w.tr.startBatch(ctx, name, n, pairs)
+	return ctx, func(err error) {
+		endBatch(span, err)
+		if err != nil {
+			w.cfg.Metrics.observeBatch(ctx, n, time.Since(start), false)
+		}
+	}
 }
 
 // spanOutcome is out as a span's causet.outcome.

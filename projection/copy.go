@@ -162,13 +162,8 @@ func upsertKey(tp *TableProjection, pr pair) string {
 // execCopyIsolating.
 func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed []*copyGroup, err error) {
 	start := time.Now()
-	ctx, span := w.tr.startBatch(ctx, "copy batch", groupsSize(groups), groupPairs(groups))
-	defer func() {
-		endBatch(span, err)
-		if err != nil {
-			w.cfg.Metrics.observeBatch(ctx, groupsSize(groups), time.Since(start), false)
-		}
-	}()
+	ctx, done := w.batchTx(ctx, start, "copy batch", groupsSize(groups), groupPairs(groups))
+	defer func() { done(err) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return nil, err
@@ -262,13 +257,8 @@ func groupsSize(groups []*copyGroup) int {
 func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) (left []pair, failures []pairFailure, err error) {
 	w := pc.w
 	start := time.Now()
-	ctx, span := w.tr.startBatch(ctx, "copy batch isolating", groupsSize(groups), groupPairs(groups))
-	defer func() {
-		endBatch(span, err)
-		if err != nil {
-			w.cfg.Metrics.observeBatch(ctx, groupsSize(groups), time.Since(start), false)
-		}
-	}()
+	ctx, done := w.batchTx(ctx, start, "copy batch isolating", groupsSize(groups), groupPairs(groups))
+	defer func() { done(err) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -617,15 +607,7 @@ func (p *TableProjection) copyInsertSQL(schema, from string) string {
 		}
 		return "src." + ident(name) + "::" + typ
 	}
-	keyText := func(name, typ string) string {
-		switch typ {
-		case "text":
-			return cast(name, typ)
-		case "timestamptz":
-			return "(" + cast(name, typ) + " AT TIME ZONE 'UTC')::text"
-		}
-		return cast(name, typ) + "::text"
-	}
+	keyText := func(name, typ string) string { return keyTextOf(cast(name, typ), typ) }
 	var names, values, sets, keys, keyTexts []string
 	for i, c := range p.cols {
 		names = append(names, ident(c.name))

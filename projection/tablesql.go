@@ -90,14 +90,18 @@ func param(n int, typ string) string {
 
 // keyText returns the tombstone text of a primary key placeholder: the value
 // cast to its type, then to text (timestamptz in UTC).
-func keyText(n int, typ string) string {
+func keyText(n int, typ string) string { return keyTextOf(param(n, typ), typ) }
+
+// keyTextOf returns the tombstone text of expr, a primary key value already
+// cast to its type typ: as text, timestamptz in UTC.
+func keyTextOf(expr, typ string) string {
 	switch typ {
 	case "text":
-		return param(n, typ)
+		return expr
 	case "timestamptz":
-		return "(" + param(n, typ) + " AT TIME ZONE 'UTC')::text"
+		return "(" + expr + " AT TIME ZONE 'UTC')::text"
 	}
-	return param(n, typ) + "::text"
+	return expr + "::text"
 }
 
 // upsertSQL writes, for columns c1..cn (parameters $1..$n), sequence number
