@@ -151,7 +151,7 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (*Ledger,
 
 // read loads the decisions of the ledger topic up to its end offsets.
 func (l *Ledger) read(ctx context.Context, opts []kgo.Opt, topic string, log *slog.Logger) error {
-	_, err := readToEnd(ctx, opts, topic, nil, func(r *kgo.Record) error {
+	_, err := readToEnd(ctx, opts, topic, log, nil, func(r *kgo.Record) error {
 		c, err := ParseCoordinates(string(r.Key))
 		if err != nil {
 			log.Warn("ledger record has a bad key; ignored", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)

@@ -92,7 +92,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 	start := time.Now()
 	var st ScanStats
 	sel := newSelector(cfg.Filters)
-	parts, err := readToEnd(ctx, opts, cfg.Topic, cfg.Progress, func(r *kgo.Record) error {
+	parts, err := readToEnd(ctx, opts, cfg.Topic, log, cfg.Progress, func(r *kgo.Record) error {
 		st.Scanned++
 		e, err := sel.entry(r)
 		if err != nil {
@@ -115,12 +115,18 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 	return st, err
 }
 
+// scanIdle is how long readToEnd polls without records before it checks
+// whether the records it waits for were deleted.
+const scanIdle = 2 * time.Second
+
 // readToEnd calls each for every record of topic from the start offsets to
 // the end offsets listed when it starts, in offset order per partition, and
 // returns the number of partitions that had records. Control records are
 // fetched (so a transaction marker at the end of a partition is seen) but
-// not passed on.
-func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, progress func(scanned, total int64), each func(*kgo.Record) error) (int, error) {
+// not passed on. Records deleted after the listing (retention,
+// DeleteRecords) are skipped with a WARN line to log: after scanIdle
+// without records it lists the start offsets again.
+func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, log *slog.Logger, progress func(scanned, total int64), each func(*kgo.Record) error) (int, error) {
 	admCl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return 0, fmt.Errorf("kafka client: %w", err)
@@ -194,16 +200,47 @@ func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, progress func(
 			progress(done, total)
 		}
 	}
+	adm = kadm.NewClient(cl) // the first client is closed
 	for remaining > 0 {
-		fetches := cl.PollFetches(ctx)
+		pctx, cancel := context.WithTimeout(ctx, scanIdle)
+		fetches := cl.PollFetches(pctx)
+		idle := pctx.Err() != nil
+		cancel()
 		if err := ctx.Err(); err != nil {
 			return len(spans), err
+		}
+		if idle {
+			// Nothing for a while: records deleted since the listing
+			// (retention reaching them, DeleteRecords) are never delivered,
+			// and the client resumes at the new start without a word, so
+			// the offsets before it are skipped here, or the scan would
+			// wait for them forever.
+			starts, err := adm.ListStartOffsets(ctx, topic)
+			if err != nil {
+				return len(spans), fmt.Errorf("list offsets of %s: %w", topic, err)
+			}
+			for p, sp := range spans {
+				s, ok := starts.Lookup(topic, p)
+				if !ok || s.Err != nil || sp.next >= sp.end || s.Offset <= sp.next {
+					continue
+				}
+				log.Warn("dead letters deleted while being read (retention or DeleteRecords): skipped",
+					"topic", topic, "partition", p, "from", sp.next, "to", min(s.Offset, sp.end))
+				advance(sp, min(s.Offset, sp.end))
+				if sp.next >= sp.end {
+					remaining--
+					cl.PauseFetchPartitions(map[string][]int32{topic: {p}})
+				}
+			}
 		}
 		var ferr error
 		fetches.EachError(func(t string, p int32, err error) {
 			var loss *kgo.ErrDataLoss
 			if errors.As(err, &loss) {
 				return // informational: consuming continues at the new start
+			}
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				return // the idle poll's own deadline (below)
 			}
 			if ferr == nil {
 				ferr = fmt.Errorf("read %s partition %d: %w", t, p, err)

@@ -199,7 +199,7 @@ func TestEnsureTopicsIsIdempotent(t *testing.T) {
 // creating the dead-letter topic between the lookup and the create.
 func TestEnsureTopicsTreatsAlreadyExistsAsSuccess(t *testing.T) {
 	b, adm, cfg := newAdmin(t, true)
-	b.CreateTopic(t, cfg.DLQTopic, 2, nil)
+	b.CreateTopic(t, cfg.DLQTopic, 2, map[string]*string{"retention.ms": nil}) // the broker's default
 	lookup := b.Fake.Fault(kfake.Fault{
 		Keys:  []kmsg.Key{kmsg.Metadata},
 		Topic: cfg.DLQTopic,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"maps"
 	"os"
 	"regexp"
 	"strings"
@@ -91,12 +92,28 @@ func TopicName(t testing.TB, prefix string) string {
 }
 
 // CreateTopic creates topic with the given partitions and configs and fails
-// the test on error.
+// the test on error. Unless configs say otherwise, the topic keeps its
+// records forever (retention.ms -1): tests write records with timestamps of
+// the past, which a real broker's retention would delete at its next check;
+// a nil retention.ms asks for the broker's default.
 func (b *Broker) CreateTopic(t testing.TB, topic string, partitions int32, configs map[string]*string) {
 	t.Helper()
 	adm := kadm.NewClient(b.Client(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	configs = maps.Clone(configs)
+	if configs == nil {
+		configs = map[string]*string{}
+	}
+	switch v, set := configs["retention.ms"]; {
+	case !set:
+		// Tests write records with timestamps of the past (fixed dates):
+		// a real broker's retention check (every 5 minutes) would delete
+		// them in the middle of a test.
+		configs["retention.ms"] = kadm.StringPtr("-1")
+	case v == nil:
+		delete(configs, "retention.ms") // the broker's default, asked for
+	}
 	resp, err := adm.CreateTopic(ctx, partitions, 1, configs, topic)
 	if err == nil {
 		err = resp.Err
