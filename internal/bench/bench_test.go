@@ -345,19 +345,9 @@ func (e *env) runWorker(s *scenario) workerResult {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
 
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("start projection-worker: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	running := true
-	defer func() { // on failure: never leave the worker behind
-		if running {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	proc := startProcess(b, cmd, "projection-worker")
+	defer proc.stop(0) // on failure: never leave the worker behind
+	start, exited, running := proc.start, proc.exited, true
 
 	n := int64(len(s.data.events))
 	pairs := int64(s.data.pairs)
@@ -690,4 +680,47 @@ func openConns(ctx context.Context, url string, n int) (*pgxpool.Pool, []*pgxpoo
 		}
 	}
 	return pool, conns, nil
+}
+
+// process is a subprocess a benchmark runs (the worker, Kafka Connect).
+type process struct {
+	cmd    *exec.Cmd
+	start  time.Time
+	exited chan error    // receives cmd.Wait's result, once
+	done   chan struct{} // closed once the process has exited
+}
+
+// startProcess starts cmd (what names it in the failure).
+func startProcess(b *testing.B, cmd *exec.Cmd, what string) *process {
+	p := &process{cmd: cmd, exited: make(chan error, 1), done: make(chan struct{})}
+	p.start = time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start %s: %v", what, err)
+	}
+	go func() {
+		err := cmd.Wait()
+		close(p.done)
+		p.exited <- err
+	}()
+	return p
+}
+
+// stop ends the process unless it has exited: SIGTERM, then SIGKILL after
+// grace (at once with 0); it returns once the process has exited.
+func (p *process) stop(grace time.Duration) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	if grace > 0 {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+			return
+		case <-time.After(grace):
+		}
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }

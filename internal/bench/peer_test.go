@@ -479,19 +479,9 @@ func (p *peerEnv) runWorker(pd *peerData, round int) peerRun {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	n := int64(len(pd.data.events))
 
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("start projection-worker: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	running := true
-	defer func() { // on failure: never leave the worker behind
-		if running {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	proc := startProcess(b, cmd, "projection-worker")
+	defer proc.stop(0) // on failure: never leave the worker behind
+	start, exited := proc.start, proc.exited
 	signalled := false
 	_, gone := p.watch(&r, cmd.Process.Pid, exited, p.pool, pd.tenant, start,
 		func() int64 { return p.committed(group) },
@@ -518,7 +508,6 @@ func (p *peerEnv) runWorker(pd *peerData, round int) peerRun {
 			b.Fatalf("projection-worker did not exit within 60s of SIGTERM\n%s", tail())
 		}
 	}
-	running = false
 	r.Dead = p.topicRecords(false, dlq)
 	if pd.data.poisoned > 0 {
 		r.Poison = fmt.Sprintf("%d dead letters for %d poisoned pairs; the rest applied", r.Dead, pd.data.poisoned)
@@ -639,23 +628,9 @@ func (p *peerEnv) runConnect(pd *peerData, round int, tolerate bool) peerRun {
 	tail := func() string { return logTail(logPath, 40) + "\n" + logTail(out.Name(), 10) }
 	hc := &http.Client{Timeout: 2 * time.Second}
 
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("start Kafka Connect: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() { // stop Connect: SIGTERM, then SIGKILL after 30 s
-		{
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(30 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-			}
-		}
-	}()
+	proc := startProcess(b, cmd, "Kafka Connect")
+	defer proc.stop(30 * time.Second) // SIGTERM, then SIGKILL after 30 s
+	start, exited := proc.start, proc.exited
 	var failedAt time.Time
 	why, _ := p.watch(&r, cmd.Process.Pid, exited, pool, schema, start,
 		func() int64 { return p.committed(group) },
