@@ -42,13 +42,17 @@ if [[ ! -f $stamp || $(<"$stamp") != "$pom_sum" ]]; then
 	: >"$KAFKA_CONNECT_DIR/maven.log"
 	mvnq dependency:copy-dependencies -DincludeScope=runtime -DexcludeTypes=tar.gz \
 		-DoutputDirectory="$tmp/lib"
-	mvnq dependency:unpack-dependencies -DincludeTypes=tar.gz -DoutputDirectory="$tmp/plugins"
+	# The plugin's "already unpacked" markers go to the temporary folder, not
+	# to the pom's target/ in the repository, where a stale one would make it
+	# skip the unpacking.
+	mvnq dependency:unpack-dependencies -DincludeTypes=tar.gz -DoutputDirectory="$tmp/plugins" \
+		-DmarkersDirectory="$tmp/markers"
 	rm -rf "$tmp/plugins"/PaxHeaders.* # pax tar headers unpacked as folders
 	[[ -d $tmp/plugins/debezium-connector-jdbc ]] ||
 		die "the Debezium JDBC sink's plugin archive did not unpack to plugins/debezium-connector-jdbc"
 	rm -rf "$KAFKA_CONNECT_DIR/lib" "$KAFKA_CONNECT_DIR/plugins"
 	mv "$tmp/lib" "$tmp/plugins" "$KAFKA_CONNECT_DIR/"
-	rmdir "$tmp"
+	rm -rf "$tmp"
 	echo "$pom_sum" >"$stamp"
 	log "resolved $(find "$KAFKA_CONNECT_DIR/lib" -name '*.jar' | wc -l) Connect jars and $(find "$KAFKA_CONNECT_DIR/plugins" -name '*.jar' | wc -l) plugin jars in $((SECONDS - start))s"
 fi
