@@ -165,45 +165,27 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 	return pc.settle(ctx, batch, failures)
 }
 
-// applyCopyGroups applies groups with COPY and returns the pairs left for
-// statements: rest, plus the pairs of the groups that COPY could not apply.
-// The groups are copied in one transaction (execCopy), each in a savepoint,
-// so that a group that fails is undone alone while the others commit; the
-// failed groups are then applied again in one transaction by
-// execCopyIsolating, which upserts each group's copied rows by ranges in
-// savepoints and splits a range that PostgreSQL refused a row of down to
-// that row, whose pair is returned as a failure; a range that fails
-// otherwise (its statement) is left to statements. An error that is not
-// one group's (begin, commit) or an infrastructure error sends every pair
-// not committed to statements, which wait for the database or find the
-// failing pairs. It returns a non-nil error only when ctx is done.
+// applyCopyGroups applies groups with COPY in one transaction (execCopy)
+// and returns the pairs left for statements: rest, plus the pairs of the
+// ranges that isolating a failed group left to statements, and the pairs
+// whose rows PostgreSQL refused, as failures. An error that is not one
+// group's (begin, commit) or an infrastructure error sends every planned
+// pair to statements (nothing was committed), which wait for the database
+// or find the failing pairs. It returns a non-nil error only when ctx is
+// done.
 func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, planned []pair) ([]pair, []pairFailure, error) {
 	if len(groups) == 0 {
 		return rest, nil, nil
 	}
-	w := pc.w
-	failed, err := w.execCopy(ctx, groups)
+	left, failures, err := pc.execCopy(ctx, groups)
 	switch {
+	case err == nil:
+		return append(rest, left...), failures, nil
 	case ctx.Err() != nil:
 		return nil, nil, ctx.Err()
-	case err != nil: // nothing committed
-		w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
-		return planned, nil, nil
-	case len(failed) == 0:
-		return rest, nil, nil
 	}
-	left, failures, err := pc.execCopyIsolating(ctx, failed)
-	if err == nil {
-		return append(rest, left...), failures, nil
-	}
-	if ctx.Err() != nil {
-		return nil, nil, ctx.Err()
-	}
-	w.log.Debug("copy failed; applying the failed groups as statements", "partition", pc.partition, "error", err)
-	for _, g := range failed {
-		rest = append(rest, g.all...)
-	}
-	return rest, nil, nil
+	pc.w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
+	return planned, nil, nil
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than

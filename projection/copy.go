@@ -27,6 +27,9 @@ type copyGroup struct {
 	pairs  []pair         // one per primary key
 	n      int            // upserts in the group, before deduplication
 	all    []pair         // every upsert of the group, in batch order
+	// wholeRefused: PostgreSQL is known to refuse a row of the group as a
+	// whole (rowError), so isolateGroup starts from its parts.
+	wholeRefused bool
 }
 
 // copyGroups splits planned into groups applied with COPY and the pairs left
@@ -35,10 +38,6 @@ type copyGroup struct {
 // small for COPY (fewer than minRows upserts). Measured with BenchmarkApplyBatchVsCopy: COPY is about
 // 1.65× faster for large groups.
 func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
-	type gk struct {
-		p      *TableProjection
-		schema string
-	}
 	deleted := map[string]bool{}
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpDelete {
@@ -49,7 +48,7 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 	deletedKey := func(tp *TableProjection, pr pair) bool {
 		return len(deleted) > 0 && deleted[upsertKey(tp, pr)]
 	}
-	groups := map[gk]*copyGroup{}
+	groups := map[copyGroupKey]*copyGroup{}
 	var order []*copyGroup
 	var rest []pair
 	var key []byte // the primary key of an upsert in its group, reused
@@ -59,10 +58,10 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 			rest = append(rest, pr)
 			continue
 		}
-		g := groups[gk{tp, pr.d.ev.TenantSchema}]
+		g := groups[copyGroupKey{tp, pr.d.ev.TenantSchema}]
 		if g == nil {
 			g = newCopyGroup(tp, pr.d.ev.TenantSchema)
-			groups[gk{tp, pr.d.ev.TenantSchema}] = g
+			groups[copyGroupKey{tp, pr.d.ev.TenantSchema}] = g
 			order = append(order, g)
 		}
 		key = appendKeyText(key[:0], tp, pr.stmt.Args)
@@ -84,7 +83,7 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 	rest = rest[:0]
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpUpsert {
-			g := groups[gk{tp, pr.d.ev.TenantSchema}]
+			g := groups[copyGroupKey{tp, pr.d.ev.TenantSchema}]
 			if g != nil && !small[g] && !deletedKey(tp, pr) {
 				continue // in a COPY group
 			}
@@ -153,62 +152,128 @@ func upsertKey(tp *TableProjection, pr pair) string {
 	return rowKey(tp, pr.d.ev.TenantSchema, keyArgs)
 }
 
-// execCopy applies the groups in one transaction, each group inside a
-// savepoint: a group that fails (PostgreSQL refused a row, or its
-// statement) is rolled back alone and returned in failed, while the other
-// groups are committed. An error that is not one group's (begin, commit,
-// the savepoint itself, an infrastructure error) is returned: nothing was
-// applied. The caller (applyCopyGroups) applies the failed groups again with
-// execCopyIsolating.
-func (w *Worker) execCopy(ctx context.Context, groups []*copyGroup) (failed []*copyGroup, err error) {
+// execCopy applies the groups in one transaction and returns the pairs
+// left for statements and the pairs whose rows PostgreSQL refused. Each
+// group is copied inside a savepoint (copyRows); a group that fails
+// (PostgreSQL refused a row, or its statement) is rolled back to it alone
+// and then isolated in the same transaction (isolateGroup), starting from
+// its parts when PostgreSQL refused a row of it (rowError). A group whose
+// (table projection, tenant schema) had a row refused in its last group
+// (refusedMarks) skips the doomed first attempt: it is isolated from its
+// parts at once, copied once. After the commit, each isolated group sets
+// its mark when a row was refused and clears it otherwise, so that a clean
+// stream takes copyRows again after one batch. An error that is not one
+// group's (begin, commit, a savepoint, an isolation's COPY, an
+// infrastructure error) is returned: nothing was applied.
+func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []pair, failures []pairFailure, err error) {
+	w := pc.w
 	start := time.Now()
 	ctx, done := w.batchTx(ctx, start, "copy batch", groupsSize(groups), groupPairs(groups))
 	defer func() { done(err) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results := make([]copyResult, 0, len(groups))
+	refused := map[*copyGroup]bool{} // the isolated groups: whether a row was refused
 	for _, g := range groups {
-		affected, gerr := copyRows(ctx, tx, g)
-		switch {
-		case gerr == nil:
-		case ctx.Err() != nil || retry.IsInfrastructure(gerr) || errors.Is(gerr, errSavepoint):
-			return nil, gerr
-		default: // the group's own failure: undone alone (copyRows rolled back to its savepoint)
-			w.log.Debug("copy group failed; applying it again on its own", "projection", g.p.Name(),
+		cause := "last group refused"
+		g.wholeRefused = pc.refusedGroups.has(g)
+		if !g.wholeRefused {
+			affected, gerr := copyRows(ctx, tx, g)
+			switch {
+			case gerr == nil:
+				res := copyResult{g: g, n: g.n, affected: affected}
+				if w.tr.spansEveryPair() {
+					res.pairs = g.all
+				}
+				results = append(results, res)
+				continue
+			case ctx.Err() != nil || retry.IsInfrastructure(gerr) || errors.Is(gerr, errSavepoint):
+				return nil, nil, gerr
+			}
+			// The group's own failure: undone alone (copyRows rolled back
+			// to its savepoint), isolated now.
+			cause = "failed"
+			g.wholeRefused = rowError(gerr)
+			w.log.Debug("copy group failed; applying it again on its own", "partition", pc.partition, "projection", g.p.Name(),
 				"tenant_schema", g.schema, "rows", g.n, "error", gerr)
-			failed = append(failed, g)
-			continue
 		}
-		res := copyResult{g: g, n: g.n, affected: affected}
-		if w.tr.spansEveryPair() {
-			res.pairs = g.all
+		res, l, f, err := pc.isolateGroup(ctx, tx, g, cause)
+		if err != nil {
+			return nil, nil, err
 		}
 		results = append(results, res)
+		left = append(left, l...)
+		failures = append(failures, f...)
+		refused[g] = len(f) > 0
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if len(results) > 0 {
-		w.copyApplied(ctx, results, start)
+	for g, r := range refused {
+		pc.refusedGroups = pc.refusedGroups.set(g, r)
 	}
-	return failed, nil
+	w.copyApplied(ctx, results, start)
+	return left, failures, nil
 }
 
 // errSavepoint marks a failure to set or roll back to a COPY group's
 // savepoint: the transaction cannot go on.
 var errSavepoint = errors.New("copy group savepoint")
 
-// copySavepoint is the savepoint around each part of execCopyIsolating.
+// maxRefusedMarks bounds a partition's refusedMarks.
+const maxRefusedMarks = 64
+
+// copyGroupKey is the table projection and tenant schema of a COPY group.
+type copyGroupKey struct {
+	p      *TableProjection
+	schema string
+}
+
+// refusedMarks holds, for one partition, the (table projection, tenant
+// schema) pairs whose last COPY group had a row refused by PostgreSQL
+// (execCopy): at most maxRefusedMarks (setting one more drops another),
+// owned by the partition's goroutine and dropped with the partition on
+// revoke. The zero value (nil) is empty.
+type refusedMarks map[copyGroupKey]struct{}
+
+// has reports whether g's last group had a row refused.
+func (m refusedMarks) has(g *copyGroup) bool {
+	_, ok := m[copyGroupKey{g.p, g.schema}]
+	return ok
+}
+
+// set marks g (refused) or clears its mark, and returns m (allocated on
+// the first mark).
+func (m refusedMarks) set(g *copyGroup, refused bool) refusedMarks {
+	k := copyGroupKey{g.p, g.schema}
+	if !refused {
+		delete(m, k)
+		return m
+	}
+	if m == nil {
+		m = refusedMarks{}
+	}
+	if _, ok := m[k]; !ok && len(m) >= maxRefusedMarks {
+		for old := range m {
+			delete(m, old)
+			break
+		}
+	}
+	m[k] = struct{}{}
+	return m
+}
+
+// copySavepoint is the savepoint around each group of execCopy (copyRows).
 const copySavepoint = "SAVEPOINT causet_copy"
 
-// rangeColumn numbers the rows of execCopyIsolating's temporary table: the
+// rangeColumn numbers the rows of isolateGroup's temporary table: the
 // index of the upsert in its group, in batch order (copyGroup.all).
 const rangeColumn = "_causet_rn"
 
-// copyResult is what execCopyIsolating applied of one group.
+// copyResult is what execCopy applied of one group.
 type copyResult struct {
 	g        *copyGroup
 	n        int    // upserts in the ranges applied
@@ -238,93 +303,76 @@ func groupsSize(groups []*copyGroup) int {
 	return n
 }
 
-// execCopyIsolating applies the groups in one transaction and returns the
-// pairs left for statements and the pairs whose rows PostgreSQL refused.
-// Each group's upserts, every one of them (copyGroup.all, superseded ones
-// included), are copied once into a temporary table numbered in batch
-// order; then ranges of them are upserted, each inside a savepoint, the
-// newest per key of the range only (as copyGroup.add chooses). A range
-// that fails is rolled back to its savepoint alone; then, when PostgreSQL
-// refused a row (rowError), its parts (copyParts) are upserted in its
-// place, recursively, down to the single upsert refused, whose pair is a
-// failure with PostgreSQL's error (as its statement would have failed);
-// when the range's statement failed otherwise, its pairs are left for
-// statements. The good rows are thus applied without another COPY, and
-// the pass is one commit. An upsert superseded in a range that fails is
-// upserted again with its part, never skipped. An infrastructure error,
-// or any error outside a range's savepoint (begin, COPY, commit), is
-// returned: nothing was applied.
-func (pc *partition) execCopyIsolating(ctx context.Context, groups []*copyGroup) (left []pair, failures []pairFailure, err error) {
+// isolateGroup applies g in tx, whose COPY failed or is known to fail
+// (cause, for the log), and returns what it applied, the pairs left for
+// statements and the pairs whose rows PostgreSQL refused. Its upserts,
+// every one of them (copyGroup.all, superseded ones included), are copied
+// into a temporary table numbered in batch order; then ranges of them are
+// upserted, each inside a subtransaction, the newest per key of the range
+// only (as copyGroup.add chooses), in one round trip (isolateSQL): the
+// whole group first, or its parts (copyParts) when g.wholeRefused. A range
+// that fails is rolled back alone; then, when PostgreSQL refused a row
+// (rowError), its parts are upserted in its place, recursively, down to
+// the single upsert refused, whose pair is a failure with PostgreSQL's
+// error (as its statement would have failed); when the range's statement
+// failed otherwise, its pairs are left for statements. An upsert
+// superseded in a range that fails is upserted again with its part, never
+// skipped. An infrastructure error, or any error outside a range's
+// subtransaction (the COPY, the report), is returned: tx cannot go on.
+func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, cause string) (res copyResult, left []pair, failures []pairFailure, err error) {
 	w := pc.w
-	start := time.Now()
-	ctx, done := w.batchTx(ctx, start, "copy batch isolating", groupsSize(groups), groupPairs(groups))
-	defer func() { done(err) }()
-	tx, err := w.begin.Begin(ctx)
+	res.g = g
+	tmp := g.p.copyTable() + "_r"
+	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
+		return res, nil, nil, err
+	}
+	cols := make([]string, 0, len(g.p.cols)+2)
+	for _, c := range g.p.cols {
+		cols = append(cols, c.name)
+	}
+	cols = append(cols, seqColumn, rangeColumn)
+	rows := make([][]any, len(g.all))
+	for i, pr := range g.all {
+		row := make([]any, 0, len(cols))
+		row = append(row, pr.stmt.Args[:len(g.p.cols)+1]...) // column values, then the sequence number
+		rows[i] = append(row, int64(i))
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+		return res, nil, nil, err
+	}
+	ranges, err := isolate(ctx, tx, g.p.isolateSQL(g.schema, tmp, len(g.all), w.cfg.CopyMinRows, g.wholeRefused))
+	if err == nil {
+		err = checkCoverage(ranges, len(g.all))
+	}
 	if err != nil {
-		return nil, nil, err
+		return res, nil, nil, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var results []copyResult
-	for _, g := range groups {
-		tmp := g.p.copyTable() + "_r"
-		if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
-			return nil, nil, err
-		}
-		cols := make([]string, 0, len(g.p.cols)+2)
-		for _, c := range g.p.cols {
-			cols = append(cols, c.name)
-		}
-		cols = append(cols, seqColumn, rangeColumn)
-		rows := make([][]any, len(g.all))
-		for i, pr := range g.all {
-			row := make([]any, 0, len(cols))
-			row = append(row, pr.stmt.Args[:len(g.p.cols)+1]...) // column values, then the sequence number
-			rows[i] = append(row, int64(i))
-		}
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
-			return nil, nil, err
-		}
-		ranges, err := isolate(ctx, tx, g.p.isolateSQL(g.schema, tmp, len(g.all), w.cfg.CopyMinRows))
-		if err == nil {
-			err = checkCoverage(ranges, len(g.all))
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		res := copyResult{g: g}
-		var refused, statements int
-		for _, r := range ranges {
-			switch r.kind {
-			case rangeApplied:
-				res.n += r.hi - r.lo
-				res.affected += r.affected
-				if w.tr.spansEveryPair() {
-					res.pairs = append(res.pairs, g.all[r.lo:r.hi]...)
-				}
-			case rangeRefused: // the pair's own row: its failure, as its statement would have failed
-				refused++
-				failures = append(failures, w.batchFailure(ctx, g.all[r.lo], r.err))
-			default: // the range's statement failed otherwise: statements find out
-				statements += r.hi - r.lo
-				left = append(left, g.all[r.lo:r.hi]...)
+	statements := 0
+	for _, r := range ranges {
+		switch r.kind {
+		case rangeApplied:
+			res.n += r.hi - r.lo
+			res.affected += r.affected
+			if w.tr.spansEveryPair() {
+				res.pairs = append(res.pairs, g.all[r.lo:r.hi]...)
 			}
+		case rangeRefused: // the pair's own row: its failure, as its statement would have failed
+			failures = append(failures, w.batchFailure(ctx, g.all[r.lo], r.err))
+		default: // the range's statement failed otherwise: statements find out
+			statements += r.hi - r.lo
+			left = append(left, g.all[r.lo:r.hi]...)
 		}
-		w.log.Debug("copy group failed; isolated in PostgreSQL", "partition", pc.partition,
-			"projection", g.p.Name(), "tenant_schema", g.schema, "rows", len(g.all), "refused", refused, "to_statements", statements)
-		results = append(results, res)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, err
-	}
-	w.copyApplied(ctx, results, start)
-	return left, failures, nil
+	w.log.Debug("copy group isolated in PostgreSQL", "partition", pc.partition, "projection", g.p.Name(), "tenant_schema", g.schema,
+		"cause", cause, "from_parts", g.wholeRefused, "rows", len(g.all), "refused", len(failures), "to_statements", statements)
+	return res, left, failures, nil
 }
 
-// maxCopyParts bounds the parts a failing range of execCopyIsolating is
+// maxCopyParts bounds the parts a failing range of isolateGroup is
 // split into.
 const maxCopyParts = 16
 
-// rangeKind is what became of a range of execCopyIsolating's temporary
+// rangeKind is what became of a range of isolateGroup's temporary
 // table.
 type rangeKind string
 
@@ -349,7 +397,9 @@ const copyResultTable = reservedPrefix + "_copy_result"
 // isolateSQL is one round trip (the simple protocol, several statements)
 // that upserts the n rows of the numbered temporary table tmp into p's
 // table in schema and reports, a row per range, what became of them. A
-// PL/pgSQL block upserts ranges of the rows, each in a block with an
+// PL/pgSQL block upserts ranges of the rows, starting from the whole
+// [0, n), or from its parts (copyParts) when fromParts (PostgreSQL is
+// known to refuse a row of the whole), each in a block with an
 // exception handler (a subtransaction, as a savepoint), the newest per key
 // of the range only (copyRangeSQL): a range PostgreSQL refuses a row of
 // (SQLSTATE classes 21, 22, 23, and P0001, as rowError) is split into parts
@@ -360,8 +410,16 @@ const copyResultTable = reservedPrefix + "_copy_result"
 // statement end the whole statement with it. The upsert is written into
 // the block as static SQL, so that PL/pgSQL plans it once for all the
 // ranges. The temporary table is emptied after.
-func (p *TableProjection) isolateSQL(schema, tmp string, n, minRows int) string {
+func (p *TableProjection) isolateSQL(schema, tmp string, n, minRows int, fromParts bool) string {
 	minRows = max(minRows, 1)
+	todo := make([]string, 0, 2*maxCopyParts)
+	if parts := copyParts(n, minRows); fromParts && n > 1 {
+		for i := parts - 1; i >= 0; i-- { // a stack: the first part on top
+			todo = append(todo, strconv.Itoa(n*i/parts), strconv.Itoa(n*(i+1)/parts))
+		}
+	} else {
+		todo = append(todo, "0", strconv.Itoa(n))
+	}
 	upsert := strings.NewReplacer("$1::text", quoteLiteral(p.def.Table)+"::text",
 		"$2::bigint", "_causet_lo", "$3::bigint", "_causet_hi").Replace(p.copyInsertSQL(schema, p.copyRangeSQL(tmp)))
 	result := pgx.Identifier{copyResultTable}.Sanitize()
@@ -369,7 +427,7 @@ func (p *TableProjection) isolateSQL(schema, tmp string, n, minRows int) string 
 		" sqlstate text, message text, detail text, hint text, schema_name text, table_name text," +
 		" column_name text, datatype text, constraint_name text) ON COMMIT DELETE ROWS;\n" +
 		"DO $causet_isolate$\nDECLARE\n" +
-		"  _causet_todo int8[] := ARRAY[0, " + strconv.Itoa(n) + "]::int8[];\n" +
+		"  _causet_todo int8[] := ARRAY[" + strings.Join(todo, ", ") + "]::int8[];\n" +
 		"  _causet_lo int8; _causet_hi int8; _causet_size int8; _causet_parts int8; _causet_n int8;\n" +
 		"  _causet_st text; _causet_msg text; _causet_det text; _causet_hint text; _causet_sch text;\n" +
 		"  _causet_tbl text; _causet_col text; _causet_typ text; _causet_con text;\n" +

@@ -1,9 +1,14 @@
 package projection
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/internal/pgtest"
 )
 
 // TestCopyGroupsOneRowPerPrimaryKey checks copyGroups' grouping: one group
@@ -68,5 +73,106 @@ func TestCheckCoverageRefusesAReportThatMissesRows(t *testing.T) {
 		if err := checkCoverage(tt.ranges, 10); (err == nil) != tt.ok {
 			t.Errorf("%s: checkCoverage = %v, want ok %v", tt.name, err, tt.ok)
 		}
+	}
+}
+
+// TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused: a group that
+// PostgreSQL has just refused as a whole (or whose last group it refused)
+// is isolated from its parts (copyParts): the whole range, known to fail,
+// is not upserted again. With rows that all apply, the report holds each
+// part, applied; a group not known to fail is upserted whole, once.
+func TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused(t *testing.T) {
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	defs, err := LoadDefinitions(hotDefinitions[0].path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratings := hotProjections(t, hotDefinitions[0].path)[2]
+	schema := pgtest.NewSchemaName(t)
+	if err := Migrate(ctx, pool, defs, schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	const n, minRows = 64, 16
+	for _, tt := range []struct {
+		name      string
+		fromParts bool
+		want      int // ranges reported, each applied
+	}{
+		{"known refused", true, copyParts(n, minRows)},
+		{"not known to fail", false, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			tmp := ratings.copyTable() + "_r"
+			if _, err := tx.Exec(ctx, ratings.copyCreateSQL(tmp, true)); err != nil {
+				t.Fatal(err)
+			}
+			cols := []string{}
+			for _, c := range ratings.cols {
+				cols = append(cols, c.name)
+			}
+			cols = append(cols, seqColumn, rangeColumn)
+			rows := make([][]any, n)
+			for i := range rows {
+				v := strings.NewReplacer(`"user-0054321"`, `"user-`+strconv.Itoa(i)+`"`).Replace(hotRated)
+				st, err := ratings.Plan(hotEvent(t, v))
+				if err != nil {
+					t.Fatal(err)
+				}
+				rows[i] = append(append([]any{}, st.Args[:len(ratings.cols)+1]...), int64(i))
+			}
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+				t.Fatal(err)
+			}
+			ranges, err := isolate(ctx, tx, ratings.isolateSQL(schema, tmp, n, minRows, tt.fromParts))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkCoverage(ranges, n); err != nil {
+				t.Fatal(err)
+			}
+			var affected int64
+			for _, r := range ranges {
+				if r.kind != rangeApplied {
+					t.Errorf("range [%d, %d) %s: %v", r.lo, r.hi, r.kind, r.err)
+				}
+				affected += r.affected
+			}
+			if len(ranges) != tt.want || affected != n {
+				t.Errorf("%d ranges upserting %d rows, want %d ranges, %d rows", len(ranges), affected, tt.want, n)
+			}
+		})
+	}
+}
+
+// TestRefusedMarksAreBounded: a partition keeps at most maxRefusedMarks
+// marks, whatever number of tenant schemas had a row refused; a clean
+// isolation clears its mark.
+func TestRefusedMarksAreBounded(t *testing.T) {
+	tp := hotProjections(t, hotDefinitions[0].path)[0]
+	var m refusedMarks
+	groups := make([]*copyGroup, 3*maxRefusedMarks)
+	for i := range groups {
+		groups[i] = newCopyGroup(tp, "tenant_"+strconv.Itoa(i))
+		m = m.set(groups[i], true)
+		if !m.has(groups[i]) {
+			t.Fatalf("mark %d not set", i)
+		}
+	}
+	if len(m) != maxRefusedMarks {
+		t.Errorf("%d marks kept, want at most %d", len(m), maxRefusedMarks)
+	}
+	last := groups[len(groups)-1]
+	m = m.set(last, false)
+	if m.has(last) || len(m) != maxRefusedMarks-1 {
+		t.Errorf("a clean isolation left its mark (%d marks)", len(m))
 	}
 }

@@ -42,6 +42,8 @@ type partition struct {
 	retries  retrySet
 	openings uint64           // the breaker's openings count when retries were last swept
 	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
+	// refusedGroups marks the COPY groups to isolate at once (execCopy).
+	refusedGroups refusedMarks
 }
 
 // recordState is a record that has pairs neither applied nor acknowledged as

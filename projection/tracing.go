@@ -18,7 +18,7 @@ package projection
 //     is its child, so the dead letter and its traceparent header continue
 //     the record's own trace.
 //   - one span per database transaction of the batch path ("apply batch",
-//     "copy batch", "copy batch isolating"), a new root linked to the
+//     "copy batch"), a new root linked to the
 //     record spans of the pairs in it: a transaction serves many records
 //     and belongs to none of them. The database client's spans (pgx's
 //     tracer, set up by the caller) are its children.

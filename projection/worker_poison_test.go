@@ -215,7 +215,7 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	// The refused rows are found inside the COPY pass, down to the row, in
 	// PostgreSQL: nothing goes to statements.
 	var refused, statements int64
-	for _, rec := range logs.records("copy group failed; isolated in PostgreSQL") {
+	for _, rec := range logs.records("copy group isolated in PostgreSQL") {
 		rec.Attrs(func(a slog.Attr) bool {
 			switch a.Key {
 			case "refused":
@@ -240,8 +240,8 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 // (artist_followers and user_follows from ARTIST_FOLLOWED, artist_ratings
 // from ARTIST_RATED), rows of artist_ratings that only PostgreSQL refuses
 // undo that group alone: it is applied again on its own (and its refused
-// pairs dead-lettered), while the other two groups are committed by the
-// first COPY transaction, never copied again.
+// pairs dead-lettered), while the other two groups are applied by their
+// first COPY, never copied again.
 func TestWorkerCopyUndoesAFailedGroupAlone(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
@@ -331,7 +331,7 @@ func TestWorkerCopyIsolationLeavesStatementErrorsToStatements(t *testing.T) {
 		t.Errorf("artist_ratings holds %d rows, want %d", got, n-1)
 	}
 	var statements int64
-	for _, rec := range logs.records("copy group failed; isolated in PostgreSQL") {
+	for _, rec := range logs.records("copy group isolated in PostgreSQL") {
 		rec.Attrs(func(a slog.Attr) bool {
 			if a.Key == "to_statements" {
 				statements += a.Value.Int64()
@@ -341,5 +341,86 @@ func TestWorkerCopyIsolationLeavesStatementErrorsToStatements(t *testing.T) {
 	}
 	if statements == 0 {
 		t.Errorf("no range went to statements: the COPY pass split a statement error as if a row were refused")
+	}
+}
+
+// TestWorkerCopyIsolatesAtOnceAfterARefusedGroup: once PostgreSQL refused
+// a row of a COPY group, the next group of that projection and tenant
+// schema skips the doomed first attempt (no "copy group failed" line): it
+// is isolated at once, from its parts; a group isolated with nothing
+// refused clears the mark, and the group after it takes plain COPY again
+// (no isolation at all). Every good row is applied, each refused row is
+// dead-lettered once with PostgreSQL's error.
+func TestWorkerCopyIsolatesAtOnceAfterARefusedGroup(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) {
+		c.CopyMinRows = 16
+		c.MaxBatchRecords = 500
+		c.Retry.MaxRetries = 1
+		c.Logger = slog.New(logs)
+	})
+	const perWave = 48
+	wantDead := map[string]int{}
+	// wave produces perWave ratings at once; refused: the first is refused
+	// (first, so that a wave split into two batches starts refused).
+	wave := func(w int, refused bool) {
+		t.Helper()
+		var keys, values []string
+		for i := range perWave {
+			user := fmt.Sprintf("user-%d-%d", w, i)
+			stars := i % 10
+			if refused && i == 0 {
+				stars = 99
+				wantDead[user+"@1"] = 1
+			}
+			keys = append(keys, user)
+			values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+		}
+		r.produceAll(keys, values)
+		r.waitCommitted(testTimeout)
+	}
+	failed := func() int { return len(logs.records("copy group failed; applying it again on its own")) }
+	isolated := func() []slog.Record { return logs.records("copy group isolated in PostgreSQL") }
+
+	wave(1, true)
+	if failed() == 0 {
+		t.Fatal("the first refused group did not fail: the test no longer shows what it should")
+	}
+	failedBefore := failed()
+	wave(2, true)
+	if failed() != failedBefore {
+		t.Errorf("a group after a refused one was tried as a whole again (%d more copy group failed lines)", failed()-failedBefore)
+	}
+	atOnce := 0
+	for _, rec := range isolated() {
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == "cause" && a.Value.String() == "last group refused" {
+				atOnce++
+			}
+			return true
+		})
+	}
+	if atOnce == 0 {
+		t.Error("no group was isolated at once after a refused one")
+	}
+	wave(3, false) // isolated at once, nothing refused: the mark is cleared
+	isolatedBefore := len(isolated())
+	wave(4, false)
+	if got := len(isolated()); got != isolatedBefore {
+		t.Errorf("%d groups isolated after a group isolated with nothing refused, want 0 (plain COPY again)", got-isolatedBefore)
+	}
+	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+	}
+	for _, dl := range r.deadLetters() {
+		if dl.headers[dlq.HeaderSQLState] != "23514" {
+			t.Errorf("dead letter SQLSTATE %q, want 23514", dl.headers[dlq.HeaderSQLState])
+		}
+	}
+	if got, want := len(r.ratings()), 4*perWave-len(wantDead); got != want {
+		t.Errorf("artist_ratings holds %d rows, want %d", got, want)
 	}
 }
