@@ -100,7 +100,7 @@ func (e *event) poisonedPair(proj int) bool {
 	switch e.poison {
 	case derivePoison, rangePoison:
 		return proj == projFollowers
-	case nullPoison:
+	case nullPoison, checkPoison:
 		return proj == projRatings
 	case unmigratedPoison:
 		return true
@@ -129,6 +129,11 @@ const (
 	// nullable, so Plan passes it; benchConstraints makes it NOT NULL, so
 	// PostgreSQL refuses it (23502) inside the COPY group.
 	nullPoison
+	// checkPoison: ARTIST_RATED with 0 stars. The definitions take any
+	// integer, so Plan passes it; benchConstraints adds a CHECK constraint
+	// (stars between 1 and 5), so PostgreSQL refuses it (23514) inside the
+	// COPY group: what no check of the column's type or nullability knows.
+	checkPoison
 )
 
 // dataset is the generated stream of one run.
@@ -192,6 +197,8 @@ func newDataset(n int, poison poisonKind) *dataset {
 				e.typ, e.points, e.games = followed, 3_000_000_000_000, 1
 			case nullPoison:
 				e.typ, e.review = rated, noReview
+			case checkPoison:
+				e.typ, e.stars = rated, 0
 			case unmigratedPoison:
 				e.absent = true
 			}

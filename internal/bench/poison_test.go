@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +17,7 @@ import (
 
 // TestPoisonKinds checks that each poison kind of BenchmarkWorkerThroughput
 // is what its scenario claims: the derive is refused by Plan, while the
-// 22003 and 23502 events pass Plan and are refused by PostgreSQL only
+// 22003, 23502 and 23514 events pass Plan and are refused by PostgreSQL only
 // because of benchConstraints (a table without them takes them), and the
 // unmigrated tenant's statements fail with 42P01; clean pairs of the same
 // datasets apply.
@@ -74,6 +76,7 @@ func TestPoisonKinds(t *testing.T) {
 		{"derive", derivePoison, ""},
 		{"22003", rangePoison, "22003"},
 		{"23502", nullPoison, "23502"},
+		{"23514", checkPoison, "23514"},
 		{"unmigrated", unmigratedPoison, "42P01"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,5 +176,24 @@ otel_sdk_span_started_total{otel_span_parent_origin="none",otel_span_sampling_re
 				t.Errorf("scrapeSpans = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestReadmeNamesEveryScenario checks that the README's Performance table
+// has a row for every BENCH_SCENARIOS word: "| `word` |" or "(`word`)".
+func TestReadmeNamesEveryScenario(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, perf, ok := strings.Cut(string(b), "\n## Performance\n")
+	if !ok {
+		t.Fatal("README.md has no Performance section")
+	}
+	perf, _, _ = strings.Cut(perf, "\n## ")
+	for _, w := range scenarioWords {
+		if !strings.Contains(perf, "| `"+w+"` |") && !strings.Contains(perf, "(`"+w+"`) |") {
+			t.Errorf("README's Performance table has no row for scenario word %q", w)
+		}
 	}
 }
