@@ -2,6 +2,8 @@ package projection
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -175,4 +177,188 @@ func TestRefusedMarksAreBounded(t *testing.T) {
 	if m.has(last) || len(m) != maxRefusedMarks-1 {
 		t.Errorf("a clean isolation left its mark (%d marks)", len(m))
 	}
+}
+
+// BenchmarkIsolateGroup measures isolateSQL on a COPY group of 300
+// artist_ratings upserts (the benchmark's definitions) of which 5, spread
+// out, break a CHECK constraint (23514), against copyRows of the same
+// group without them: each op copies the group into its temporary table
+// and upserts it, in a transaction rolled back. The sub-benchmarks isolate
+// the clean group and the one with 5 refused rows, whole first or from its
+// parts (CopyMinRows 32). server-ms/op is the PostgreSQL backend's CPU
+// time per op (while the op runs) when the server runs on this machine.
+//
+//	go test ./projection -run '^$' -bench IsolateGroup -count 5
+func BenchmarkIsolateGroup(b *testing.B) {
+	pool := pgtest.Pool(b)
+	ctx := context.Background()
+	defs, err := LoadDefinitions(hotDefinitions[0].path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ratings := hotProjections(b, hotDefinitions[0].path)[2]
+	schema := pgtest.NewSchemaName(b)
+	if err := Migrate(ctx, pool, defs, schema); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()+
+		" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 1 AND 5)"); err != nil {
+		b.Fatal(err)
+	}
+	const n = 300
+	group := func(bad bool) *copyGroup {
+		g := newCopyGroup(ratings, schema)
+		var key []byte
+		for i := range n {
+			stars := 1 + i%5
+			if bad && i%(n/5) == n/10 {
+				stars = 0
+			}
+			v := strings.NewReplacer(`"user-0054321"`, `"user-`+strconv.Itoa(i*7919%n)+`"`, `"stars":4`, `"stars":`+strconv.Itoa(stars)).Replace(hotRated)
+			ev := hotEvent(b, v)
+			st, err := ratings.Plan(ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			key = appendKeyText(key[:0], ratings, st.Args)
+			g.add(pair{d: &decoded{ev: ev}, h: ratings, stmt: st}, key)
+		}
+		return g
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	var backend int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		b.Fatal(err)
+	}
+	// The temporary tables, emptied after each op's rollback (a worker's
+	// commit empties them: ON COMMIT DELETE ROWS), outside the figures.
+	truncate := "TRUNCATE " + pgx.Identifier{ratings.copyTable()}.Sanitize() + ", " + pgx.Identifier{ratings.copyTable() + "_r"}.Sanitize()
+	inTx := func(b *testing.B, f func(tx pgx.Tx) error) {
+		var cpu int64
+		measured := true
+		for range b.N {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cpu0, ok0 := backendCPU(backend)
+			if err := f(tx); err != nil {
+				b.Fatal(err)
+			}
+			cpu1, ok1 := backendCPU(backend)
+			cpu += cpu1 - cpu0
+			measured = measured && ok0 && ok1
+			if err := tx.Rollback(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if _, err := conn.Exec(ctx, truncate); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		if measured {
+			b.ReportMetric(float64(cpu)/float64(b.N), "server-ms/op")
+		}
+	}
+	clean, poisoned := group(false), group(true)
+	// The temporary tables exist on a worker's connections after its first
+	// batch: created once here, and the table emptied again.
+	warm, err := conn.Begin(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := copyRows(ctx, warm, clean); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := warm.Exec(ctx, ratings.copyCreateSQL(ratings.copyTable()+"_r", true)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := isolate(ctx, warm, ratings.isolateSQL(schema, ratings.copyTable()+"_r", 0, 1, false)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := warm.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()); err != nil {
+		b.Fatal(err)
+	}
+	if err := warm.Commit(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("copy-clean", func(b *testing.B) {
+		inTx(b, func(tx pgx.Tx) error { _, err := copyRows(ctx, tx, clean); return err })
+	})
+	for _, v := range []struct {
+		name      string
+		g         *copyGroup
+		fromParts bool
+		refused   int
+	}{
+		{"isolate-clean/whole", clean, false, 0},
+		{"isolate-clean/from-parts", clean, true, 0},
+		{"isolate-5-refused/whole-first", poisoned, false, 5},
+		{"isolate-5-refused/from-parts", poisoned, true, 5},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			inTx(b, func(tx pgx.Tx) error {
+				tmp := ratings.copyTable() + "_r"
+				if _, err := tx.Exec(ctx, ratings.copyCreateSQL(tmp, true)); err != nil {
+					return err
+				}
+				cols := []string{}
+				for _, c := range ratings.cols {
+					cols = append(cols, c.name)
+				}
+				cols = append(cols, seqColumn, rangeColumn)
+				rows := make([][]any, n)
+				for i, pr := range v.g.all {
+					rows[i] = append(append([]any{}, pr.stmt.Args[:len(ratings.cols)+1]...), int64(i))
+				}
+				if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+					return err
+				}
+				ranges, err := isolate(ctx, tx, ratings.isolateSQL(schema, tmp, n, 32, v.fromParts))
+				if err != nil {
+					return err
+				}
+				refused := 0
+				for _, r := range ranges {
+					if r.kind == rangeRefused {
+						refused++
+					}
+				}
+				if refused != v.refused {
+					return fmt.Errorf("%d rows refused, want %d", refused, v.refused)
+				}
+				return checkCoverage(ranges, n)
+			})
+		})
+	}
+}
+
+// backendCPU returns the CPU time (user + system, in ms) of the PostgreSQL
+// backend process pid when the server runs on this machine (Linux /proc),
+// false otherwise: a figure that the machine's load changes less than the
+// time an op takes.
+func backendCPU(pid int) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	_, after, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(after)
+	if !ok || len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return (utime + stime) * 10, true // USER_HZ is 100 on Linux
 }
