@@ -322,22 +322,8 @@ func groupsSize(groups []*copyGroup) int {
 func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, cause string) (res copyResult, left []pair, failures []pairFailure, err error) {
 	w := pc.w
 	res.g = g
-	tmp := g.p.copyTable() + "_r"
-	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
-		return res, nil, nil, err
-	}
-	cols := make([]string, 0, len(g.p.cols)+2)
-	for _, c := range g.p.cols {
-		cols = append(cols, c.name)
-	}
-	cols = append(cols, seqColumn, rangeColumn)
-	rows := make([][]any, len(g.all))
-	for i, pr := range g.all {
-		row := make([]any, 0, len(cols))
-		row = append(row, pr.stmt.Args[:len(g.p.cols)+1]...) // column values, then the sequence number
-		rows[i] = append(row, int64(i))
-	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+	tmp, err := copyNumbered(ctx, tx, g)
+	if err != nil {
 		return res, nil, nil, err
 	}
 	ranges, err := isolate(ctx, tx, g.p.isolateSQL(g.schema, tmp, len(g.all), w.cfg.CopyMinRows, g.wholeRefused))
@@ -366,6 +352,29 @@ func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, 
 	w.log.Debug("copy group isolated in PostgreSQL", "partition", pc.partition, "projection", g.p.Name(), "tenant_schema", g.schema,
 		"cause", cause, "from_parts", g.wholeRefused, "rows", len(g.all), "refused", len(failures), "to_statements", statements)
 	return res, left, failures, nil
+}
+
+// copyNumbered copies every upsert of g (copyGroup.all) into g's numbered
+// temporary table, which it creates if needed, numbered by index in
+// rangeColumn, and returns the table's name.
+func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup) (string, error) {
+	tmp := g.p.copyTable() + "_r"
+	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
+		return "", err
+	}
+	cols := make([]string, 0, len(g.p.cols)+2)
+	for _, c := range g.p.cols {
+		cols = append(cols, c.name)
+	}
+	cols = append(cols, seqColumn, rangeColumn)
+	rows := make([][]any, len(g.all))
+	for i, pr := range g.all {
+		row := make([]any, 0, len(cols))
+		row = append(row, pr.stmt.Args[:len(g.p.cols)+1]...) // column values, then the sequence number
+		rows[i] = append(row, int64(i))
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows))
+	return tmp, err
 }
 
 // maxCopyParts bounds the parts a failing range of isolateGroup is

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/causet/projection-worker/internal/pgtest"
 )
@@ -84,20 +85,8 @@ func TestCheckCoverageRefusesAReportThatMissesRows(t *testing.T) {
 // is not upserted again. With rows that all apply, the report holds each
 // part, applied; a group not known to fail is upserted whole, once.
 func TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused(t *testing.T) {
-	pool := pgtest.Pool(t)
+	pool, schema, ratings := ratingsSchema(t)
 	ctx := context.Background()
-	defs, err := LoadDefinitions(hotDefinitions[0].path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ratings := hotProjections(t, hotDefinitions[0].path)[2]
-	schema := pgtest.NewSchemaName(t)
-	if err := Migrate(ctx, pool, defs, schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
 	const n, minRows = 64, 16
 	for _, tt := range []struct {
 		name      string
@@ -113,25 +102,8 @@ func TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			tmp := ratings.copyTable() + "_r"
-			if _, err := tx.Exec(ctx, ratings.copyCreateSQL(tmp, true)); err != nil {
-				t.Fatal(err)
-			}
-			cols := []string{}
-			for _, c := range ratings.cols {
-				cols = append(cols, c.name)
-			}
-			cols = append(cols, seqColumn, rangeColumn)
-			rows := make([][]any, n)
-			for i := range rows {
-				v := strings.NewReplacer(`"user-0054321"`, `"user-`+strconv.Itoa(i)+`"`).Replace(hotRated)
-				st, err := ratings.Plan(hotEvent(t, v))
-				if err != nil {
-					t.Fatal(err)
-				}
-				rows[i] = append(append([]any{}, st.Args[:len(ratings.cols)+1]...), int64(i))
-			}
-			if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+			tmp, err := copyNumbered(ctx, tx, ratingsGroup(t, ratings, schema, n, nil, nil))
+			if err != nil {
 				t.Fatal(err)
 			}
 			ranges, err := isolate(ctx, tx, ratings.isolateSQL(schema, tmp, n, minRows, tt.fromParts))
@@ -190,44 +162,14 @@ func TestRefusedMarksAreBounded(t *testing.T) {
 //
 //	go test ./projection -run '^$' -bench IsolateGroup -count 5
 func BenchmarkIsolateGroup(b *testing.B) {
-	pool := pgtest.Pool(b)
+	pool, schema, ratings := ratingsSchema(b)
 	ctx := context.Background()
-	defs, err := LoadDefinitions(hotDefinitions[0].path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ratings := hotProjections(b, hotDefinitions[0].path)[2]
-	schema := pgtest.NewSchemaName(b)
-	if err := Migrate(ctx, pool, defs, schema); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
-	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()+
-		" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 1 AND 5)"); err != nil {
-		b.Fatal(err)
-	}
 	const n = 300
-	group := func(bad bool) *copyGroup {
-		g := newCopyGroup(ratings, schema)
-		var key []byte
-		for i := range n {
-			stars := 1 + i%5
-			if bad && i%(n/5) == n/10 {
-				stars = 0
-			}
-			v := strings.NewReplacer(`"user-0054321"`, `"user-`+strconv.Itoa(i*7919%n)+`"`, `"stars":4`, `"stars":`+strconv.Itoa(stars)).Replace(hotRated)
-			ev := hotEvent(b, v)
-			st, err := ratings.Plan(ev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			key = appendKeyText(key[:0], ratings, st.Args)
-			g.add(pair{d: &decoded{ev: ev}, h: ratings, stmt: st}, key)
-		}
-		return g
-	}
+	// The group's users are permuted (7919 is prime), so that the upsert
+	// meets the refused rows spread out.
+	user := func(i int) int { return i * 7919 % n }
+	refusedAt := func(i int) bool { return i%(n/5) == n/10 }
+	clean, poisoned := ratingsGroup(b, ratings, schema, n, user, nil), ratingsGroup(b, ratings, schema, n, user, refusedAt)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		b.Fatal(err)
@@ -268,7 +210,6 @@ func BenchmarkIsolateGroup(b *testing.B) {
 			b.ReportMetric(float64(cpu)/float64(b.N), "server-ms/op")
 		}
 	}
-	clean, poisoned := group(false), group(true)
 	// The temporary tables exist on a worker's connections after its first
 	// batch: created once here, and the table emptied again.
 	warm, err := conn.Begin(ctx)
@@ -306,20 +247,8 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			inTx(b, func(tx pgx.Tx) error {
-				tmp := ratings.copyTable() + "_r"
-				if _, err := tx.Exec(ctx, ratings.copyCreateSQL(tmp, true)); err != nil {
-					return err
-				}
-				cols := []string{}
-				for _, c := range ratings.cols {
-					cols = append(cols, c.name)
-				}
-				cols = append(cols, seqColumn, rangeColumn)
-				rows := make([][]any, n)
-				for i, pr := range v.g.all {
-					rows[i] = append(append([]any{}, pr.stmt.Args[:len(ratings.cols)+1]...), int64(i))
-				}
-				if _, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows)); err != nil {
+				tmp, err := copyNumbered(ctx, tx, v.g)
+				if err != nil {
 					return err
 				}
 				ranges, err := isolate(ctx, tx, ratings.isolateSQL(schema, tmp, n, 32, v.fromParts))
@@ -361,4 +290,58 @@ func backendCPU(pid int) (int64, bool) {
 		return 0, false
 	}
 	return (utime + stime) * 10, true // USER_HZ is 100 on Linux
+}
+
+// ratingsGroup returns a COPY group of n artist_ratings upserts in schema
+// (the benchmark's definitions), of users user(i) (i when nil) with 1 to 5
+// stars, and 0 stars (refused by a CHECK constraint between 1 and 5) where
+// refused(i).
+func ratingsGroup(tb testing.TB, ratings *TableProjection, schema string, n int, user func(int) int, refused func(int) bool) *copyGroup {
+	tb.Helper()
+	g := newCopyGroup(ratings, schema)
+	var key []byte
+	for i := range n {
+		u, stars := i, 1+i%5
+		if user != nil {
+			u = user(i)
+		}
+		if refused != nil && refused(i) {
+			stars = 0
+		}
+		v := strings.NewReplacer(`"user-0054321"`, `"user-`+strconv.Itoa(u)+`"`, `"stars":4`, `"stars":`+strconv.Itoa(stars)).Replace(hotRated)
+		ev := hotEvent(tb, v)
+		st, err := ratings.Plan(ev)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		key = appendKeyText(key[:0], ratings, st.Args)
+		g.add(pair{d: &decoded{ev: ev}, h: ratings, stmt: st}, key)
+	}
+	return g
+}
+
+// ratingsSchema returns a pool and a fresh tenant schema migrated for the
+// benchmark's definitions, whose artist_ratings refuses stars outside 1 to
+// 5 (a CHECK constraint, 23514), and its artist_ratings projection; the
+// schema is dropped when tb ends.
+func ratingsSchema(tb testing.TB) (*pgxpool.Pool, string, *TableProjection) {
+	tb.Helper()
+	pool := pgtest.Pool(tb)
+	ctx := context.Background()
+	defs, err := LoadDefinitions(hotDefinitions[0].path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	schema := pgtest.NewSchemaName(tb)
+	if err := Migrate(ctx, pool, defs, schema); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()+
+		" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 1 AND 5)"); err != nil {
+		tb.Fatal(err)
+	}
+	return pool, schema, hotProjections(tb, hotDefinitions[0].path)[2]
 }
