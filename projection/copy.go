@@ -636,7 +636,10 @@ func (p *TableProjection) copyTable() string {
 }
 
 // copyCreateSQL creates the temporary table: every column text, as Plan's
-// parameters are, emptied at commit; numbered adds rangeColumn (bigint).
+// parameters are, emptied at commit; numbered adds rangeColumn (bigint)
+// and an index on it, so that each range of isolateSQL reads its own rows
+// rather than the whole table (BenchmarkIsolateGroup, 4 alternated runs:
+// PostgreSQL's CPU for a group with 5 rows refused, medians 10.6 → 9.1 ms).
 func (p *TableProjection) copyCreateSQL(tmp string, numbered bool) string {
 	cols := make([]string, 0, len(p.cols)+2)
 	for _, c := range p.cols {
@@ -646,7 +649,11 @@ func (p *TableProjection) copyCreateSQL(tmp string, numbered bool) string {
 	if numbered {
 		cols = append(cols, rangeColumn+" bigint")
 	}
-	return "CREATE TEMP TABLE IF NOT EXISTS " + pgx.Identifier{tmp}.Sanitize() + " (" + strings.Join(cols, ", ") + ") ON COMMIT DELETE ROWS"
+	sql := "CREATE TEMP TABLE IF NOT EXISTS " + pgx.Identifier{tmp}.Sanitize() + " (" + strings.Join(cols, ", ") + ") ON COMMIT DELETE ROWS"
+	if numbered {
+		sql += "; CREATE INDEX IF NOT EXISTS " + pgx.Identifier{tmp + "_rn"}.Sanitize() + " ON " + pgx.Identifier{tmp}.Sanitize() + " (" + rangeColumn + ")"
+	}
+	return sql
 }
 
 // copyRangeSQL is the rows $2 <= rangeColumn < $3 of the numbered
