@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"os"
 	"strconv"
 	"strings"
@@ -344,4 +345,75 @@ func ratingsSchema(tb testing.TB) (*pgxpool.Pool, string, *TableProjection) {
 		tb.Fatal(err)
 	}
 	return pool, schema, hotProjections(tb, hotDefinitions[0].path)[2]
+}
+
+// TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted: when a range
+// fails, isolateSQL tries alone the row PostgreSQL was upserting
+// (copyAtSequence), and then the rows before and after it, rather than
+// halving the range down to it: a group of 64 with one row that a CHECK
+// constraint refuses is reported as its parts, the one holding the
+// refused row as three ranges. An error raised at the end of the
+// statement (an AFTER trigger) names no row: the row tried alone applies,
+// and the range is halved down to the refused row instead; either way the
+// refused row, and only it, is reported with PostgreSQL's error.
+func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
+	pool, schema, ratings := ratingsSchema(t)
+	ctx := context.Background()
+	fn := pgx.Identifier{schema, "refuse_user_37"}.Sanitize()
+	tbl := pgx.Identifier{schema, "artist_ratings"}.Sanitize()
+	for _, sql := range []string{
+		"CREATE FUNCTION " + fn + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.user_id = 'user-37' THEN RAISE EXCEPTION 'user-37 refused'; END IF; RETURN NULL; END $$",
+		"CREATE TRIGGER refuse_user_37 AFTER INSERT OR UPDATE ON " + tbl + " FOR EACH ROW WHEN (NEW.stars = 5) EXECUTE FUNCTION " + fn + "()",
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n, minRows, at = 64, 16, 37
+	for _, tt := range []struct {
+		name     string
+		stars    int    // of row at
+		sqlstate string // of its refusal
+		ranges   int    // reported, at most
+	}{
+		// The parts; the failing one as the rows before, at and after the refused one.
+		{"CHECK constraint", 0, "23514", copyParts(n, minRows) + 2},
+		// The parts, one more range per halving of the failing part
+		// (log2 16 = 4) and the row tried alone: the first failure that
+		// names a row wrongly turns the naming off.
+		{"AFTER trigger", 5, "P0001", copyParts(n, minRows) + bits.Len(minRows)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := ratingsGroup(t, ratings, schema, n, nil, nil)
+			for i := range g.all { // no row but at refused
+				g.all[i].stmt.Args[2] = "1"
+			}
+			g.all[at].stmt.Args[2] = strconv.Itoa(tt.stars)
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			tmp, err := copyNumbered(ctx, tx, g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ranges, err := isolate(ctx, tx, ratings.isolateSQL(schema, tmp, n, minRows, true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkCoverage(ranges, n); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range ranges {
+				refused := r.lo == at
+				if (r.kind == rangeRefused) != refused || refused && r.err.Code != tt.sqlstate || !refused && r.kind != rangeApplied {
+					t.Errorf("range [%d, %d) %s (%v); want row %d alone refused with SQLSTATE %s, the rest applied", r.lo, r.hi, r.kind, r.err, at, tt.sqlstate)
+				}
+			}
+			if len(ranges) > tt.ranges {
+				t.Errorf("%d ranges reported, want at most %d", len(ranges), tt.ranges)
+			}
+		})
+	}
 }
