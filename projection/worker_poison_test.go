@@ -162,7 +162,8 @@ func (c *logCounter) records(msg string) []slog.Record {
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
 // PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
 // with CopyMinRows 16: the failed group's copied rows are upserted by parts
-// of 16, halved down to the refused row, in PostgreSQL (isolateSQL), every
+// of 16, a failing one split around its refused row, in PostgreSQL
+// (isolateSQL), every
 // good row is applied, and exactly the violating pairs are dead-lettered,
 // once each, with PostgreSQL's error. One violating row is the newer of two upserts
 // of its key: the older one, superseded in the group, is applied with its
