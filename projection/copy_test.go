@@ -351,8 +351,8 @@ func ratingsSchema(tb testing.TB) (*pgxpool.Pool, string, *TableProjection) {
 // fails, isolateSQL tries alone the row PostgreSQL was upserting
 // (copyAtSequence), and then the rows before and after it, rather than
 // halving the range down to it: a group of 64 with one row that a CHECK
-// constraint refuses is reported as its parts, the one holding the
-// refused row as three ranges. An error raised at the end of the
+// constraint refuses (or whose cast is out of range) is reported as its
+// parts, the one holding the refused row as three ranges. An error raised at the end of the
 // statement (an AFTER trigger) names no row: the row tried alone applies,
 // and the range is halved down to the refused row instead; either way the
 // refused row, and only it, is reported with PostgreSQL's error.
@@ -372,23 +372,24 @@ func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
 	const n, minRows, at = 64, 16, 37
 	for _, tt := range []struct {
 		name     string
-		stars    int    // of row at
+		stars    string // of row at
 		sqlstate string // of its refusal
 		ranges   int    // reported, at most
 	}{
 		// The parts; the failing one as the rows before, at and after the refused one.
-		{"CHECK constraint", 0, "23514", copyParts(n, minRows) + 2},
+		{"CHECK constraint", "0", "23514", copyParts(n, minRows) + 2},
+		{"a cast out of range", "3000000000", "22003", copyParts(n, minRows) + 2},
 		// The parts, one more range per halving of the failing part
 		// (log2 16 = 4) and the row tried alone: the first failure that
 		// names a row wrongly turns the naming off.
-		{"AFTER trigger", 5, "P0001", copyParts(n, minRows) + bits.Len(minRows)},
+		{"AFTER trigger", "5", "P0001", copyParts(n, minRows) + bits.Len(minRows)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			g := ratingsGroup(t, ratings, schema, n, nil, nil)
 			for i := range g.all { // no row but at refused
 				g.all[i].stmt.Args[2] = "1"
 			}
-			g.all[at].stmt.Args[2] = strconv.Itoa(tt.stars)
+			g.all[at].stmt.Args[2] = tt.stars
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
