@@ -96,6 +96,14 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection,
 			}
 		}
 	}
+	// suspectKey reports whether upsert pr of g is of a suspect key.
+	suspectKey := func(g *copyGroup, pr pair) bool {
+		if suspect[g] == nil {
+			return false
+		}
+		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
+		return suspect[g][string(key)]
+	}
 	var out []*copyGroup
 	small := map[*copyGroup]bool{}
 	for _, g := range order {
@@ -114,14 +122,8 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection,
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpUpsert {
 			g := groups[gk{tp, pr.d.ev.TenantSchema}]
-			if g != nil && !small[g] && !deletedKey(tp, pr) {
-				keys := suspect[g]
-				if keys == nil {
-					continue // in a COPY group
-				}
-				if key = appendKeyText(key[:0], tp, pr.stmt.Args); !keys[string(key)] {
-					continue // in a COPY group
-				}
+			if g != nil && !small[g] && !deletedKey(tp, pr) && !suspectKey(g, pr) {
+				continue // in a COPY group
 			}
 		}
 		rest = append(rest, pr)
