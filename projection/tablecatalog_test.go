@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -417,5 +418,19 @@ func TestCopyGroupFailingWithClass42DropsTheCatalogEntry(t *testing.T) {
 	c.columns(ctx, schema, "artist_ratings")
 	if q.n != 2 {
 		t.Errorf("%d catalog lookups, want 2 (the entry dropped after the 42703)", q.n)
+	}
+}
+
+// TestReadmeStatesTheCatalogCacheBounds: the README gives the catalog
+// cache's TTL and bound as the code has them.
+func TestReadmeStatesTheCatalogCacheBounds(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := strings.Join(strings.Fields(string(b)), " ")
+	want := fmt.Sprintf("keeps them %d s (at most %d tables per worker;", int(catalogTTL/time.Second), maxCatalogTables)
+	if !strings.Contains(readme, want) {
+		t.Errorf("README.md does not say %q", want)
 	}
 }
