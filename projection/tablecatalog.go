@@ -43,7 +43,7 @@ type catalogQuerier interface {
 }
 
 // tableCatalog caches, per worker, the columns of each (tenant schema,
-// table) as PostgreSQL's catalog has them, so that copyGroups can leave to
+// table) as PostgreSQL's catalog has them, so that copyGroupsChecked leaves to
 // statements the upserts that the table would refuse although the
 // definition's column type takes them (a table stricter than its
 // definition). An entry is read with one query (catalogColumnsSQL) the
@@ -82,8 +82,8 @@ func newTableCatalog(db DB, log *slog.Logger) *tableCatalog {
 }
 
 // columns returns the columns of table in schema by name, from the cache
-// or read now; nil when nothing is known (no Query, the lookup failed, or
-// the table does not exist).
+// or read now: none when the table does not exist, nil when nothing is
+// known (no Query, or the lookup failed). Either way nothing is checked.
 func (c *tableCatalog) columns(ctx context.Context, schema, table string) map[string]catalogColumn {
 	if c == nil || c.db == nil {
 		return nil
@@ -181,7 +181,7 @@ var catalogTypes = []string{
 func parseCatalogType(typ string) catalogColumn {
 	c := catalogColumn{typ: typ}
 	base, mod := typ, ""
-	if i := strings.IndexByte(typ, '('); i > 0 && strings.HasSuffix(typ, ")") && !strings.Contains(typ, " with") {
+	if i := strings.IndexByte(typ, '('); i > 0 && strings.HasSuffix(typ, ")") {
 		base, mod = typ[:i], typ[i+1:len(typ)-1]
 	}
 	if !slices.Contains(catalogTypes, base) {
