@@ -27,6 +27,10 @@ type Definitions struct {
 	// programs caches compiled derive expressions by their text, so that
 	// each expression is compiled once (by LoadDefinitions or Validate).
 	programs map[string]cel.Program
+	// refused holds the paths whose value the parser refused (a present key
+	// of the wrong kind), so that Validate does not report it again as
+	// missing, nor what follows from it.
+	refused map[string]bool
 }
 
 // ProjectionDef is one table projection: it keeps one row per primary key in
@@ -191,6 +195,7 @@ func ParseDefinitions(name string, data []byte) (*Definitions, error) {
 	p := defParser{file: name}
 	d := p.parse(data)
 	d.source = name
+	d.refused = p.refused
 	// Validate even after structural problems, so that one run reports
 	// everything (a misspelt key also shows as the value it failed to set).
 	if err := d.Validate(); err != nil || len(p.errs) > 0 {
