@@ -8,8 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-
-	"github.com/google/cel-go/cel"
 )
 
 // Definitions is a loaded projection definitions file (SPEC §4): one IR
@@ -26,7 +24,7 @@ type Definitions struct {
 	source string
 	// programs caches compiled derive expressions by their text, so that
 	// each expression is compiled once (by LoadDefinitions or Validate).
-	programs map[string]cel.Program
+	programs map[string]*derivePrg
 	// refused holds the paths whose value the parser refused (a present key
 	// of the wrong kind), so that Validate does not report it again as
 	// missing, nor what follows from it.

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/google/cel-go/cel"
 )
 
 // Validate checks d as LoadDefinitions does (names, types, paths, events)
@@ -149,7 +147,7 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 					cfail("derive", "%v", err)
 				} else {
 					if d.programs == nil {
-						d.programs = map[string]cel.Program{}
+						d.programs = map[string]*derivePrg{}
 					}
 					d.programs[col.Derive] = prg
 				}
