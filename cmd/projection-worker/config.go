@@ -65,8 +65,15 @@ type settings struct {
 	tenantSchemas []string
 }
 
+// registerCommon registers --log-format (default json, the format of a
+// deployed worker's collectors) and --log-level.
 func (s *settings) registerCommon(fs *flagenv.Set) {
-	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", "json", "log format: json or text")
+	s.registerLog(fs, "json")
+}
+
+// registerLog registers --log-format with its default and --log-level.
+func (s *settings) registerLog(fs *flagenv.Set, format string) {
+	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", format, "log format: json or text")
 	fs.String(&s.logLevel, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn or error")
 }
 
