@@ -12,6 +12,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/logdur"
 	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
@@ -184,7 +185,7 @@ func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
 		return nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := logdur.Options(level)
 	switch strings.ToLower(s.logFormat) {
 	case "json":
 		return slog.New(traceContextHandler{slog.NewJSONHandler(w, opts)}), nil
