@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
@@ -33,6 +35,8 @@ type settings struct {
 
 	// run
 	group              string
+	groupInstanceID    string
+	sessionTimeout     time.Duration
 	maxRetries         int
 	retryInitial       time.Duration
 	retryMax           time.Duration
@@ -98,6 +102,10 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	def := retry.DefaultPolicy()
 	host, _ := os.Hostname()
 	fs.String(&s.group, "group", "CONSUMER_GROUP", projection.DefaultGroup, "consumer group")
+	fs.String(&s.groupInstanceID, "group-instance-id", "GROUP_INSTANCE_ID", "",
+		"static membership (Kafka's group.instance.id): a name that stays this worker's across restarts, such as a StatefulSet pod's; a restart within --session-timeout keeps its partitions without a rebalance. Not a Deployment's pod name, which changes on each rollout (default: none, dynamic membership)")
+	fs.Duration(&s.sessionTimeout, "session-timeout", "SESSION_TIMEOUT", defaultSessionTimeout,
+		"time without heartbeats after which Kafka removes this worker from the group and rebalances ("+minSessionTimeout.String()+" to "+maxSessionTimeout.String()+", the broker's default bounds)")
 	fs.Int(&s.maxRetries, "max-retries", "MAX_RETRIES", def.MaxRetries, "retries of a failing (event, projection) pair before it is dead-lettered")
 	fs.Duration(&s.retryInitial, "retry-initial", "RETRY_INITIAL", def.Initial, "first retry wait (doubles each retry, with jitter)")
 	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait")
@@ -269,11 +277,56 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 // message size limit with room for the record batch around it.
 const maxDLQBytes = 1 << 30
 
+// The bounds and default of --session-timeout: Kafka's default
+// group.min.session.timeout.ms and group.max.session.timeout.ms (a broker
+// refuses a join outside its bounds), and kgo's default session timeout.
+const (
+	minSessionTimeout     = 6 * time.Second
+	maxSessionTimeout     = 30 * time.Minute
+	defaultSessionTimeout = 45 * time.Second
+)
+
+// maxInstanceIDLen is the longest group.instance.id Kafka accepts (its
+// JoinGroupRequest.validateGroupInstanceId, as for topic names).
+const maxInstanceIDLen = 249
+
+// groupOpts returns the consumer group options of --group-instance-id and
+// --session-timeout (checkRun has checked them).
+func (s *settings) groupOpts() []kgo.Opt {
+	opts := []kgo.Opt{kgo.SessionTimeout(s.sessionTimeout)}
+	if s.groupInstanceID != "" {
+		opts = append(opts, kgo.InstanceID(s.groupInstanceID))
+	}
+	return opts
+}
+
+// checkGroupMembership returns a usage error naming --group-instance-id or
+// --session-timeout when Kafka would refuse its value.
+func (s *settings) checkGroupMembership() error {
+	if s.sessionTimeout < minSessionTimeout || s.sessionTimeout > maxSessionTimeout {
+		return flagenv.Usagef("--session-timeout (SESSION_TIMEOUT) must be in %s..%s (Kafka's default group.min/max.session.timeout.ms), got %s",
+			minSessionTimeout, maxSessionTimeout, s.sessionTimeout)
+	}
+	id := s.groupInstanceID
+	if id == "" {
+		return nil
+	}
+	if len(id) > maxInstanceIDLen || id == "." || id == ".." || strings.IndexFunc(id, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-')
+	}) >= 0 {
+		return flagenv.Usagef("--group-instance-id (GROUP_INSTANCE_ID) %q: want 1 to %d of a-z, A-Z, 0-9, '.', '_', '-' (not . or ..), as Kafka accepts", id, maxInstanceIDLen)
+	}
+	return nil
+}
+
 // checkRun returns a usage error naming the first run flag out of range;
 // it runs before anything is dialled.
 func (s *settings) checkRun() error {
 	if strings.TrimSpace(s.group) == "" {
 		return flagenv.Usagef("--group (CONSUMER_GROUP) is empty: set a consumer group name")
+	}
+	if err := s.checkGroupMembership(); err != nil {
+		return err
 	}
 	switch projection.InfraMode(s.onInfraError) {
 	case projection.InfraPause, projection.InfraDeadLetter:

@@ -233,7 +233,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		TracerProvider:     tel.tracerProvider(),
 		TraceEveryPair:     s.traceEveryPair,
 		TenantSchemas:      tenants,
-	}, handlers, pool, redactedWriter{dlqWriter, red}, kopts...)
+	}, handlers, pool, redactedWriter{dlqWriter, red}, append(kopts, s.groupOpts()...)...)
 	if err != nil {
 		var ue *flagenv.UsageError
 		if !errors.As(err, &ue) {
@@ -261,7 +261,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		log.Info("http listening", "addr", ln.Addr().String())
 	}
 	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
-		"projections", len(handlers), "group", s.group, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
+		"projections", len(handlers), "group", s.group, "group_instance_id", s.groupInstanceID, "session_timeout", s.sessionTimeout, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
 		"dlq_max_bytes", dlqMaxBytes)
 	if started != nil {
 		started(w)
