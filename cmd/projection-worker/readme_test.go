@@ -4,7 +4,6 @@ import (
 	"flag"
 	"io"
 	"os"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -15,15 +14,7 @@ import (
 // projection-worker lists every flag of run with its environment variable,
 // and nothing run does not take.
 func TestReadmeFlagTableIsTheRunFlags(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, table, found := strings.Cut(string(readme), "\n| flag | env | default | |\n")
-	if !found {
-		t.Fatal("README: no flag table (| flag | env | default | |)")
-	}
-	code := regexp.MustCompile("`([^`]+)`")
+	table := readmeAfter(t, "\n| flag | env | default | |\n")
 	documented := map[string]string{} // flag -> env
 	for _, row := range strings.Split(table, "\n") {
 		if !strings.HasPrefix(row, "|") {
@@ -34,10 +25,10 @@ func TestReadmeFlagTableIsTheRunFlags(t *testing.T) {
 			continue
 		}
 		var flags, envs []string
-		for _, m := range code.FindAllStringSubmatch(cells[1], -1) {
+		for _, m := range backquoted.FindAllStringSubmatch(cells[1], -1) {
 			flags = append(flags, strings.TrimPrefix(m[1], "--"))
 		}
-		for _, m := range code.FindAllStringSubmatch(cells[2], -1) {
+		for _, m := range backquoted.FindAllStringSubmatch(cells[2], -1) {
 			envs = append(envs, m[1])
 		}
 		if len(flags) != len(envs) {
@@ -59,4 +50,19 @@ func TestReadmeFlagTableIsTheRunFlags(t *testing.T) {
 	if diff := cmp.Diff(served, documented); diff != "" {
 		t.Errorf("run's flags and variables (-) against the README's table (+):\n%s", diff)
 	}
+}
+
+// readmeAfter returns the README's text after marker, failing t when the
+// README lacks it.
+func readmeAfter(t *testing.T, marker string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), marker)
+	if !ok {
+		t.Fatalf("README.md has no %q", strings.TrimSpace(marker))
+	}
+	return rest
 }
