@@ -37,6 +37,7 @@ type settings struct {
 	group              string
 	groupInstanceID    string
 	sessionTimeout     time.Duration
+	kafkaStartTimeout  time.Duration
 	maxRetries         int
 	retryInitial       time.Duration
 	retryMax           time.Duration
@@ -102,6 +103,8 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	def := retry.DefaultPolicy()
 	host, _ := os.Hostname()
 	fs.String(&s.group, "group", "CONSUMER_GROUP", projection.DefaultGroup, "consumer group")
+	fs.Duration(&s.kafkaStartTimeout, "kafka-start-timeout", "KAFKA_START_TIMEOUT", defaultKafkaStartTimeout,
+		"how long run retries, at start, to reach a broker of --brokers (1s, doubling up to 10s) before it exits with status 4 (0: try once); keep it under the startup probe's window")
 	fs.String(&s.groupInstanceID, "group-instance-id", "GROUP_INSTANCE_ID", "",
 		"static membership (Kafka's group.instance.id): a name that stays this worker's across restarts, such as a StatefulSet pod's; a restart within --session-timeout keeps its partitions without a rebalance. Not a Deployment's pod name, which changes on each rollout (default: none, dynamic membership)")
 	fs.Duration(&s.sessionTimeout, "session-timeout", "SESSION_TIMEOUT", defaultSessionTimeout,
@@ -286,6 +289,11 @@ const (
 	defaultSessionTimeout = 45 * time.Second
 )
 
+// defaultKafkaStartTimeout is the default of --kafka-start-timeout: under
+// the 90 s window of the manifests' startup probe, which /healthz answers
+// only once Kafka has.
+const defaultKafkaStartTimeout = 60 * time.Second
+
 // maxInstanceIDLen is the longest group.instance.id Kafka accepts (its
 // JoinGroupRequest.validateGroupInstanceId, as for topic names).
 const maxInstanceIDLen = 249
@@ -341,6 +349,9 @@ func (s *settings) checkRun() error {
 		if f.v < 1 {
 			return flagenv.Usagef("%s must be >= 1, got %d", f.flag, f.v)
 		}
+	}
+	if s.kafkaStartTimeout < 0 {
+		return flagenv.Usagef("--kafka-start-timeout must be >= 0 (0: try once), got %s", s.kafkaStartTimeout)
 	}
 	if s.shutdownGrace <= 0 {
 		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)

@@ -313,13 +313,15 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.Infr
 // its retention and depth as metrics. It returns what it found of the
 // dead-letter topic.
 func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) (dlq.TopicReport, error) {
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	check := dlq.EnsureTopics
 	if !s.createTopics {
 		check = dlq.CheckTopics
 	}
-	rep, err := check(tctx, adm, cfg)
+	rep, err := untilKafkaAnswers(ctx, s, log, func(ctx context.Context) (dlq.TopicReport, error) {
+		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return check(tctx, adm, cfg)
+	})
 	if err != nil {
 		if reason := kafkaconn.Explain(err); reason != "" {
 			return rep, fmt.Errorf("topics: %s: %w", reason, err)
