@@ -137,7 +137,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 	rest := planned
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
-		groups, rest = copyGroups(planned, w.cfg.CopyMinRows)
+		groups, rest = pc.formCopyGroups(ctx, planned)
 		var refused []pairFailure
 		var err error
 		if rest, refused, err = pc.applyCopyGroups(ctx, groups, rest, planned); err != nil {
@@ -297,6 +297,7 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 // (*ColumnError).
 func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailure {
 	if tp, ok := p.h.(*TableProjection); ok {
+		w.catalog.forgetOn(tp, p.d.ev.TenantSchema, err)
 		err = tp.columnError(p.d.ev, err)
 	}
 	class := retry.Classify(err)

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,6 +32,8 @@ import (
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/checker"
+	celast "github.com/google/cel-go/common/ast"
+	"github.com/google/cel-go/common/operators"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/common/types/traits"
@@ -59,15 +62,26 @@ var deriveEnv = sync.OnceValues(func() (*cel.Env, error) {
 	)
 })
 
+// derivePrg is a compiled derive expression. It is safe for concurrent use.
+type derivePrg struct {
+	cel.Program
+	ast *cel.Ast
+	// traced is Program with every sub-expression's value kept
+	// (cel.OptTrackState), made on the first error it explains.
+	traced func() (cel.Program, error)
+}
+
 // compileDerive compiles a derive expression into a program that is safe
-// for concurrent use. Errors give line:column and CEL's message.
+// for concurrent use. Errors give line:column and CEL's message, which names
+// the function or operator and the argument types of a call no overload
+// accepts (found no matching overload for '_+_' applied to '(int, string)').
 //
 // The program counts its cost as it runs, and stops at deriveCostLimit,
 // unless cel-go's static estimate of its worst case (every list, map and
 // string of unknown size taken at the largest size there is) is within the
 // limit: then it cannot reach the limit, and runs without the count, which
 // costs more than field arithmetic itself.
-func compileDerive(expr string) (cel.Program, error) {
+func compileDerive(expr string) (*derivePrg, error) {
 	env, err := deriveEnv()
 	if err != nil {
 		return nil, fmt.Errorf("cel environment: %w", err)
@@ -80,7 +94,7 @@ func compileDerive(expr string) (cel.Program, error) {
 		}
 		return nil, fmt.Errorf("%q does not compile: %s", expr, strings.Join(msgs, "; "))
 	}
-	var opts []cel.ProgramOption
+	opts := []cel.ProgramOption{}
 	if est, err := env.EstimateCost(ast, unknownSizes{}); err != nil || est.Max > deriveCostLimit {
 		opts = append(opts, cel.CostLimit(deriveCostLimit))
 	}
@@ -88,7 +102,94 @@ func compileDerive(expr string) (cel.Program, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%q: %w", expr, err)
 	}
-	return prg, nil
+	traced := sync.OnceValues(func() (cel.Program, error) {
+		return env.Program(ast, append(opts, cel.EvalOptions(cel.OptTrackState))...)
+	})
+	return &derivePrg{Program: prg, ast: ast, traced: traced}, nil
+}
+
+// explainOverload returns err, cel-go's "no such overload" of evaluating d
+// on vars, with the call it failed at: "no such overload: operator + applied
+// to (string, int) at 1:11" (a function: "function size applied to (int)").
+// cel-go's runtime error does not say which call failed (its expression id
+// is unreliable: cel-go labels one shared error value with the first id it
+// fails at), so d is evaluated again keeping every value, and the call is
+// the one whose value is that error while none of its arguments' is. It
+// returns err unchanged when it cannot tell more.
+func (d *derivePrg) explainOverload(err error, vars *deriveActivation) error {
+	traced, terr := d.traced()
+	if terr != nil {
+		return err
+	}
+	_, det, _ := traced.Eval(vars)
+	if det == nil || det.State() == nil {
+		return err
+	}
+	state := det.State()
+	failed := func(id int64) bool {
+		v, ok := state.Value(id)
+		return ok && types.IsError(v)
+	}
+	native := d.ast.NativeRep()
+	for _, e := range celast.MatchDescendants(celast.NavigateAST(native), celast.KindMatcher(celast.CallKind)) {
+		v, ok := state.Value(e.ID())
+		if !ok || !isNoSuchOverload(asError(v)) {
+			continue
+		}
+		call := e.AsCall()
+		args := call.Args()
+		if call.IsMemberFunction() {
+			args = append([]celast.Expr{call.Target()}, args...)
+		}
+		if slices.ContainsFunc(args, func(a celast.Expr) bool { return failed(a.ID()) }) {
+			continue // the error comes from an argument
+		}
+		names := make([]string, len(args))
+		for i, a := range args {
+			names[i] = "?"
+			if v, ok := state.Value(a.ID()); ok && v != nil {
+				names[i] = v.Type().TypeName()
+			}
+		}
+		what := "function " + call.FunctionName()
+		if op, ok := operators.FindReverse(call.FunctionName()); ok && op != "" {
+			what = "operator " + op
+		}
+		loc := native.SourceInfo().GetStartLocation(e.ID())
+		return &overloadError{err: err, call: what, argTypes: names, line: loc.Line(), column: loc.Column() + 1}
+	}
+	return err
+}
+
+// asError returns v as an error when it is a CEL error value, else nil.
+func asError(v ref.Val) error {
+	if e, ok := v.(*types.Err); ok {
+		return e
+	}
+	return nil
+}
+
+// overloadError is a "no such overload" error with the call it failed at.
+type overloadError struct {
+	err          error
+	call         string   // "operator +", "function size"
+	argTypes     []string // CEL type names, target first; "?" if unknown
+	line, column int      // 1-based
+}
+
+func (e *overloadError) Error() string {
+	return fmt.Sprintf("no such overload: %s applied to (%s) at %d:%d", e.call, strings.Join(e.argTypes, ", "), e.line, e.column)
+}
+
+func (e *overloadError) Unwrap() error { return e.err }
+
+// isNoSuchOverload reports whether err is cel-go's runtime error for a call
+// no overload accepts. cel-go gives it no code, only its text, which starts
+// "no such overload" ("no such overload: size" for some calls); its own
+// Err.Is compares texts too.
+func isNoSuchOverload(err error) bool {
+	var celErr *types.Err
+	return errors.As(err, &celErr) && strings.HasPrefix(celErr.Error(), errNoSuchOverload.Error())
 }
 
 // unknownSizes is the checker.CostEstimator of compileDerive: it knows
@@ -192,9 +293,14 @@ func (a treeAdapter) NativeToValue(v any) ref.Val {
 
 // evalDerive evaluates prg and returns its result as an event tree value
 // (nil, string, bool, json.Number, time.Time, map[string]any, []any).
-func evalDerive(prg cel.Program, vars *deriveActivation) (any, error) {
+// A "no such overload" error names the call and its argument types
+// (explainOverload).
+func evalDerive(prg *derivePrg, vars *deriveActivation) (any, error) {
 	out, _, err := prg.Eval(vars)
 	if err != nil {
+		if isNoSuchOverload(err) {
+			err = prg.explainOverload(err, vars)
+		}
 		return nil, err
 	}
 	return fromCEL(out)
@@ -270,7 +376,7 @@ func fromCEL(v ref.Val) (any, error) {
 var errNumberRange = errors.New("number beyond the range of a CEL double (±1.8e308)")
 
 // errNoSuchOverload is cel-go's error for a function or operator given
-// types it has no overload for (double + int); errors.Is matches it.
+// types it has no overload for (double + int); see isNoSuchOverload.
 var errNoSuchOverload = types.NoSuchOverloadErr().(error)
 
 // deriveError adds to a derive's evaluation error err the payload number
@@ -283,7 +389,11 @@ func deriveError(err error, payload map[string]any) error {
 		if path, n := findNumber(payload, "payload", beyondDouble); path != "" {
 			return fmt.Errorf("%s: %s: %w", path, quoteValue(n), err)
 		}
-	case errors.Is(err, errNoSuchOverload):
+	case isNoSuchOverload(err):
+		var oe *overloadError
+		if errors.As(err, &oe) && !slices.Contains(oe.argTypes, "double") {
+			break // no double in the call: not an integer read as one
+		}
 		if path, n := findNumber(payload, "payload", beyondInt64); path != "" {
 			return fmt.Errorf("%w (%s is %s, an integer beyond int64, which CEL reads as a double)", err, path, shortenValue(n))
 		}

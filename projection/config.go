@@ -62,7 +62,10 @@ type Config struct {
 	// temporary table and one INSERT ... ON CONFLICT instead of one
 	// statement per pair; below it the extra round trips cost more than they
 	// save. When a COPY fails, its batch is applied as statements, which
-	// isolate the failing pairs. Default 32; -1 never uses COPY.
+	// isolate the failing pairs. An upsert that the table itself would
+	// refuse (its column types and NOT NULL as the catalog says, read once
+	// per table and kept 30 s) is applied as a statement instead, with the
+	// other upserts of its row. Default 32; -1 never uses COPY.
 	CopyMinRows int
 	// MaxQueuedBytes bounds the record bytes (key, value, headers) polled
 	// but not yet processed, all partitions together, so that memory does

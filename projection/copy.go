@@ -38,6 +38,19 @@ type copyGroup struct {
 // small for COPY (fewer than minRows upserts). Measured with BenchmarkApplyBatchVsCopy: COPY is about
 // 1.65× faster for large groups.
 func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
+	return copyGroupsChecked(planned, minRows, nil)
+}
+
+// copyGroupsChecked is copyGroups that also leaves to statements every
+// upsert of a primary key that has a suspect upsert: one that check (when
+// not nil) says the table would refuse (rowCheck.refuses). check is called
+// once per group of at least minRows upserts, with the group's table
+// projection and tenant schema; it returns nil when nothing is known. The
+// whole key goes, in batch order, so that its upserts are applied as
+// statements would apply them: an older upsert is never skipped for a
+// suspect newer one, and the sequence guard keeps the newest. A group left
+// with fewer than minRows upserts goes to statements too.
+func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection, string) *rowCheck) ([]*copyGroup, []pair) {
 	deleted := map[string]bool{}
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpDelete {
@@ -67,6 +80,29 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 		key = appendKeyText(key[:0], tp, pr.stmt.Args)
 		g.add(pr, key)
 	}
+	var suspect map[*copyGroup]map[string]bool // primary keys (appendKeyText) left to statements
+	for _, g := range order {
+		if check == nil || g.n < minRows {
+			continue
+		}
+		if rc := check(g.p, g.schema); rc != nil {
+			if keys := rc.suspectKeys(g); len(keys) > 0 {
+				if suspect == nil {
+					suspect = map[*copyGroup]map[string]bool{}
+				}
+				suspect[g] = keys
+				*g = *g.without(keys)
+			}
+		}
+	}
+	// suspectKey reports whether upsert pr of g is of a suspect key.
+	suspectKey := func(g *copyGroup, pr pair) bool {
+		if suspect[g] == nil {
+			return false
+		}
+		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
+		return suspect[g][string(key)]
+	}
 	var out []*copyGroup
 	small := map[*copyGroup]bool{}
 	for _, g := range order {
@@ -76,15 +112,16 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 			out = append(out, g)
 		}
 	}
-	if len(small) == 0 {
+	if len(small) == 0 && len(suspect) == 0 {
 		return out, rest
 	}
-	// Small groups go back to the statement path, in batch order.
+	// Small groups and suspect keys go back to the statement path, in
+	// batch order.
 	rest = rest[:0]
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpUpsert {
 			g := groups[copyGroupKey{tp, pr.d.ev.TenantSchema}]
-			if g != nil && !small[g] && !deletedKey(tp, pr) {
+			if g != nil && !small[g] && !deletedKey(tp, pr) && !suspectKey(g, pr) {
 				continue // in a COPY group
 			}
 		}
@@ -197,6 +234,7 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 			// to its savepoint), isolated now.
 			cause = "failed"
 			g.wholeRefused = rowError(gerr)
+			w.catalog.forgetOn(g.p, g.schema, gerr)
 			w.log.Debug("copy group failed; applying it again on its own", "partition", pc.partition, "projection", g.p.Name(),
 				"tenant_schema", g.schema, "rows", g.n, "error", gerr)
 		}

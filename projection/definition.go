@@ -8,8 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-
-	"github.com/google/cel-go/cel"
 )
 
 // Definitions is a loaded projection definitions file (SPEC §4): one IR
@@ -26,7 +24,11 @@ type Definitions struct {
 	source string
 	// programs caches compiled derive expressions by their text, so that
 	// each expression is compiled once (by LoadDefinitions or Validate).
-	programs map[string]cel.Program
+	programs map[string]*derivePrg
+	// refused holds the paths whose value the parser refused (a present key
+	// of the wrong kind), so that Validate does not report it again as
+	// missing, nor what follows from it.
+	refused map[string]bool
 }
 
 // ProjectionDef is one table projection: it keeps one row per primary key in
@@ -191,6 +193,7 @@ func ParseDefinitions(name string, data []byte) (*Definitions, error) {
 	p := defParser{file: name}
 	d := p.parse(data)
 	d.source = name
+	d.refused = p.refused
 	// Validate even after structural problems, so that one run reports
 	// everything (a misspelt key also shows as the value it failed to set).
 	if err := d.Validate(); err != nil || len(p.errs) > 0 {

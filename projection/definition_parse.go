@@ -15,8 +15,19 @@ import (
 // (the yaml package's KnownFields errors name Go types and stop at the first
 // document-level problem).
 type defParser struct {
-	file string
-	errs []error
+	file    string
+	errs    []error
+	refused map[string]bool // paths whose value was refused (refuse)
+}
+
+// refuse reports the value n at where as invalid (fail) and records where,
+// so that Validate does not report the value as missing too.
+func (p *defParser) refuse(where string, n *yaml.Node, format string, args ...any) {
+	p.fail(where, n, format, args...)
+	if p.refused == nil {
+		p.refused = map[string]bool{}
+	}
+	p.refused[where] = true
 }
 
 func (p *defParser) fail(where string, n *yaml.Node, format string, args ...any) {
@@ -53,14 +64,14 @@ func (p *defParser) parse(data []byte) *Definitions {
 	p.mapping("", root, map[string]func(*yaml.Node){
 		"irVersion": func(v *yaml.Node) {
 			if v.Kind == yaml.ScalarNode && v.Tag != "!!str" && v.Tag != "!!null" {
-				p.fail("irVersion", v, "must be a string (quote it: \"%s\")", v.Value)
+				p.refuse("irVersion", v, "must be a string (quote it: \"%s\")", v.Value)
 				return
 			}
 			d.IRVersion = p.str("irVersion", v)
 		},
 		"projections": func(v *yaml.Node) {
 			if v.Kind != yaml.SequenceNode {
-				p.fail("projections", v, "must be a list")
+				p.refuse("projections", v, "must be a list")
 				return
 			}
 			for i, pn := range v.Content {
@@ -87,7 +98,7 @@ func (p *defParser) projection(i int, n *yaml.Node) ProjectionDef {
 		"table": func(v *yaml.Node) { pd.Table = p.str(where+": table", v) },
 		"primaryKey": func(v *yaml.Node) {
 			if v.Kind != yaml.SequenceNode {
-				p.fail(where+": primaryKey", v, "must be a list of column names")
+				p.refuse(where+": primaryKey", v, "must be a list of column names")
 				return
 			}
 			for _, e := range v.Content {
@@ -96,7 +107,7 @@ func (p *defParser) projection(i int, n *yaml.Node) ProjectionDef {
 		},
 		"columns": func(v *yaml.Node) {
 			if v.Kind != yaml.MappingNode {
-				p.fail(where+": columns", v, "must be a mapping of column name to definition")
+				p.refuse(where+": columns", v, "must be a mapping of column name to definition")
 				return
 			}
 			pd.Columns = map[string]ColumnDef{}
@@ -107,7 +118,7 @@ func (p *defParser) projection(i int, n *yaml.Node) ProjectionDef {
 		},
 		"events": func(v *yaml.Node) {
 			if v.Kind != yaml.MappingNode {
-				p.fail(where+": events", v, "must be a mapping of event type to upsert or delete")
+				p.refuse(where+": events", v, "must be a mapping of event type to upsert or delete")
 				return
 			}
 			pd.Events = map[string]Op{}
@@ -127,7 +138,7 @@ func (p *defParser) column(where string, n *yaml.Node) ColumnDef {
 		"derive": func(v *yaml.Node) { c.Derive = p.str(where+": derive", v) },
 		"notNull": func(v *yaml.Node) {
 			if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" || v.Decode(&c.NotNull) != nil {
-				p.fail(where+": notNull", v, "must be true or false")
+				p.refuse(where+": notNull", v, "must be true or false")
 			}
 		},
 	})
@@ -138,7 +149,7 @@ func (p *defParser) column(where string, n *yaml.Node) ColumnDef {
 // duplicate keys are errors.
 func (p *defParser) mapping(where string, n *yaml.Node, fields map[string]func(*yaml.Node)) {
 	if n.Kind != yaml.MappingNode {
-		p.fail(where, n, "must be a mapping")
+		p.refuse(where, n, "must be a mapping")
 		return
 	}
 	p.eachPair(where, n, func(k, v *yaml.Node) {
@@ -173,7 +184,7 @@ func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)
 // str returns the value of a scalar node, reporting other nodes and null.
 func (p *defParser) str(where string, n *yaml.Node) string {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
-		p.fail(where, n, "must be a string")
+		p.refuse(where, n, "must be a string")
 		return ""
 	}
 	return n.Value

@@ -174,24 +174,57 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"irVersion a number", "irVersion: 42\nprojections: {a: 1}\n", []string{
 			`d.yaml: irVersion: must be a string (quote it: "42") (line 1)`,
 			`d.yaml: projections: must be a list (line 2)`,
-			`d.yaml: irVersion: missing`,
-			`d.yaml: projections: none defined`,
 		}},
 		{"projections not a list", "irVersion: v1\nprojections: {a: 1}\n", []string{
 			`d.yaml: projections: must be a list (line 2)`,
-			`d.yaml: projections: none defined`,
 		}},
 		{"column not a mapping", head + "    columns:\n      id: text\n", []string{
 			`d.yaml: projection "p": columns.id: must be a mapping (line 8)`,
-			`d.yaml: projection "p": columns.id: type: missing`,
-			`d.yaml: projection "p": columns.id: neither from nor derive is set; set exactly one`,
 		}},
 		{"notNull not a bool", head + "    columns:\n      id: {type: text, from: entityId, notNull: yes}\n", []string{
 			`d.yaml: projection "p": columns.id: notNull: must be true or false (line 8)`,
 		}},
 		{"null value", head + "    columns:\n      id: {type: text, from: ~}\n", []string{
 			`d.yaml: projection "p": columns.id: from: must be a string (line 8)`,
-			`d.yaml: projection "p": columns.id: neither from nor derive is set; set exactly one`,
+		}},
+		// A key present with a value of the wrong kind is reported once, as
+		// such, never again as missing (new-user trial: "irVersion: missing"
+		// for an irVersion that was there).
+		{"irVersion a date", "irVersion: 2024-06-01\n" + head[len("irVersion: v1\n"):] + "    columns: {id: {type: text, from: entityId}}\n", []string{
+			`d.yaml: irVersion: must be a string (quote it: "2024-06-01") (line 1)`,
+		}},
+		{"irVersion null", "irVersion:\n" + head[len("irVersion: v1\n"):] + "    columns: {id: {type: text, from: entityId}}\n", []string{
+			`d.yaml: irVersion: must be a string (line 1)`,
+		}},
+		{"table a mapping", "irVersion: v1\nprojections:\n  - {name: p, table: {t: 1}, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
+			`d.yaml: projection "p": table: must be a string (line 3)`,
+		}},
+		{"name a list", "irVersion: v1\nprojections:\n  - {name: [p], table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
+			`d.yaml: projections[0]: name: must be a string (line 3)`,
+		}},
+		{"projection a string", "irVersion: v1\nprojections:\n  - p\n", []string{
+			`d.yaml: projections[0]: must be a mapping (line 3)`,
+		}},
+		{"primaryKey a string", "irVersion: v1\nprojections:\n  - {name: p, table: t, primaryKey: id, columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
+			`d.yaml: projection "p": primaryKey: must be a list of column names (line 3)`,
+		}},
+		{"columns a list", "irVersion: v1\nprojections:\n  - {name: p, table: t, primaryKey: [id], columns: [id], events: {E: upsert}}\n", []string{
+			`d.yaml: projection "p": columns: must be a mapping of column name to definition (line 3)`,
+		}},
+		{"events a list", "irVersion: v1\nprojections:\n  - {name: p, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: [E]}\n", []string{
+			`d.yaml: projection "p": events: must be a mapping of event type to upsert or delete (line 3)`,
+		}},
+		{"type a list", head + "    columns:\n      id: {type: [text], from: entityId}\n", []string{
+			`d.yaml: projection "p": columns.id: type: must be a string (line 8)`,
+		}},
+		{"file a list", "- irVersion: v1\n", []string{
+			`d.yaml: must be a mapping (line 1)`,
+		}},
+		// A key that is absent is still reported missing, also next to
+		// another key's problem.
+		{"irVersion misspelt", "irVersoin: v1\n" + head[len("irVersion: v1\n"):] + "    columns: {id: {type: text, from: entityId}}\n", []string{
+			`d.yaml: unknown key "irVersoin" (want one of irVersion, projections) (line 1)`,
+			`d.yaml: irVersion: missing`,
 		}},
 		{"empty path segment", head + "    columns:\n      id: {type: text, from: payload..id}\n", []string{
 			`d.yaml: projection "p": columns.id: from: "payload..id" has an empty path segment`,

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/google/cel-go/cel"
 )
 
 // Validate checks d as LoadDefinitions does (names, types, paths, events)
@@ -21,14 +19,19 @@ func (d *Definitions) Validate() error {
 	if file == "" {
 		file = "projection definitions"
 	}
-	fail := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{file}, args...)...))
+	// fail reports a problem of the value at path, unless the parser
+	// refused that value or one holding it: "missing" would be wrong then.
+	fail := func(path, format string, args ...any) {
+		if d.refusedAt(path) {
+			return
+		}
+		errs = append(errs, fmt.Errorf("%s: %s: "+format, append([]any{file, path}, args...)...))
 	}
 	if d.IRVersion == "" {
-		fail("irVersion: missing")
+		fail("irVersion", "missing")
 	}
 	if len(d.Projections) == 0 {
-		fail("projections: none defined")
+		fail("projections", "none defined")
 	}
 	names := map[string]int{}
 	tables := map[string]string{}
@@ -38,56 +41,57 @@ func (d *Definitions) Validate() error {
 		if pd.Name == "" {
 			label = fmt.Sprintf("projections[%d]", i)
 		}
-		pfail := func(format string, args ...any) {
-			fail("%s: "+format, append([]any{label}, args...)...)
+		// pfail reports a problem of the projection's field.
+		pfail := func(field, format string, args ...any) {
+			fail(label+": "+field, format, args...)
 		}
 		switch {
 		case pd.Name == "":
-			pfail("name: missing")
+			pfail("name", "missing")
 		case !validName(pd.Name):
-			pfail("name: %s", nameProblem(pd.Name))
+			pfail("name", "%s", nameProblem(pd.Name))
 		}
 		if j, dup := names[pd.Name]; dup && pd.Name != "" {
-			pfail("name: duplicate projection name (also projections[%d])", j)
+			pfail("name", "duplicate projection name (also projections[%d])", j)
 		} else {
 			names[pd.Name] = i
 		}
 		switch {
 		case pd.Table == "":
-			pfail("table: missing")
+			pfail("table", "missing")
 		case !validName(pd.Table):
-			pfail("table: %s", nameProblem(pd.Table))
+			pfail("table", "%s", nameProblem(pd.Table))
 		default:
 			if other, dup := tables[pd.Table]; dup {
-				pfail("table: %q is also the table of projection %q", pd.Table, other)
+				pfail("table", "%q is also the table of projection %q", pd.Table, other)
 			} else {
 				tables[pd.Table] = pd.Name
 			}
 		}
-		d.validateColumns(pd, pfail)
+		d.validateColumns(pd, label, pfail)
 		d.validatePrimaryKey(pd, pfail)
 		if len(pd.Events) == 0 {
-			pfail("events: none defined")
+			pfail("events", "none defined")
 		}
 		for _, et := range sortedKeys(pd.Events) {
 			switch op := pd.Events[et]; {
 			case et == "":
-				pfail("events: empty event type")
+				pfail("events", "empty event type")
 			case op != OpUpsert && op != OpDelete:
-				pfail("events.%s: unknown operation %q (want upsert or delete)", et, string(op))
+				pfail("events."+et, "unknown operation %q (want upsert or delete)", string(op))
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (d *Definitions) validateColumns(pd *ProjectionDef, pfail func(string, ...any)) {
+func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail func(field, format string, args ...any)) {
 	if len(pd.Columns) == 0 {
-		pfail("columns: none defined")
+		pfail("columns", "none defined")
 		return
 	}
 	if len(pd.Columns) > maxColumns {
-		pfail("columns: %d columns, at most %d allowed", len(pd.Columns), maxColumns)
+		pfail("columns", "%d columns, at most %d allowed", len(pd.Columns), maxColumns)
 	}
 	if len(pd.ColumnNames) == 0 {
 		pd.ColumnNames = sortedKeys(pd.Columns)
@@ -95,46 +99,55 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, pfail func(string, ...a
 		seen := map[string]bool{}
 		for _, c := range pd.ColumnNames {
 			if _, ok := pd.Columns[c]; !ok || seen[c] {
-				pfail("columns: column order lists %q, which is not a column or is listed twice", c)
+				pfail("columns", "column order lists %q, which is not a column or is listed twice", c)
 			}
 			seen[c] = true
 		}
 		if len(seen) != len(pd.Columns) {
-			pfail("columns: column order does not list every column")
+			pfail("columns", "column order does not list every column")
 		}
 	}
 	for _, name := range sortedKeys(pd.Columns) {
 		col := pd.Columns[name]
-		cfail := func(format string, args ...any) {
-			pfail("columns.%s: "+format, append([]any{name}, args...)...)
+		field := "columns." + name
+		// cfail reports a problem of the column (sub "") or of its key sub.
+		cfail := func(sub, format string, args ...any) {
+			if sub != "" {
+				sub = ": " + sub
+			}
+			pfail(field+sub, format, args...)
 		}
 		if !validName(name) {
-			cfail("%s", nameProblem(name))
+			cfail("", "%s", nameProblem(name))
 		}
 		if t := normalizeType(col.Type); t != "" {
 			col.Type = t
 		} else if col.Type == "" {
-			cfail("type: missing")
+			cfail("type", "missing")
 		} else {
-			cfail("type: unknown type %q (want one of %s)", col.Type, strings.Join(ColumnTypes, ", "))
+			cfail("type", "unknown type %q (want one of %s)", col.Type, strings.Join(ColumnTypes, ", "))
 		}
 		switch {
 		case col.From != "" && col.Derive != "":
-			cfail("both from and derive are set; set exactly one")
+			cfail("", "both from and derive are set; set exactly one")
 		case col.From == "" && col.Derive == "":
-			cfail("neither from nor derive is set; set exactly one")
+			// Not when the parser refused the from or derive given.
+			at := label + ": " + field + ": "
+			if !d.refusedAt(at+"from") && !d.refusedAt(at+"derive") {
+				cfail("", "neither from nor derive is set; set exactly one")
+			}
 		case col.From != "":
 			if err := checkFromPath(col.From); err != nil {
-				cfail("from: %v", err)
+				cfail("from", "%v", err)
 			}
 		default:
 			if _, ok := d.programs[col.Derive]; !ok {
 				prg, err := compileDerive(col.Derive)
 				if err != nil {
-					cfail("derive: %v", err)
+					cfail("derive", "%v", err)
 				} else {
 					if d.programs == nil {
-						d.programs = map[string]cel.Program{}
+						d.programs = map[string]*derivePrg{}
 					}
 					d.programs[col.Derive] = prg
 				}
@@ -146,19 +159,37 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, pfail func(string, ...a
 	}
 }
 
-func (d *Definitions) validatePrimaryKey(pd *ProjectionDef, pfail func(string, ...any)) {
+func (d *Definitions) validatePrimaryKey(pd *ProjectionDef, pfail func(field, format string, args ...any)) {
 	if len(pd.PrimaryKey) == 0 {
-		pfail("primaryKey: missing")
+		pfail("primaryKey", "missing")
 	}
 	seen := map[string]bool{}
 	for _, k := range pd.PrimaryKey {
 		switch {
 		case seen[k]:
-			pfail("primaryKey: column %q listed twice", k)
-		case !hasKey(pd.Columns, k):
-			pfail("primaryKey: unknown column %q", k)
+			pfail("primaryKey", "column %q listed twice", k)
+		case len(pd.Columns) > 0 && !hasKey(pd.Columns, k): // no columns: reported under columns
+			pfail("primaryKey", "unknown column %q", k)
 		}
 		seen[k] = true
+	}
+}
+
+// refusedAt reports whether the parser refused the value at path or a value
+// holding it (path is "projection \"p\": columns.c: type" and the like).
+func (d *Definitions) refusedAt(path string) bool {
+	if d.refused[""] { // the file is not a mapping
+		return true
+	}
+	for {
+		if d.refused[path] {
+			return true
+		}
+		i := strings.LastIndexAny(path, ":.")
+		if i < 0 {
+			return false
+		}
+		path = path[:i]
 	}
 }
 

@@ -133,7 +133,8 @@ func hotBatch(tb testing.TB, n int) []pair {
 
 // BenchmarkHotCopy measures, for a batch of 500 events (about 800
 // upserts), the work of the COPY path in this process: grouping the
-// upserts (copyGroups) and encoding their rows in COPY's binary format as
+// upserts (copyGroups; checked against tables stricter than their
+// definitions, copyGroupsChecked) and encoding their rows in COPY's binary format as
 // pgx's CopyFrom does (every temporary-table column is text). Figures are
 // per upsert.
 func BenchmarkHotCopy(b *testing.B) {
@@ -146,6 +147,22 @@ func BenchmarkHotCopy(b *testing.B) {
 		for b.Loop() {
 			if groups, rest := copyGroups(planned, 32); len(groups) != 3 || len(rest) != 0 {
 				b.Fatalf("copyGroups: %d groups, %d left", len(groups), len(rest))
+			}
+		}
+		per(b)
+	})
+	b.Run("group checked", func(b *testing.B) {
+		// The tables of internal/bench's benchConstraints: every upsert of
+		// artist_followers and artist_ratings checked, none suspect.
+		stricter := map[string]map[string]catalogColumn{
+			"artist_followers": {"score": parseCatalogType("integer")},
+			"artist_ratings":   {"review": {typ: "text", known: true, notNull: true}},
+		}
+		check := func(p *TableProjection, _ string) *rowCheck { return newRowCheck(p, stricter[p.Table()]) }
+		b.ReportAllocs()
+		for b.Loop() {
+			if groups, rest := copyGroupsChecked(planned, 32, check); len(groups) != 3 || len(rest) != 0 {
+				b.Fatalf("copyGroupsChecked: %d groups, %d left", len(groups), len(rest))
 			}
 		}
 		per(b)

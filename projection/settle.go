@@ -258,6 +258,8 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 				pc.w.log.Warn("dead-letter write failed, retrying",
 					"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 					"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", f.errs[i])
+			} else {
+				pc.unacknowledged(dl, f.errs[i])
 			}
 			refused = append(refused, dl)
 			continue
@@ -278,6 +280,18 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 	return nil
 }
 
+// unacknowledged logs, at WARN, that the partition is released (revoke,
+// SIGTERM) before Kafka acknowledged the dead letter dl, with the write's
+// error: the pair stays unfinished and the next owner writes its dead
+// letter again. When the write timed out or was cancelled with its request
+// in flight (dlq.ErrAttemptTimeout, a context error), the broker may have
+// stored it, and the dead letter can then appear twice: the line says why.
+func (pc *partition) unacknowledged(dl dlq.DeadLetter, err error) {
+	pc.w.log.Warn("dead letter not acknowledged when the partition was released; the next owner writes it again (it may then appear twice)",
+		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
+		"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", err)
+}
+
 // deadLetter writes dl, waiting as long as it takes. An error that is not
 // ctx's means the writer could not write the dead letter for now: the
 // dead-letter topic keeps refusing it, or it is too large for the topic.
@@ -294,6 +308,7 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 			break
 		}
 		if ctx.Err() != nil {
+			pc.unacknowledged(dl, err)
 			return ctx.Err()
 		}
 		wait := b.NextBackOff()

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/cel-go/cel"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/causet/projection-worker/retry"
@@ -73,11 +72,11 @@ type column struct {
 	name    string
 	typ     string
 	kind    colKind
-	notNull bool        // notNull and not a primary key column (nullKey reports those)
-	source  string      // "from payload.x" or `derive "expr"`, for errors
-	path    []string    // from, split at dots; nil for derive
-	fromTS  bool        // from ts into a timestamptz or date column: formatted from Event.TS
-	prog    cel.Program // derive; nil for from
+	notNull bool       // notNull and not a primary key column (nullKey reports those)
+	source  string     // "from payload.x" or `derive "expr"`, for errors
+	path    []string   // from, split at dots; nil for derive
+	fromTS  bool       // from ts into a timestamptz or date column: formatted from Event.TS
+	prog    *derivePrg // derive; nil for from
 }
 
 // NewTableProjections validates d (see Definitions.Validate) and returns one

@@ -59,9 +59,14 @@ const (
 	kindUUID
 )
 
-// kindOf returns the kind of a canonical column type (see ColumnTypes).
+// kindOf returns the kind of a canonical column type (see ColumnTypes), or
+// of a type as PostgreSQL's format_type spells it without its modifier
+// ("timestamp with time zone", "character varying"; see catalogTypes).
+// Any other type is text.
 func kindOf(typ string) colKind {
 	switch typ {
+	case "text", "character varying", "character":
+		return kindText
 	case "smallint":
 		return kindSmallint
 	case "integer":
@@ -76,7 +81,7 @@ func kindOf(typ string) colKind {
 		return kindReal
 	case "boolean":
 		return kindBoolean
-	case "timestamptz":
+	case "timestamptz", "timestamp with time zone":
 		return kindTimestamptz
 	case "date":
 		return kindDate

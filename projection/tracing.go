@@ -101,6 +101,10 @@ func newTracing(cfg Config) *tracing {
 	}
 }
 
+// consumerKind is the kind of record spans, made once (each
+// trace.WithSpanKind allocates).
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+
 // startRecord starts the span of d (its record decoded into d.ev, nil when
 // invalid), the child of the trace context in the record's headers; nil
 // when t is nil.
@@ -111,13 +115,17 @@ func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span 
 	rec := d.rec
 	ctx := t.prop.Extract(context.Background(), kotel.NewRecordCarrier(rec))
 	d.taken = time.Now()
-	_, span := t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(d.taken))
+	_, span := t.tracer.Start(ctx, t.processName, consumerKind, trace.WithTimestamp(d.taken))
 	if !span.IsRecording() {
 		return span // not sampled: no attributes to build
 	}
-	attrs := make([]attribute.KeyValue, 0, len(base)+4)
+	// The outcome is set now as applied, what nearly every record comes
+	// to, so that endRecord of an applied record adds no attribute (a
+	// second SetAttributes copies them all): only a span processor's
+	// OnStart could see it before the record is applied.
+	attrs := make([]attribute.KeyValue, 0, len(base)+5)
 	attrs = append(attrs, base...)
-	attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)))
+	attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), AttrOutcome.String(outcomeApplied))
 	if len(rec.Key) > 0 {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
 	}
@@ -250,7 +258,9 @@ func endRecord(s trace.Span, outcome, deadLettered string) {
 		s.SetStatus(codes.Error, deadLettered)
 		outcome = outcomeDeadLettered
 	}
-	s.SetAttributes(AttrOutcome.String(outcome))
+	if outcome != outcomeApplied { // startRecord set applied
+		s.SetAttributes(AttrOutcome.String(outcome))
+	}
 	s.End()
 }
 

@@ -46,7 +46,8 @@ type Worker struct {
 	handlers []Handler
 	breaker  *breaker
 	failures *failureLog
-	tr       *tracing // nil: no spans
+	tr       *tracing      // nil: no spans
+	catalog  *tableCatalog // the tables' columns as PostgreSQL has them (copyGroupsChecked)
 
 	queued atomic.Int64 // record bytes queued in all partitions
 	// processing is the budget of record bytes being processed, all
@@ -100,6 +101,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	if b, ok := db.(Beginner); ok {
 		w.begin = b
 	}
+	w.catalog = newTableCatalog(db, w.log)
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
 	w.tr = newTracing(cfg)
 	w.processing = semaphore.NewWeighted(int64(cfg.MaxQueuedBytes))

@@ -60,18 +60,25 @@ func deadLetteredUsers(t *testing.T, dls []deadLetter) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for _, d := range dls {
-		var ev struct {
-			Seq     int64 `json:"sequenceNumber"`
-			Payload struct {
-				User string `json:"user_id"`
-			} `json:"payload"`
-		}
-		if err := json.Unmarshal(d.msg.OriginalEvent, &ev); err != nil {
-			t.Fatal(err)
-		}
-		out[fmt.Sprintf("%s@%d", strings.ReplaceAll(ev.Payload.User, "\x00", `\0`), ev.Seq)]++
+		out[deadLetterUser(t, d)]++
 	}
 	return out
+}
+
+// deadLetterUser returns the payload.user_id and sequence number of the
+// event of d, "user@seq" (a NUL in the user written \0).
+func deadLetterUser(t *testing.T, d deadLetter) string {
+	t.Helper()
+	var ev struct {
+		Seq     int64 `json:"sequenceNumber"`
+		Payload struct {
+			User string `json:"user_id"`
+		} `json:"payload"`
+	}
+	if err := json.Unmarshal(d.msg.OriginalEvent, &ev); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s@%d", strings.ReplaceAll(ev.Payload.User, "\x00", `\0`), ev.Seq)
 }
 
 // TestWorkerDeadLetteringDoesNotDependOnBatchSize puts poisoned events

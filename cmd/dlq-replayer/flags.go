@@ -11,6 +11,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/logdur"
 )
 
 // defaultEventsTopic is the default of --topic: the worker's
@@ -171,7 +172,7 @@ func (s *settings) logger(w io.Writer, tty bool) (*slog.Logger, *slog.Logger, er
 		return nil, nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
 	}
 	newHandler := func(l slog.Level) (slog.Handler, error) {
-		opts := &slog.HandlerOptions{Level: l}
+		opts := logdur.Options(l)
 		switch strings.ToLower(format) {
 		case "json":
 			return slog.NewJSONHandler(w, opts), nil

@@ -9,9 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/logdur"
 	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
@@ -32,6 +35,9 @@ type settings struct {
 
 	// run
 	group              string
+	groupInstanceID    string
+	sessionTimeout     time.Duration
+	kafkaStartTimeout  time.Duration
 	maxRetries         int
 	retryInitial       time.Duration
 	retryMax           time.Duration
@@ -65,8 +71,15 @@ type settings struct {
 	tenantSchemas []string
 }
 
+// registerCommon registers --log-format (default json, the format of a
+// deployed worker's collectors) and --log-level.
 func (s *settings) registerCommon(fs *flagenv.Set) {
-	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", "json", "log format: json or text")
+	s.registerLog(fs, "json")
+}
+
+// registerLog registers --log-format with its default and --log-level.
+func (s *settings) registerLog(fs *flagenv.Set, format string) {
+	fs.String(&s.logFormat, "log-format", "LOG_FORMAT", format, "log format: json or text")
 	fs.String(&s.logLevel, "log-level", "LOG_LEVEL", "info", "log level: debug, info, warn or error")
 }
 
@@ -90,6 +103,12 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	def := retry.DefaultPolicy()
 	host, _ := os.Hostname()
 	fs.String(&s.group, "group", "CONSUMER_GROUP", projection.DefaultGroup, "consumer group")
+	fs.Duration(&s.kafkaStartTimeout, "kafka-start-timeout", "KAFKA_START_TIMEOUT", defaultKafkaStartTimeout,
+		"how long run retries, at start, to reach a broker of --brokers (1s, doubling up to 10s) before it exits with status 4 (0: try once); keep it under the startup probe's window")
+	fs.String(&s.groupInstanceID, "group-instance-id", "GROUP_INSTANCE_ID", "",
+		"static membership (Kafka's group.instance.id): a name that stays this worker's across restarts, such as a StatefulSet pod's; a restart within --session-timeout keeps its partitions without a rebalance. Not a Deployment's pod name, which changes on each rollout (default: none, dynamic membership)")
+	fs.Duration(&s.sessionTimeout, "session-timeout", "SESSION_TIMEOUT", defaultSessionTimeout,
+		"time without heartbeats after which Kafka removes this worker from the group and rebalances ("+minSessionTimeout.String()+" to "+maxSessionTimeout.String()+", the broker's default bounds)")
 	fs.Int(&s.maxRetries, "max-retries", "MAX_RETRIES", def.MaxRetries, "retries of a failing (event, projection) pair before it is dead-lettered")
 	fs.Duration(&s.retryInitial, "retry-initial", "RETRY_INITIAL", def.Initial, "first retry wait (doubles each retry, with jitter)")
 	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait")
@@ -177,7 +196,7 @@ func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
 		return nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := logdur.Options(level)
 	switch strings.ToLower(s.logFormat) {
 	case "json":
 		return slog.New(traceContextHandler{slog.NewJSONHandler(w, opts)}), nil
@@ -261,11 +280,61 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 // message size limit with room for the record batch around it.
 const maxDLQBytes = 1 << 30
 
+// The bounds and default of --session-timeout: Kafka's default
+// group.min.session.timeout.ms and group.max.session.timeout.ms (a broker
+// refuses a join outside its bounds), and kgo's default session timeout.
+const (
+	minSessionTimeout     = 6 * time.Second
+	maxSessionTimeout     = 30 * time.Minute
+	defaultSessionTimeout = 45 * time.Second
+)
+
+// defaultKafkaStartTimeout is the default of --kafka-start-timeout: under
+// the 90 s window of the manifests' startup probe, which /healthz answers
+// only once Kafka has.
+const defaultKafkaStartTimeout = 60 * time.Second
+
+// maxInstanceIDLen is the longest group.instance.id Kafka accepts (its
+// JoinGroupRequest.validateGroupInstanceId, as for topic names).
+const maxInstanceIDLen = 249
+
+// groupOpts returns the consumer group options of --group-instance-id and
+// --session-timeout (checkRun has checked them).
+func (s *settings) groupOpts() []kgo.Opt {
+	opts := []kgo.Opt{kgo.SessionTimeout(s.sessionTimeout)}
+	if s.groupInstanceID != "" {
+		opts = append(opts, kgo.InstanceID(s.groupInstanceID))
+	}
+	return opts
+}
+
+// checkGroupMembership returns a usage error naming --group-instance-id or
+// --session-timeout when Kafka would refuse its value.
+func (s *settings) checkGroupMembership() error {
+	if s.sessionTimeout < minSessionTimeout || s.sessionTimeout > maxSessionTimeout {
+		return flagenv.Usagef("--session-timeout (SESSION_TIMEOUT) must be in %s..%s (Kafka's default group.min/max.session.timeout.ms), got %s",
+			minSessionTimeout, maxSessionTimeout, s.sessionTimeout)
+	}
+	id := s.groupInstanceID
+	if id == "" {
+		return nil
+	}
+	if len(id) > maxInstanceIDLen || id == "." || id == ".." || strings.IndexFunc(id, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-')
+	}) >= 0 {
+		return flagenv.Usagef("--group-instance-id (GROUP_INSTANCE_ID) %q: want 1 to %d of a-z, A-Z, 0-9, '.', '_', '-' (not . or ..), as Kafka accepts", id, maxInstanceIDLen)
+	}
+	return nil
+}
+
 // checkRun returns a usage error naming the first run flag out of range;
 // it runs before anything is dialled.
 func (s *settings) checkRun() error {
 	if strings.TrimSpace(s.group) == "" {
 		return flagenv.Usagef("--group (CONSUMER_GROUP) is empty: set a consumer group name")
+	}
+	if err := s.checkGroupMembership(); err != nil {
+		return err
 	}
 	switch projection.InfraMode(s.onInfraError) {
 	case projection.InfraPause, projection.InfraDeadLetter:
@@ -280,6 +349,9 @@ func (s *settings) checkRun() error {
 		if f.v < 1 {
 			return flagenv.Usagef("%s must be >= 1, got %d", f.flag, f.v)
 		}
+	}
+	if s.kafkaStartTimeout < 0 {
+		return flagenv.Usagef("--kafka-start-timeout must be >= 0 (0: try once), got %s", s.kafkaStartTimeout)
 	}
 	if s.shutdownGrace <= 0 {
 		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)

@@ -166,6 +166,16 @@ func TestDeployWorkerSettings(t *testing.T) {
 				t.Errorf("terminationGracePeriodSeconds %s <= --shutdown-grace %s + %s: SIGKILL could cut the final commit", grace, s.shutdownGrace, afterRun)
 			}
 
+			// /healthz answers once Kafka has: the startup probe must outlast
+			// --kafka-start-timeout, or the kubelet restarts a worker that
+			// was still waiting for Kafka instead of letting it say why.
+			if sp := c.StartupProbe; sp != nil {
+				window := time.Duration(sp.PeriodSeconds*sp.FailureThreshold) * time.Second
+				if window <= s.kafkaStartTimeout {
+					t.Errorf("startupProbe window %s <= --kafka-start-timeout %s", window, s.kafkaStartTimeout)
+				}
+			}
+
 			so := objs.ScaledObjects[0]
 			if int(*so.Spec.MaxReplicaCount) > s.partitions {
 				t.Errorf("maxReplicaCount %d > --partitions %d", *so.Spec.MaxReplicaCount, s.partitions)

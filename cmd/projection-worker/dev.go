@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,24 +29,9 @@ import (
 // runDev is `make run`: the worker on an embedded Kafka and a throwaway
 // PostgreSQL, seeded with example events, until Ctrl-C.
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var s settings
-	var kafkaPort int
-	fs := flagenv.New("projection-worker dev", stderr)
-	s.registerCommon(fs)
-	s.registerRun(fs)
-	fs.String(&s.projections, "projections", "PROJECTIONS_FILE", "examples/projections.yaml", "projection definitions file")
-	fs.String(&s.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL to use instead of a throwaway cluster")
-	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1 (-1: any free port)")
-	if err := parseFlags(fs, args); err != nil {
+	s, kafkaPort, err := parseDev(args, stderr)
+	if err != nil {
 		return err
-	}
-	if kafkaPort < -1 || kafkaPort > 65535 {
-		return flagenv.Usagef("--kafka-port must be a port (0-65535, or -1 for any free port), got %d", kafkaPort)
-	}
-	// The dev stack keeps its defaults short so the failure examples reach
-	// the dead-letter topic within seconds.
-	if s.logFormat == "json" && !flagGiven(fs, "log-format") {
-		s.logFormat = "text"
 	}
 	log, err := s.logger(stderr)
 	if err != nil {
@@ -110,10 +94,25 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return serve(ctx, &s, log, started)
 }
 
-func flagGiven(fs *flagenv.Set, name string) bool {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
-	return given
+// parseDev returns the settings and the embedded Kafka port of the dev
+// command's args. Its logs are text by default (a newcomer reads them on a
+// terminal); --log-format or LOG_FORMAT choose json, as for run.
+func parseDev(args []string, stderr io.Writer) (settings, int, error) {
+	var s settings
+	var kafkaPort int
+	fs := flagenv.New("projection-worker dev", stderr)
+	s.registerLog(fs, "text")
+	s.registerRun(fs)
+	fs.String(&s.projections, "projections", "PROJECTIONS_FILE", "examples/projections.yaml", "projection definitions file")
+	fs.String(&s.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL to use instead of a throwaway cluster")
+	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1 (-1: any free port)")
+	if err := parseFlags(fs, args); err != nil {
+		return s, 0, err
+	}
+	if kafkaPort < -1 || kafkaPort > 65535 {
+		return s, 0, flagenv.Usagef("--kafka-port must be a port (0-65535, or -1 for any free port), got %d", kafkaPort)
+	}
+	return s, kafkaPort, nil
 }
 
 // printStatus prints the projected row counts of the production tenant and

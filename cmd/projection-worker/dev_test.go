@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +85,38 @@ func TestDevExitStatusFollowsTheRule(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, "projection-worker: --") {
 			t.Errorf("run(%q) = %d, want 2 naming the flag\n%s", args, r.code, r)
 		}
+	}
+}
+
+// TestDevLogsTextUnlessAsked: the dev command (make run) logs text by
+// default, says so in its help, and takes json from --log-format or
+// LOG_FORMAT like run (new-user trial: its help said json while it logged
+// text, and LOG_FORMAT=json was ignored).
+func TestDevLogsTextUnlessAsked(t *testing.T) {
+	tests := []struct {
+		name, env string
+		args      []string
+		want      string
+	}{
+		{"default", "", nil, "text"},
+		{"LOG_FORMAT", "json", nil, "json"},
+		{"flag", "", []string{"--log-format", "json"}, "json"},
+		{"flag over LOG_FORMAT", "json", []string{"--log-format", "text"}, "text"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearSettingsEnv(t)
+			t.Setenv("LOG_FORMAT", tt.env)
+			s, _, err := parseDev(tt.args, io.Discard)
+			if err != nil || s.logFormat != tt.want {
+				t.Errorf("parseDev(%q) with LOG_FORMAT=%q: log format %q, %v; want %q", tt.args, tt.env, s.logFormat, err, tt.want)
+			}
+		})
+	}
+	clearSettingsEnv(t)
+	var stdout, stderr syncBuffer
+	run(context.Background(), []string{"dev", "-h"}, &stdout, &stderr)
+	if help := stdout.String() + stderr.String(); !strings.Contains(help, "log format: json or text (env LOG_FORMAT) (default \"text\")") {
+		t.Errorf("dev -h does not give text as the default log format:\n%s", help)
 	}
 }

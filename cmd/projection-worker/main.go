@@ -15,7 +15,7 @@
 // command line, the environment or a file they name (the definitions file)
 // is wrong, found before the command connects to anything; 1 when the
 // command fails while it works (a service refuses or fails, an address is
-// taken).
+// taken); 4 when run reached no broker at start within --kafka-start-timeout.
 package main
 
 import (
@@ -90,7 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // exitCode prints err and returns the exit status of the package doc's
-// rule: 2 for a *flagenv.UsageError, 1 for any other error.
+// rule: 2 for a *flagenv.UsageError, exitKafkaUnreachable (4) for a
+// *kafkaUnreachableError, 1 for any other error.
 func exitCode(err error, stderr io.Writer) int {
 	var ue *flagenv.UsageError
 	switch {
@@ -101,6 +102,9 @@ func exitCode(err error, stderr io.Writer) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
 		return 2
+	case errors.As(err, new(*kafkaUnreachableError)):
+		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
+		return exitKafkaUnreachable
 	default:
 		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
 		return 1

@@ -39,6 +39,7 @@ var settingsEnv = []string{
 	"RETRY_INITIAL", "RETRY_MAX_INTERVAL", "ON_INFRA_ERROR", "SHUTDOWN_GRACE",
 	"HTTP_ADDR", "POD_NAME", "DLQ_MAX_BYTES", "DLQ_WRITE_TIMEOUT", "CREATE_TOPICS", "MAX_POLL_RECORDS",
 	"MAX_BATCH_RECORDS", "TENANT_SCHEMAS", "TENANT_SCHEMA_PATTERN", "METRICS_MAX_TENANTS",
+	"GROUP_INSTANCE_ID", "SESSION_TIMEOUT", "KAFKA_START_TIMEOUT",
 }
 
 // clearSettingsEnv unsets (sets to "", which flagenv ignores) every
@@ -340,6 +341,15 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
 		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
 		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
+		{flag: "--kafka-start-timeout", args: []string{"--kafka-start-timeout", "-1s"}},
+		{flag: "--session-timeout", args: []string{"--session-timeout", "5s"}},
+		{flag: "--session-timeout", args: []string{"--session-timeout", "31m"}},
+		{flag: "--session-timeout", args: []string{"--session-timeout", "45"}},
+		{flag: "SESSION_TIMEOUT", env: []string{"SESSION_TIMEOUT", "1s"}},
+		{flag: "--group-instance-id", args: []string{"--group-instance-id", "pod/0"}},
+		{flag: "--group-instance-id", args: []string{"--group-instance-id", ".."}},
+		{flag: "--group-instance-id", args: []string{"--group-instance-id", strings.Repeat("p", 250)}},
+		{flag: "GROUP_INSTANCE_ID", env: []string{"GROUP_INSTANCE_ID", "worker 0"}},
 		// OpenTelemetry's variables, which the SDK would only log about and
 		// ignore (an invalid sampler traces every span).
 		{flag: "OTEL_TRACES_SAMPLER", env: []string{"OTEL_TRACES_SAMPLER", "bogus"}},

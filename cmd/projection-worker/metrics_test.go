@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -96,15 +95,7 @@ var (
 // README, by metric name.
 func readmeMetrics(t *testing.T) map[string]documentedMetric {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n### Metrics\n")
-	if !ok {
-		t.Fatal("README.md has no ### Metrics section")
-	}
-	section, _, _ = strings.Cut(section, "\n#")
+	section, _, _ := strings.Cut(readmeAfter(t, "\n### Metrics\n"), "\n#")
 	metrics := map[string]documentedMetric{}
 	for _, line := range strings.Split(section, "\n") {
 		m := readmeMetricRow.FindStringSubmatch(line)

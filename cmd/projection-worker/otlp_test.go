@@ -71,6 +71,10 @@ func TestRunExportsTracesWithTheStandardResourceAndLogsTheirIDs(t *testing.T) {
 	if !strings.Contains(m, "otel_sdk_processor_span_processed") {
 		t.Errorf("/metrics lacks otel_sdk_processor_span_processed (the batch processor's processed and dropped spans)")
 	}
+	// ... and not its gauge of live spans, which costs every span (telemetry.go).
+	if !strings.Contains(m, "otel_sdk_span_started_total") || strings.Contains(m, "otel_sdk_span_live") {
+		t.Errorf("/metrics: want otel_sdk_span_started_total and no otel_sdk_span_live")
+	}
 	// kotel's byte counters in bytes, not in an unknown unit "by".
 	if strings.Contains(m, "_by_total") || strings.Contains(m, "_by{") || !strings.Contains(m, "messaging_kafka_fetch_bytes_count_total") {
 		var kafka []string

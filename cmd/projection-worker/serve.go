@@ -233,7 +233,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		TracerProvider:     tel.tracerProvider(),
 		TraceEveryPair:     s.traceEveryPair,
 		TenantSchemas:      tenants,
-	}, handlers, pool, redactedWriter{dlqWriter, red}, kopts...)
+	}, handlers, pool, redactedWriter{dlqWriter, red}, append(kopts, s.groupOpts()...)...)
 	if err != nil {
 		var ue *flagenv.UsageError
 		if !errors.As(err, &ue) {
@@ -261,7 +261,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		log.Info("http listening", "addr", ln.Addr().String())
 	}
 	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
-		"projections", len(handlers), "group", s.group, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
+		"projections", len(handlers), "group", s.group, "group_instance_id", s.groupInstanceID, "session_timeout", s.sessionTimeout, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
 		"dlq_max_bytes", dlqMaxBytes)
 	if started != nil {
 		started(w)
@@ -313,13 +313,15 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.Infr
 // its retention and depth as metrics. It returns what it found of the
 // dead-letter topic.
 func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) (dlq.TopicReport, error) {
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	check := dlq.EnsureTopics
 	if !s.createTopics {
 		check = dlq.CheckTopics
 	}
-	rep, err := check(tctx, adm, cfg)
+	rep, err := untilKafkaAnswers(ctx, s, log, func(ctx context.Context) (dlq.TopicReport, error) {
+		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		return check(tctx, adm, cfg)
+	})
 	if err != nil {
 		if reason := kafkaconn.Explain(err); reason != "" {
 			return rep, fmt.Errorf("topics: %s: %w", reason, err)

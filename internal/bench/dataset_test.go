@@ -123,11 +123,12 @@ const (
 	// rangePoison: ARTIST_FOLLOWED whose score (points / games) is beyond
 	// integer's range. The definitions say bigint, so Plan passes it; the
 	// bench's own migration (benchConstraints) narrows artist_followers.score
-	// to integer, so PostgreSQL refuses it (22003) inside the COPY group.
+	// to integer, so PostgreSQL refuses it (22003); the worker, reading the
+	// table's catalog, sends it to its statement rather than a COPY group.
 	rangePoison
 	// nullPoison: ARTIST_RATED without a review. The definitions leave review
 	// nullable, so Plan passes it; benchConstraints makes it NOT NULL, so
-	// PostgreSQL refuses it (23502) inside the COPY group.
+	// PostgreSQL refuses it (23502), at its statement as for rangePoison.
 	nullPoison
 	// checkPoison: ARTIST_RATED with 0 stars. The definitions take any
 	// integer, so Plan passes it; benchConstraints adds a CHECK constraint

@@ -46,8 +46,10 @@ import (
 //     is in it: use pprof -ignore kfake);
 //   - BENCH_POISON=1 runs the poisoned scenario instead (derive dividing by
 //     zero), BENCH_POISON=unmigrated the one with 1% of the events for a
-//     tenant that is not migrated, BENCH_POISON=22003, 23502 or 23514 those
-//     that PostgreSQL refuses inside COPY groups (the tenant schema gets
+//     tenant that is not migrated, BENCH_POISON=22003 or 23502 those that
+//     PostgreSQL refuses (at their statements, which the worker's catalog
+//     check sends them to instead of their COPY groups), BENCH_POISON=23514
+//     the one it refuses inside COPY groups (a CHECK constraint; the tenant schema gets
 //     benchConstraints, as in BenchmarkWorkerThroughput, in every case);
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);

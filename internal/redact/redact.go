@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -24,11 +25,33 @@ import (
 // Mask replaces a secret in redacted text.
 const Mask = "xxxxx"
 
-// Redactor replaces known secrets in text with Mask. A nil *Redactor
-// redacts nothing. It is safe for concurrent use.
+// MinSubstringLen is the length, in bytes, from which a secret is masked
+// wherever its text appears (8). A shorter secret ("a", "pw", "1234") is
+// masked only where it appears as a secret (see Redactor), because masking
+// every occurrence of a letter or a common word would shred every message
+// (new-user trial: a one-letter password masked that letter in every log
+// line). The cost: a short password that some text quotes outside of those
+// places (a role named like it, say) is printed there.
+const MinSubstringLen = 8
+
+// Redactor masks secrets in text with Mask. Wherever a secret appears as a
+// secret, it is masked whatever its length, and so is any other value there:
+//   - the password of a URL's userinfo (scheme://user:PASSWORD@host);
+//   - the value of a key ending in "password" (password, sslpassword,
+//     kafka-sasl-password, any case) written key=value, with or without
+//     spaces around '=', quoted or not, as in a key=value connection
+//     string or a URL query;
+//   - the value of a JSON field whose name ends in "password";
+//   - a known secret that is a whole quoted value ("pw" or 'pw', as
+//     PostgreSQL quotes a role or database name), or the whole of a text (a
+//     log attribute holding the password alone).
+//
+// A known secret of MinSubstringLen bytes or more is also masked wherever
+// its text appears, even inside other words. A nil *Redactor redacts
+// nothing. It is safe for concurrent use.
 type Redactor struct {
-	secrets []string // longest first
-	r       *strings.Replacer
+	secrets []string          // every known secret, longest first
+	r       *strings.Replacer // the secrets of MinSubstringLen bytes or more, the others quoted
 }
 
 // New returns a Redactor of secrets; empty strings are ignored. The longest
@@ -41,36 +64,73 @@ func New(secrets ...string) *Redactor {
 			s = append(s, v)
 		}
 	}
-	if len(s) == 0 {
-		return &Redactor{}
-	}
-	slices.SortStableFunc(s, func(a, b string) int { return len(b) - len(a) })
-	pairs := make([]string, 0, 2*len(s))
+	type pair struct{ old, new string }
+	var ps []pair
 	for _, v := range s {
-		pairs = append(pairs, v, Mask)
+		if len(v) >= MinSubstringLen {
+			ps = append(ps, pair{v, Mask})
+		} else {
+			ps = append(ps, pair{`"` + v + `"`, `"` + Mask + `"`}, pair{"'" + v + "'", "'" + Mask + "'"})
+		}
+	}
+	// The longest text first, so that a secret holding another is masked whole.
+	slices.SortStableFunc(ps, func(a, b pair) int { return len(b.old) - len(a.old) })
+	pairs := make([]string, 0, 2*len(ps))
+	for _, p := range ps {
+		pairs = append(pairs, p.old, p.new)
 	}
 	return &Redactor{secrets: s, r: strings.NewReplacer(pairs...)}
 }
 
-// String returns s with every secret replaced by Mask.
+var (
+	// urlPassword matches a URL up to its userinfo's ':' (group 1) and the
+	// password, up to the last '@' before the path, query or fragment.
+	urlPassword = regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://[^\s/?#@:]*:)[^\s/?#]*@`)
+	// keyPassword matches a key ending in "password" and its '=' (group 1)
+	// and its value: single- or double-quoted (backslash escapes), or up to
+	// a space or '&' (a URL query).
+	keyPassword = regexp.MustCompile(`(?i)([\w.\-]*password[ \t]*=[ \t]*)('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s&]+)`)
+	// jsonPassword matches a JSON field whose name ends in "password" up
+	// to its ':' (group 1) and its string value.
+	jsonPassword = regexp.MustCompile(`(?i)("[\w.\-]*password"[ \t]*:[ \t]*)"(?:[^"\\]|\\.)*"`)
+)
+
+// String returns s with every secret masked, as Redactor describes.
 func (r *Redactor) String(s string) string {
-	if r == nil || r.r == nil {
+	if r == nil {
+		return s
+	}
+	if slices.Contains(r.secrets, s) {
+		return Mask
+	}
+	if strings.Contains(s, "://") {
+		s = urlPassword.ReplaceAllString(s, "${1}"+Mask+"@")
+	}
+	if containsPassword(s) {
+		s = keyPassword.ReplaceAllString(s, "${1}"+Mask)
+		s = jsonPassword.ReplaceAllString(s, `${1}"`+Mask+`"`)
+	}
+	if r.r == nil {
 		return s
 	}
 	return r.r.Replace(s)
 }
 
-// Holds reports whether s contains a secret.
-func (r *Redactor) Holds(s string) bool {
-	if r == nil {
-		return false
-	}
-	for _, v := range r.secrets {
-		if strings.Contains(s, v) {
+// containsPassword reports whether s holds "password" in any case, the
+// cheap test before the key and JSON patterns.
+func containsPassword(s string) bool {
+	const word = "password"
+	for i := 0; i+len(word) <= len(s); i++ {
+		if (s[i] == 'p' || s[i] == 'P') && strings.EqualFold(s[i:i+len(word)], word) {
 			return true
 		}
 	}
 	return false
+}
+
+// Holds reports whether String would mask something in s.
+func (r *Redactor) Holds(s string) bool {
+	return r.String(s) != s
 }
 
 // Error returns err unchanged when its text holds no secret (nil for nil),
@@ -78,10 +138,14 @@ func (r *Redactor) Holds(s string) bool {
 // errors.Is and errors.As classify it as before; errors.As to a
 // *pgconn.PgError gives a copy whose text fields are redacted too.
 func (r *Redactor) Error(err error) error {
-	if err == nil || !r.Holds(err.Error()) {
+	if err == nil {
 		return err
 	}
-	return &redacted{err: err, text: r.String(err.Error()), r: r}
+	text := r.String(err.Error())
+	if text == err.Error() {
+		return err
+	}
+	return &redacted{err: err, text: text, r: r}
 }
 
 type redacted struct {
@@ -117,7 +181,7 @@ func (e *redacted) As(target any) bool {
 // error and fmt.Stringer attribute values of every record (groups included)
 // before h handles it.
 func (r *Redactor) Handler(h slog.Handler) slog.Handler {
-	if r == nil || r.r == nil {
+	if r == nil {
 		return h
 	}
 	return &handler{h: h, r: r}

@@ -58,7 +58,8 @@ func TestParsePostgresNeverPrintsThePassword(t *testing.T) {
 }
 
 // TestParsePostgresAcceptsEveryForm: the forms pgx accepts still parse,
-// and PostgresSecrets names their password.
+// and PostgresSecrets names their password (short ones: masked where they
+// appear as a value, here quoted as PostgreSQL quotes a name).
 func TestParsePostgresAcceptsEveryForm(t *testing.T) {
 	tests := []struct{ name, connString, password string }{
 		{"URL", "postgres://u:Url-pw-1@127.0.0.1:5432/db?sslmode=disable", "Url-pw-1"},
@@ -77,7 +78,7 @@ func TestParsePostgresAcceptsEveryForm(t *testing.T) {
 			if cfg.ConnConfig.Password != tt.password {
 				t.Fatalf("password %q, want %q", cfg.ConnConfig.Password, tt.password)
 			}
-			if got := New(PostgresSecrets(tt.connString)...).String("auth failed for " + tt.password); strings.Contains(got, tt.password) {
+			if got := New(PostgresSecrets(tt.connString)...).String(`role "` + tt.password + `" does not exist`); strings.Contains(got, tt.password) {
 				t.Errorf("redacted %q still holds the password", got)
 			}
 			if d := Describe(&cfg.ConnConfig.Config); strings.Contains(d, tt.password) || !strings.Contains(d, "host=127.0.0.1") {
@@ -130,14 +131,50 @@ func TestErrorRedactsAndStillClassifies(t *testing.T) {
 }
 
 // TestHandlerRedactsEveryValue: messages, strings, errors, Stringers and
-// groups are redacted, at every level.
+// groups are redacted, at every level: a secret of MinSubstringLen bytes
+// or more wherever it appears.
 func TestHandlerRedactsEveryValue(t *testing.T) {
 	var buf bytes.Buffer
-	log := slog.New(New("Sek-9").Handler(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	log = log.With("conn", "pw=Sek-9")
-	log.Debug("dial Sek-9", "error", errors.New("bad Sek-9"), slog.Group("g", "s", "Sek-9"), "list", []string{"Sek-9"}, "n", 3)
-	if strings.Contains(buf.String(), "Sek-9") || !strings.Contains(buf.String(), `"n":3`) {
+	log := slog.New(New("Sekret-99").Handler(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	log = log.With("conn", "pw=Sekret-99")
+	log.Debug("dial Sekret-99", "error", errors.New("bad Sekret-99"), slog.Group("g", "s", "Sekret-99"), "list", []string{"Sekret-99"}, "n", 3)
+	if strings.Contains(buf.String(), "Sekret-99") || !strings.Contains(buf.String(), `"n":3`) {
 		t.Errorf("log %s", buf.String())
+	}
+}
+
+// TestShortSecretMaskedOnlyAsASecret: a password shorter than
+// MinSubstringLen (here one letter, as in the new-user trial) is masked
+// where it appears as the password, and the rest of the text is left
+// readable instead of losing every occurrence of that letter.
+func TestShortSecretMaskedOnlyAsASecret(t *testing.T) {
+	t.Setenv("PGPASSWORD", "")
+	r := New(append(PostgresSecrets("postgres://worker:a@127.0.0.1:5432/app?sslmode=disable"), "s")...)
+	tests := []struct{ name, in, want string }{
+		{"plain text", "a projection failed, retrying after a wait", "a projection failed, retrying after a wait"},
+		{"the connection string", "postgres://worker:a@127.0.0.1:5432/app?sslmode=disable", Mask},
+		{"another URL's userinfo", "dial postgres://worker:a@db.internal:5432/app: refused", "dial postgres://worker:" + Mask + "@db.internal:5432/app: refused"},
+		{"userinfo with an unencoded '@'", "at kafka://u:p@ss@h:9092/x", "at kafka://u:" + Mask + "@h:9092/x"},
+		{"key=value", "host=h user=worker password=a dbname=app", "host=h user=worker password=" + Mask + " dbname=app"},
+		{"key = 'quoted value'", "host=h password = 'a b' dbname=app", "host=h password = " + Mask + " dbname=app"},
+		{"URL query", "postgres://h/app?sslpassword=a&sslmode=require", "postgres://h/app?sslpassword=" + Mask + "&sslmode=require"},
+		{"flag", "--kafka-sasl-password=s was set", "--kafka-sasl-password=" + Mask + " was set"},
+		{"JSON field", `{"user":"worker","Password":"a"}`, `{"user":"worker","Password":"` + Mask + `"}`},
+		{"quoted as a name", `FATAL: role "a" does not exist`, `FATAL: role "` + Mask + `" does not exist`},
+		{"the whole text", "s", Mask},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := r.String(tt.in); got != tt.want {
+				t.Errorf("String(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+	var buf bytes.Buffer
+	log := slog.New(r.Handler(slog.NewTextHandler(&buf, nil)))
+	log.Info("partition assigned", "topic", "causet.projection-events.v1", "tenant_schema", "acme_sales")
+	if !strings.Contains(buf.String(), `msg="partition assigned" topic=causet.projection-events.v1 tenant_schema=acme_sales`) {
+		t.Errorf("log line shredded: %s", buf.String())
 	}
 }
 

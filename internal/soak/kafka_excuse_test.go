@@ -1,11 +1,16 @@
 package soak
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // TestExcuseLostCountsOnlyCopiesWrittenBeforeTheirWriterLostThePartition
@@ -60,5 +65,35 @@ func TestExcuseLostCountsOnlyCopiesWrittenBeforeTheirWriterLostThePartition(t *t
 				t.Errorf("final (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// TestLogLinesExcuseOnlyDeadLettersMaybeStored checks the log lines both
+// soaks read as the reason a dead letter may be in the topic twice: a
+// write attempt that timed out, and a partition released while a write
+// was unacknowledged with its request maybe in flight (a context error) —
+// not one the broker refused (never stored).
+func TestLogLinesExcuseOnlyDeadLettersMaybeStored(t *testing.T) {
+	refused := fmt.Errorf("dead letter for t[0]@3 not written to t.dlq: %w", kerr.InvalidRecord)
+	for _, tc := range []struct {
+		msg     string
+		err     error
+		excused bool
+	}{
+		{"dead-letter write failed, retrying", fmt.Errorf("x: %w", dlq.ErrAttemptTimeout), true},
+		{"dead-letter write failed, retrying", refused, false},
+		{"dead letter not acknowledged when the partition was released; the next owner writes it again (it may then appear twice)",
+			fmt.Errorf("dead letter for t[0]@3 not written to t.dlq: %w", context.Canceled), true},
+		{"dead letter not acknowledged when the partition was released; the next owner writes it again (it may then appear twice)", refused, false},
+	} {
+		m := NewModel()
+		log := slog.New(rewindWatcher{slog.NewJSONHandler(io.Discard, nil), m})
+		log.Warn(tc.msg, "partition", 0, "offset", 3, "projection", "p", "error", tc.err)
+		if got := m.timedOut[PairID{0, 3, "p"}]; got != tc.excused {
+			t.Errorf("in-process soak: %q with %v: excused %v, want %v", tc.msg[:20], tc.err, got, tc.excused)
+		}
+		if got := maybeStored(tc.err.Error()); got != tc.excused {
+			t.Errorf("real-broker soak: %q with %v: maybeStored %v, want %v", tc.msg[:20], tc.err, got, tc.excused)
+		}
 	}
 }

@@ -1097,8 +1097,9 @@ func (k *kafkaSoak) eachLogLine(fn func(worker string, line kafkaSoakLogLine)) {
 
 // explain tells the model what the workers' logs say made a dead letter
 // legitimately twice, as the in-process soak's log hook does: records the
-// client delivered again (a rewind), and dead-letter writes whose attempt
-// timed out (written after all, perhaps).
+// client delivered again (a rewind), dead-letter writes whose attempt
+// timed out (written after all, perhaps), and those a released partition
+// left unacknowledged with their request maybe in flight.
 func (k *kafkaSoak) explain() {
 	k.eachLogLine(func(_ string, line kafkaSoakLogLine) {
 		if line.Partition == nil {
@@ -1107,7 +1108,8 @@ func (k *kafkaSoak) explain() {
 		switch {
 		case strings.HasPrefix(line.Msg, "records delivered again"):
 			k.model.Rewound(*line.Partition, line.Offset)
-		case strings.HasPrefix(line.Msg, "dead-letter write failed") && strings.Contains(line.Error, dlq.ErrAttemptTimeout.Error()):
+		case strings.HasPrefix(line.Msg, "dead-letter write failed") && strings.Contains(line.Error, dlq.ErrAttemptTimeout.Error()),
+			strings.HasPrefix(line.Msg, "dead letter not acknowledged") && maybeStored(line.Error):
 			k.model.WriteTimedOut(PairID{*line.Partition, line.Offset, line.Projection})
 		}
 	})
@@ -1166,4 +1168,12 @@ func excuseLost(fin *Final, dls []DeadLetter, killed map[string]bool, losses map
 		id, _, _ := strings.Cut(v.Detail, " ")
 		return v.Invariant == 3 && excused[id]
 	})
+}
+
+// maybeStored reports whether a dead-letter write's logged error leaves it
+// perhaps stored by the broker: an attempt that timed out, or one
+// cancelled with its request in flight.
+func maybeStored(errText string) bool {
+	return strings.Contains(errText, dlq.ErrAttemptTimeout.Error()) ||
+		strings.Contains(errText, context.Canceled.Error()) || strings.Contains(errText, context.DeadlineExceeded.Error())
 }

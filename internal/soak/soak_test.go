@@ -1135,14 +1135,17 @@ func (k *soak) readDeadLetters() []DeadLetter {
 // within an assignment, as kgo does after a broker reported lost records
 // when a leader moved, makes the worker process those records again) and
 // the writer's "dead-letter write failed" with dlq.ErrAttemptTimeout (an
-// attempt Kafka did not acknowledge in time may still have been stored).
+// attempt Kafka did not acknowledge in time may still have been stored),
+// and the worker's "dead letter not acknowledged when the partition was
+// released" with a timeout or a context error (its request may have been
+// in flight: the next owner writes it again).
 type rewindWatcher struct {
 	slog.Handler
 	m *Model
 }
 
 func (h rewindWatcher) Handle(ctx context.Context, r slog.Record) error {
-	if strings.HasPrefix(r.Message, "dead-letter write failed") {
+	if strings.HasPrefix(r.Message, "dead-letter write failed") || strings.HasPrefix(r.Message, "dead letter not acknowledged") {
 		id, timedOut := PairID{Partition: -1, Offset: -1}, false
 		r.Attrs(func(a slog.Attr) bool {
 			switch a.Key {
@@ -1153,7 +1156,10 @@ func (h rewindWatcher) Handle(ctx context.Context, r slog.Record) error {
 			case "projection":
 				id.Projection = a.Value.String()
 			case "error":
-				timedOut = errors.Is(asError(a.Value), dlq.ErrAttemptTimeout)
+				// Maybe stored: an attempt that timed out, or one cancelled
+				// with its request in flight (the partition released).
+				err := asError(a.Value)
+				timedOut = errors.Is(err, dlq.ErrAttemptTimeout) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 			}
 			return true
 		})

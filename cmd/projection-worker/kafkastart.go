@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/causet/projection-worker/internal/kafkaconn"
+)
+
+// exitKafkaUnreachable is run's exit status when no broker answered within
+// --kafka-start-timeout (README "Exit status"); 3 is the replayer's
+// --fail-on-empty, so the worker's is 4.
+const exitKafkaUnreachable = 4
+
+// kafkaUnreachableError is run's error when no broker of --brokers answered
+// at start within --kafka-start-timeout.
+type kafkaUnreachableError struct {
+	brokers  string
+	attempts int
+	waited   time.Duration
+	timeout  time.Duration // --kafka-start-timeout
+	err      error         // the last attempt's
+}
+
+func (e *kafkaUnreachableError) Error() string {
+	return fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %d attempts over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
+		e.brokers, e.attempts, e.waited.Round(time.Millisecond), e.timeout, e.err)
+}
+
+func (e *kafkaUnreachableError) Unwrap() error { return e.err }
+
+// kafkaUnreachable reports whether err says that no broker could be reached:
+// a dial error (connection refused, no route, a name that does not resolve)
+// or an attempt's deadline. A broker that answers and refuses (SASL, ACLs,
+// TLS: kafkaconn.Explain) is not unreachable: waiting cannot change it.
+func kafkaUnreachable(err error) bool {
+	if kafkaconn.Explain(err) != "" {
+		return false
+	}
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	return errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// untilKafkaAnswers runs attempt, Kafka's first request at start, until it
+// returns anything but kafkaUnreachable, for at most --kafka-start-timeout
+// (0: once), waiting 1 s, then twice as long each time up to 10 s, with a
+// WARN line per failed attempt. It returns a *kafkaUnreachableError when
+// the time is up, and ctx's error when ctx ends first.
+func untilKafkaAnswers[T any](ctx context.Context, s *settings, log *slog.Logger, attempt func(context.Context) (T, error)) (T, error) {
+	start := time.Now()
+	var b backoff.BackOff = &backoff.StopBackOff{}
+	if s.kafkaStartTimeout > 0 {
+		eb := backoff.NewExponentialBackOff()
+		eb.InitialInterval = time.Second
+		eb.MaxInterval = 10 * time.Second
+		eb.MaxElapsedTime = s.kafkaStartTimeout
+		b = eb
+	}
+	var v T
+	n := 0
+	err := backoff.RetryNotify(func() error {
+		n++
+		var err error
+		if v, err = attempt(ctx); err != nil && (!kafkaUnreachable(err) || ctx.Err() != nil) {
+			return backoff.Permanent(err)
+		}
+		return err
+	}, backoff.WithContext(b, ctx), func(err error, wait time.Duration) {
+		log.Warn("Kafka unreachable at start, retrying", "brokers", s.kafka.Brokers, "attempt", n, "wait", wait,
+			"elapsed", time.Since(start), "start_timeout", s.kafkaStartTimeout, "error", err)
+	})
+	if err != nil && ctx.Err() == nil && kafkaUnreachable(err) {
+		return v, &kafkaUnreachableError{brokers: s.kafka.Brokers, attempts: n, waited: time.Since(start), timeout: s.kafkaStartTimeout, err: err}
+	}
+	return v, err
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// TestRunExitsClearlyWhenKafkaStaysUnreachable: with no broker at
+// --brokers, run retries for --kafka-start-timeout with a WARN line per
+// attempt, then exits with status 4 and a message naming the brokers and
+// the flag (new-user trial: exit 1 at once with kgo's dial error).
+func TestRunExitsClearlyWhenKafkaStaysUnreachable(t *testing.T) {
+	clearSettingsEnv(t)
+	db := pgtest.URL(t)
+	noKafka := closedAddr(t)
+	tests := []struct {
+		timeout  string
+		minTime  time.Duration
+		warnings bool
+	}{
+		{"0s", 0, false},
+		{"3s", 1500 * time.Millisecond, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.timeout, func(t *testing.T) {
+			r := runCmd(t, 30*time.Second, "run", "--brokers", noKafka, "--database-url", db, "--projections", exampleProjections,
+				"--http-addr", "", "--log-format", "text", "--kafka-start-timeout", tt.timeout)
+			want := "Kafka unreachable at start: no broker of --brokers " + noKafka + " answered"
+			if r.code != exitKafkaUnreachable || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "--kafka-start-timeout "+tt.timeout) {
+				t.Errorf("want exit %d with %q and the flag\n%s", exitKafkaUnreachable, want, r)
+			}
+			if got := strings.Contains(r.stderr, `msg="Kafka unreachable at start, retrying"`); got != tt.warnings {
+				t.Errorf("retry WARN lines logged: %v, want %v\n%s", got, tt.warnings, r)
+			}
+			if r.took < tt.minTime {
+				t.Errorf("exited after %s, want at least %s of retries", r.took, tt.minTime)
+			}
+		})
+	}
+}
+
+// TestRunStartsWhenKafkaComesUp: a broker that comes up while run retries
+// at start is used, and the worker starts.
+func TestRunStartsWhenKafkaComesUp(t *testing.T) {
+	clearSettingsEnv(t)
+	addr := closedAddr(t)
+	_, portText, _ := net.SplitHostPort(addr)
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startRun(t, "--brokers", addr, "--database-url", pgtest.URL(t), "--projections", exampleProjections,
+		"--topic", kafkatest.TopicName(t, "events"), "--dlq-topic", kafkatest.TopicName(t, "dlq"),
+		"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"), "--partitions", "1",
+		"--kafka-start-timeout", "30s")
+	w.waitFor(t, "a retry WARN line", 20*time.Second, func() bool { return w.logged("Kafka unreachable at start, retrying") })
+	kafkatest.Fake(t, kfake.Ports(port))
+	w.waitFor(t, "the worker is up", 30*time.Second, func() bool { return w.logged("projection worker started") })
+	w.shutdown(t)
+}

@@ -1,0 +1,491 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// catalogTTL is how long the worker trusts what it read of a table's
+// columns in the catalog (tableCatalog): a column widened, or its NOT NULL
+// dropped, after the lookup only sends a few upserts to statements for at
+// most this long, where PostgreSQL takes them.
+const catalogTTL = 30 * time.Second
+
+// maxCatalogTables bounds the (tenant schema, table) entries a worker's
+// catalog cache holds; when it is full, expired entries are dropped, then
+// an arbitrary one.
+const maxCatalogTables = 4096
+
+// catalogColumnsSQL reads the columns of the table named by $1, a
+// qualified name quoted as pgx.Identifier.Sanitize quotes it: name, type
+// as format_type spells it ("integer", "numeric(10,2)", "character
+// varying(20)") and NOT NULL. A table that does not exist gives no row.
+const catalogColumnsSQL = `SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull
+	FROM pg_catalog.pg_attribute a
+	WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`
+
+// catalogQuerier is what the catalog lookups need of the worker's database
+// (*pgxpool.Pool has it). Without it the worker knows nothing of the
+// tables and every upsert goes to its COPY group.
+type catalogQuerier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// tableCatalog caches, per worker, the columns of each (tenant schema,
+// table) as PostgreSQL's catalog has them, so that copyGroupsChecked leaves to
+// statements the upserts that the table would refuse although the
+// definition's column type takes them (a table stricter than its
+// definition). An entry is read with one query (catalogColumnsSQL) the
+// first time a table has a COPY group, kept for catalogTTL, and dropped
+// when an apply on the table fails with a class 42 error (forgetOn). A
+// lookup that fails means no knowledge: it is logged at DEBUG and not
+// kept. The cache is only ever a hint: an upsert it calls suspect is
+// applied by its own statement, and PostgreSQL decides. It is safe for
+// concurrent use.
+type tableCatalog struct {
+	db  catalogQuerier // nil: no knowledge
+	log *slog.Logger
+	ttl time.Duration
+	max int
+
+	mu     sync.Mutex
+	tables map[catalogKey]catalogEntry
+}
+
+// catalogKey names a table in a tenant schema.
+type catalogKey struct{ schema, table string }
+
+// catalogEntry is what a lookup found: the columns by name (none when the
+// table does not exist), and when.
+type catalogEntry struct {
+	at   time.Time
+	cols map[string]catalogColumn
+}
+
+// newTableCatalog returns an empty cache reading db's catalog when db has
+// Query (catalogQuerier).
+func newTableCatalog(db DB, log *slog.Logger) *tableCatalog {
+	c := &tableCatalog{log: log, ttl: catalogTTL, max: maxCatalogTables, tables: map[catalogKey]catalogEntry{}}
+	c.db, _ = db.(catalogQuerier)
+	return c
+}
+
+// columns returns the columns of table in schema by name, from the cache
+// or read now: none when the table does not exist, nil when nothing is
+// known (no Query, or the lookup failed). Either way nothing is checked.
+func (c *tableCatalog) columns(ctx context.Context, schema, table string) map[string]catalogColumn {
+	if c == nil || c.db == nil {
+		return nil
+	}
+	k := catalogKey{schema, table}
+	now := time.Now()
+	c.mu.Lock()
+	e, ok := c.tables[k]
+	c.mu.Unlock()
+	if ok && now.Sub(e.at) < c.ttl {
+		return e.cols
+	}
+	cols, err := c.lookup(ctx, schema, table)
+	if err != nil {
+		c.log.Debug("table columns not read from the catalog; its upserts go to COPY unchecked",
+			"tenant_schema", schema, "table", table, "error", err)
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.tables[k]; !ok && len(c.tables) >= c.max {
+		for old, e := range c.tables {
+			if now.Sub(e.at) >= c.ttl {
+				delete(c.tables, old)
+			}
+		}
+		for old := range c.tables {
+			if len(c.tables) < c.max {
+				break
+			}
+			delete(c.tables, old)
+		}
+	}
+	c.tables[k] = catalogEntry{at: now, cols: cols}
+	return cols
+}
+
+// lookup reads the columns of table in schema (catalogColumnsSQL).
+func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[string]catalogColumn, error) {
+	rows, err := c.db.Query(ctx, catalogColumnsSQL, pgx.Identifier{schema, table}.Sanitize())
+	if err != nil {
+		return nil, err
+	}
+	cols := map[string]catalogColumn{}
+	var name, typ string
+	var notNull bool
+	_, err = pgx.ForEachRow(rows, []any{&name, &typ, &notNull}, func() error {
+		col := parseCatalogType(typ)
+		col.notNull = notNull
+		cols[name] = col
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cols, nil
+}
+
+// forgetOn drops what the cache knows of p's table in schema when err, an
+// apply's error on it, has SQLSTATE class 42 (an undefined or changed
+// column or table): the next COPY group of the table reads it again.
+func (c *tableCatalog) forgetOn(p *TableProjection, schema string, err error) {
+	if c == nil || !strings.HasPrefix(retry.SQLState(err), "42") {
+		return
+	}
+	c.mu.Lock()
+	delete(c.tables, catalogKey{schema, p.def.Table})
+	c.mu.Unlock()
+}
+
+// catalogColumn is a column as PostgreSQL's catalog has it.
+type catalogColumn struct {
+	typ       string  // format_type's spelling: "integer", "numeric(10,2)"
+	kind      colKind // the kind of the type without its modifier
+	known     bool    // the type is one the checks know (catalogTypes)
+	notNull   bool
+	length    int // n of character varying(n) and character(n); 0 none
+	precision int // p of numeric(p,s); 0 none
+	scale     int // s of numeric(p,s)
+}
+
+// catalogTypes are the types, as format_type spells them without a
+// modifier, that parseCatalogType knows: the definitions' types and the
+// bounded character types.
+var catalogTypes = []string{
+	"text", "character varying", "character", "smallint", "integer", "bigint", "numeric",
+	"double precision", "real", "boolean", "timestamp with time zone", "date", "jsonb", "uuid",
+}
+
+// parseCatalogType returns the column of type typ, as format_type spells
+// it: the kind of its base type (kindOf) and its modifier, the length of
+// "character varying(n)" and "character(n)" and the precision and scale of
+// "numeric(p,s)". An unknown type, or a modifier it cannot read, gives a
+// column that is not known.
+func parseCatalogType(typ string) catalogColumn {
+	c := catalogColumn{typ: typ}
+	base, mod := typ, ""
+	if i := strings.IndexByte(typ, '('); i > 0 && strings.HasSuffix(typ, ")") {
+		base, mod = typ[:i], typ[i+1:len(typ)-1]
+	}
+	if !slices.Contains(catalogTypes, base) {
+		return c
+	}
+	c.kind = kindOf(base)
+	switch {
+	case mod == "":
+		c.known = true
+	case base == "character varying" || base == "character":
+		n, err := strconv.Atoi(mod)
+		c.length, c.known = n, err == nil && n > 0
+	case base == "numeric":
+		ps, ss, _ := strings.Cut(mod, ",")
+		p, err1 := strconv.Atoi(ps)
+		s, err2 := strconv.Atoi(ss)
+		c.precision, c.scale, c.known = p, s, err1 == nil && err2 == nil && p > 0
+	}
+	if !c.known {
+		return catalogColumn{typ: typ}
+	}
+	return c
+}
+
+// rowCheck is what the catalog says of a table projection's upserts in one
+// tenant schema: the columns where the table is stricter than the
+// definition. It belongs to one batch.
+type rowCheck struct {
+	cols    []colCheck
+	suspect int // upserts found suspect (counted by suspectKeys)
+}
+
+// colCheck is one column of a rowCheck.
+type colCheck struct {
+	i       int               // index into the projection's columns and an upsert's arguments
+	notNull bool              // the table refuses NULL where the definition takes it
+	refuses func(string) bool // the table's type refuses the value (text, as Plan sends it); nil: no check
+}
+
+// newRowCheck returns the checks of p's upserts against the columns cols
+// of its table (nil when the table is not stricter than the definition,
+// or nothing is known). A column the table lacks is left to PostgreSQL.
+func newRowCheck(p *TableProjection, cols map[string]catalogColumn) *rowCheck {
+	if len(cols) == 0 {
+		return nil
+	}
+	var rc rowCheck
+	for i := range p.cols {
+		c := &p.cols[i]
+		cat, ok := cols[c.name]
+		if !ok {
+			continue
+		}
+		cc := colCheck{i: i,
+			notNull: cat.notNull && !c.notNull && !p.isKey(i),
+			refuses: typeCheck(c.kind, cat)}
+		if cc.notNull || cc.refuses != nil {
+			rc.cols = append(rc.cols, cc)
+		}
+	}
+	if len(rc.cols) == 0 {
+		return nil
+	}
+	return &rc
+}
+
+// refuses reports whether the table would refuse the upsert with
+// arguments args (as Plan sends them: text or nil): a NULL for a NOT NULL
+// column, or a value its column type refuses.
+func (rc *rowCheck) refuses(args []any) bool {
+	for _, c := range rc.cols {
+		v := args[c.i]
+		if v == nil {
+			if c.notNull {
+				return true
+			}
+			continue
+		}
+		if s, ok := v.(string); ok && c.refuses != nil && c.refuses(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// intBits is the width of the integer kinds, 0 for the others.
+func intBits(k colKind) int {
+	switch k {
+	case kindSmallint:
+		return 16
+	case kindInteger:
+		return 32
+	case kindBigint:
+		return 64
+	}
+	return 0
+}
+
+// typeCheck returns the check of a value of a column of kind def (the
+// definition's) stored in a column of the table's type cat (the value is
+// cast to def's type, then assigned to the column), or nil when cat takes
+// every value of def that Plan lets through, or when the pair is not one
+// it knows. It knows:
+//   - an integer type narrower than def's integer type: the range (22003);
+//   - an integer type from numeric, double precision or real: the range of
+//     the value rounded as PostgreSQL's cast rounds it (half away from
+//     zero for numeric, to even for the floats; values within one unit of
+//     the limit may be called refused where PostgreSQL takes them);
+//   - numeric(p,s) from an integer type or numeric: the value rounded to s
+//     decimals must have at most p−s digits before the point (22003);
+//   - real from numeric and double precision, double precision from
+//     numeric: the range (22003);
+//   - character varying(n) and character(n) from text: at most n
+//     characters, unless the excess is spaces (22001).
+func typeCheck(def colKind, cat catalogColumn) func(string) bool {
+	if !cat.known {
+		return nil
+	}
+	bits, defBits := intBits(cat.kind), intBits(def)
+	switch {
+	case bits > 0 && defBits > bits:
+		return func(s string) bool { return checkValue(cat.kind, cat.typ, s) != "" }
+	case bits > 0 && (def == kindNumeric || def == kindDouble || def == kindReal):
+		return func(s string) bool { return !roundsIntoInt(def, s, bits) }
+	case cat.precision > 0 && (defBits > 0 || def == kindNumeric):
+		return func(s string) bool { return !numericFits(pgTrim(s), cat.precision, cat.scale) }
+	case cat.kind == kindReal && (def == kindNumeric || def == kindDouble),
+		cat.kind == kindDouble && def == kindNumeric:
+		return func(s string) bool { return checkValue(cat.kind, cat.typ, s) != "" }
+	case cat.length > 0 && def == kindText:
+		return func(s string) bool { return tooLong(s, cat.length) }
+	}
+	return nil
+}
+
+// roundsIntoInt reports whether the number s, of a column of kind def
+// (numeric, double precision or real), rounded as PostgreSQL's cast to an
+// integer type of bits rounds it, is within that type's range. A text it
+// cannot read is left to PostgreSQL (true).
+func roundsIntoInt(def colKind, s string, bits int) bool {
+	t := pgTrim(s)
+	if isSpecialNumber(t, true) {
+		return false // NaN and Infinity have no integer
+	}
+	fbits := 64
+	if def == kindReal {
+		fbits = 32
+	}
+	f, err := strconv.ParseFloat(t, fbits)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return true // a PostgreSQL 16 form: its cast decides
+	}
+	if def == kindNumeric {
+		f = math.Round(f)
+	} else {
+		f = math.RoundToEven(f)
+	}
+	lim := math.Ldexp(1, bits-1)
+	return f < lim && f >= -lim
+}
+
+// numericFits reports whether the numeric text t fits numeric(p,s): once
+// rounded to s decimals (half away from zero, as PostgreSQL's numeric
+// does), it has at most p−s digits before the decimal point. NaN fits,
+// Infinity does not; a text it cannot read is left to PostgreSQL (true).
+func numericFits(t string, p, s int) bool {
+	if isSpecialNumber(t, false) {
+		return strings.EqualFold(t, "nan")
+	}
+	i := 0
+	if i < len(t) && (t[i] == '+' || t[i] == '-') {
+		i++
+	}
+	var digits []byte // the mantissa's digits, leading zeros dropped
+	point := 0        // digits before the decimal point, counted from the first of digits
+	seenPoint := false
+mantissa:
+	for ; i < len(t); i++ {
+		switch c := t[i]; {
+		case c >= '0' && c <= '9':
+			if c == '0' && len(digits) == 0 {
+				if seenPoint {
+					point--
+				}
+				continue
+			}
+			digits = append(digits, c)
+			if !seenPoint {
+				point++
+			}
+		case c == '.' && !seenPoint:
+			seenPoint = true
+		default:
+			break mantissa
+		}
+	}
+	if i < len(t) {
+		if t[i] != 'e' && t[i] != 'E' {
+			return true // not decimal syntax: PostgreSQL decides
+		}
+		e, err := strconv.Atoi(t[i+1:])
+		if err != nil {
+			return true
+		}
+		point += e
+	}
+	if len(digits) == 0 {
+		return true // zero
+	}
+	// The value is 0.digits × 10^point; rounding keeps point+s digits.
+	if keep := point + s; keep < len(digits) {
+		if keep < 0 {
+			return true // rounds to zero
+		}
+		if digits[keep] >= '5' && allNines(digits[:keep]) {
+			point++ // the rounding carries into a new digit
+		}
+	}
+	return point <= p-s
+}
+
+// allNines reports whether every digit of d is 9 (true for none).
+func allNines(d []byte) bool {
+	for _, c := range d {
+		if c != '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// tooLong reports whether s has more than n characters that are not
+// trailing spaces beyond the n-th, as PostgreSQL's character varying(n)
+// and character(n) refuse on assignment (22001).
+func tooLong(s string, n int) bool {
+	if len(s) <= n {
+		return false // at most n bytes, so at most n characters
+	}
+	chars := 0
+	for i := range s {
+		if chars == n {
+			return strings.TrimRight(s[i:], " ") != ""
+		}
+		chars++
+	}
+	return false
+}
+
+// suspectKeys returns the primary keys (appendKeyText) of g's upserts that
+// the table would refuse (rc.refuses), and counts those upserts in
+// rc.suspect.
+func (rc *rowCheck) suspectKeys(g *copyGroup) map[string]bool {
+	var keys map[string]bool
+	var key []byte
+	for _, pr := range g.all {
+		if !rc.refuses(pr.stmt.Args) {
+			continue
+		}
+		rc.suspect++
+		if keys == nil {
+			keys = map[string]bool{}
+		}
+		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
+		keys[string(key)] = true
+	}
+	return keys
+}
+
+// without returns g less every upsert of the primary keys keys.
+func (g *copyGroup) without(keys map[string]bool) *copyGroup {
+	ng := newCopyGroup(g.p, g.schema)
+	var key []byte
+	for _, pr := range g.all {
+		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
+		if !keys[string(key)] {
+			ng.add(pr, key)
+		}
+	}
+	return ng
+}
+
+// formCopyGroups is copyGroupsChecked with the worker's catalog: the tables
+// with a COPY group in planned are looked up (tableCatalog), and the
+// upserts they would refuse are left to statements, logged at DEBUG.
+func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*copyGroup, []pair) {
+	w := pc.w
+	type checked struct {
+		p      *TableProjection
+		schema string
+		rc     *rowCheck
+	}
+	var seen []checked
+	groups, rest := copyGroupsChecked(planned, w.cfg.CopyMinRows, func(p *TableProjection, schema string) *rowCheck {
+		rc := newRowCheck(p, w.catalog.columns(ctx, schema, p.def.Table))
+		if rc != nil {
+			seen = append(seen, checked{p, schema, rc})
+		}
+		return rc
+	})
+	for _, c := range seen {
+		if c.rc.suspect > 0 {
+			w.log.Debug("upserts the table would refuse left to statements", "partition", pc.partition,
+				"projection", c.p.Name(), "tenant_schema", c.schema, "upserts", c.rc.suspect)
+		}
+	}
+	return groups, rest
+}

@@ -1,0 +1,189 @@
+package projection_test
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/projection"
+)
+
+// deadLetterStates returns each dead letter as "<projection> <user>@<sequence
+// number>" → its SQLSTATE header, failing t on a pair dead-lettered twice.
+func deadLetterStates(t *testing.T, dls []deadLetter) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, d := range dls {
+		k := d.headers[dlq.HeaderProjection] + " " + deadLetterUser(t, d)
+		if _, ok := out[k]; ok {
+			t.Errorf("%s dead-lettered more than once", k)
+		}
+		out[k] = d.headers[dlq.HeaderSQLState]
+	}
+	return out
+}
+
+// startLogged starts the worker with mod, its logs, every level, counted
+// in the returned logCounter.
+func (r *rig) startLogged(mod func(*projection.Config)) *logCounter {
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) {
+		mod(c)
+		c.Logger = slog.New(logs)
+	})
+	return logs
+}
+
+// logSum returns the sum of the attribute key of the records logged with
+// msg.
+func logSum(logs *logCounter, msg, key string) int64 {
+	var n int64
+	for _, rec := range logs.records(msg) {
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == key {
+				n += a.Value.Int64()
+			}
+			return true
+		})
+	}
+	return n
+}
+
+// The worker's debug lines that tell how a batch's upserts were applied.
+const (
+	logSuspect   = "upserts the table would refuse left to statements"
+	logIsolated  = "copy group isolated in PostgreSQL"
+	logCopyAgain = "copy group failed; applying it again on its own"
+)
+
+// TestWorkerLeavesUpsertsTheTableRefusesToStatements makes the tables
+// stricter than the definitions (artist_ratings.stars smallint where the
+// definition says integer, artist_followers.score NOT NULL where it is
+// nullable), as the benchmark's poison scenarios do, and applies one batch
+// in COPY groups: the upserts the tables would refuse are found from the
+// catalog before the groups are formed and go to statements, where
+// PostgreSQL refuses them, each dead-lettered once with 22003 or 23502;
+// every other row lands, and no COPY group fails (nothing is isolated).
+// Two keys have two upserts, one of them refused: user-10's newer (its
+// older one stands) and user-30's older (its newer one lands).
+func TestWorkerLeavesUpsertsTheTableRefusesToStatements(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ALTER COLUMN stars TYPE smallint")
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" ALTER COLUMN score SET NOT NULL")
+	const n = 64
+	var keys, values []string
+	add := func(user string, value string) {
+		keys = append(keys, user)
+		values = append(values, value)
+	}
+	rated := func(user string, seq int64, stars int) string {
+		return r.event("ARTIST_RATED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars))
+	}
+	wantDead := map[string]string{}
+	wantRows := map[string][2]int64{}
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		if i == 13 { // no games: score NULL
+			add(user, r.follow(user, "a", 1))
+			wantDead["artist_followers "+user+"@1"] = "23502"
+		} else {
+			add(user, r.event("ARTIST_FOLLOWED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","points":%d,"games":2}`, user, 2*i)))
+		}
+		switch i {
+		case 7:
+			add(user, rated(user, 1, 40000))
+			wantDead["artist_ratings "+user+"@1"] = "22003"
+		case 30:
+			add(user, rated(user, 1, 40000))
+			wantDead["artist_ratings "+user+"@1"] = "22003"
+			add(user, rated(user, 2, 5))
+			wantRows[user] = [2]int64{5, 2}
+		default:
+			add(user, rated(user, 1, i%5))
+			wantRows[user] = [2]int64{int64(i % 5), 1}
+		}
+	}
+	add("user-10", rated("user-10", 2, 40000)) // newer than user-10's stars 0
+	wantDead["artist_ratings user-10@2"] = "22003"
+	r.produceAll(keys, values)
+	logs := r.startLogged(func(c *projection.Config) {
+		c.CopyMinRows = 1
+		c.MaxBatchRecords = 500
+		c.Retry.MaxRetries = 1
+	})
+	r.waitCommitted(testTimeout)
+	if diff := cmp.Diff(wantDead, deadLetterStates(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters and their SQLSTATE (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
+		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
+	}
+	if got := r.count("artist_followers"); got != n-1 {
+		t.Errorf("artist_followers holds %d rows, want %d", got, n-1)
+	}
+	if got := r.count("user_follows"); got != n {
+		t.Errorf("user_follows holds %d rows, want %d", got, n)
+	}
+	// 4 upserts suspect: user-7, user-30@1, user-10@2 and user-13's
+	// follow (user-10@1 and user-30@2 go with their keys, not suspect).
+	if got := logSum(logs, logSuspect, "upserts"); got != 4 {
+		t.Errorf("%d upserts left to statements as suspect, want 4", got)
+	}
+	if got := len(logs.records(logIsolated)) + len(logs.records(logCopyAgain)); got != 0 {
+		t.Errorf("%d COPY groups failed (isolated or applied again), want none", got)
+	}
+}
+
+// TestWorkerAppliesASuspectUpsertWhenTheCatalogCacheIsStale: the worker
+// reads artist_ratings.stars as smallint; the column is then widened to
+// integer, within the cache's TTL. A value beyond smallint is suspect by
+// the cache's word, so it goes to its statement, where PostgreSQL takes
+// it: applied, never dead-lettered on the cache's word. Its key's older
+// upsert in the same batch is applied before it; the newer wins.
+func TestWorkerAppliesASuspectUpsertWhenTheCatalogCacheIsStale(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	tbl := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	exec(t, r.pool, "ALTER TABLE "+tbl+" ALTER COLUMN stars TYPE smallint")
+	rated := func(user string, seq int64, stars int) string {
+		return r.event("ARTIST_RATED", user, seq, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars))
+	}
+	var keys, values []string
+	wantRows := map[string][2]int64{}
+	for i := range 8 {
+		user := fmt.Sprintf("user-%d", i)
+		keys, values = append(keys, user), append(values, rated(user, 1, i))
+		wantRows[user] = [2]int64{int64(i), 1}
+	}
+	r.produceAll(keys, values)
+	logs := r.startLogged(func(c *projection.Config) { c.CopyMinRows = 1 })
+	r.waitCommitted(testTimeout) // the catalog read: stars smallint
+	exec(t, r.pool, "ALTER TABLE "+tbl+" ALTER COLUMN stars TYPE integer")
+
+	keys, values = nil, nil
+	for i := 8; i < 16; i++ {
+		user := fmt.Sprintf("user-%d", i)
+		keys, values = append(keys, user), append(values, rated(user, 1, i))
+		wantRows[user] = [2]int64{int64(i), 1}
+	}
+	keys, values = append(keys, "user-3"), append(values, rated("user-3", 2, 40000))
+	wantRows["user-3"] = [2]int64{40000, 2}
+	keys, values = append(keys, "user-12"), append(values, rated("user-12", 2, 50000))
+	wantRows["user-12"] = [2]int64{50000, 2}
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters %+v, want none", dls)
+	}
+	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
+		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
+	}
+	if got := logSum(logs, logSuspect, "upserts"); got != 2 {
+		t.Errorf("%d upserts left to statements as suspect, want 2 (the cache still says smallint)", got)
+	}
+}
