@@ -61,8 +61,12 @@ type Config struct {
 	// tenant schema, within a batch, that is applied with COPY into a
 	// temporary table and one INSERT ... ON CONFLICT instead of one
 	// statement per pair; below it the extra round trips cost more than they
-	// save. When a COPY fails, its batch is applied as statements, which
-	// isolate the failing pairs. An upsert that the table itself would
+	// save. When PostgreSQL refuses a row of a COPY group, the group is
+	// undone alone and isolated in PostgreSQL in the same transaction (its
+	// good rows applied, each refused row its pair's failure), and the
+	// next group of that table and tenant schema is isolated at once until
+	// one comes through clean; a group that fails otherwise is left to
+	// statements. An upsert that the table itself would
 	// refuse (its column types and NOT NULL as the catalog says, read once
 	// per table and kept 30 s) is applied as a statement instead, with the
 	// other upserts of its row. Default 32; -1 never uses COPY.
