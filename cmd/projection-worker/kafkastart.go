@@ -48,9 +48,33 @@ func kafkaUnreachable(err error) bool {
 	return errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// untilDeadline is b with its waits cut to end at deadline, and Stop from
+// then on: the last attempt is made when the time is up, not as soon as
+// b's next wait would pass it (backoff's MaxElapsedTime gives up then,
+// up to a whole wait early).
+type untilDeadline struct {
+	b        backoff.BackOff
+	deadline time.Time
+}
+
+func (u *untilDeadline) NextBackOff() time.Duration {
+	left := time.Until(u.deadline)
+	if left <= 0 {
+		return backoff.Stop
+	}
+	next := u.b.NextBackOff()
+	if next == backoff.Stop {
+		return backoff.Stop
+	}
+	return min(next, left)
+}
+
+func (u *untilDeadline) Reset() { u.b.Reset() }
+
 // untilKafkaAnswers runs attempt, Kafka's first request at start, until it
 // returns anything but kafkaUnreachable, for at most --kafka-start-timeout
-// (0: once), waiting 1 s, then twice as long each time up to 10 s, with a
+// (0: once), waiting 1 s, then twice as long each time up to 10 s (the last
+// wait cut to end when the time is up, for a last attempt then), with a
 // WARN line per failed attempt. It returns a *kafkaUnreachableError when
 // the time is up, and ctx's error when ctx ends first.
 func untilKafkaAnswers[T any](ctx context.Context, s *settings, log *slog.Logger, attempt func(context.Context) (T, error)) (T, error) {
@@ -60,8 +84,8 @@ func untilKafkaAnswers[T any](ctx context.Context, s *settings, log *slog.Logger
 		eb := backoff.NewExponentialBackOff()
 		eb.InitialInterval = time.Second
 		eb.MaxInterval = 10 * time.Second
-		eb.MaxElapsedTime = s.kafkaStartTimeout
-		b = eb
+		eb.MaxElapsedTime = 0 // untilDeadline ends it
+		b = &untilDeadline{b: eb, deadline: start.Add(s.kafkaStartTimeout)}
 	}
 	var v T
 	n := 0
