@@ -359,6 +359,8 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "OTEL_RESOURCE_ATTRIBUTES", env: []string{"OTEL_RESOURCE_ATTRIBUTES", "garbage"}},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "not a url"}},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x:99"}},
+		{flag: "OTEL_EXPORTER_OTLP_PROTOCOL", env: []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"}},
+		{flag: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env: []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "carrier-pigeon"}},
 	}
 	for _, tt := range tests {
 		name := strings.TrimPrefix(tt.flag, "--")

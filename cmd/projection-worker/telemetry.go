@@ -270,8 +270,8 @@ var traceSamplers = map[string]bool{
 // would otherwise only complain about at run time and ignore (tracing every
 // span on an invalid sampler), as usage errors naming the variable:
 // OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, OTEL_RESOURCE_ATTRIBUTES
-// (key=value pairs, comma-separated) and the OTLP endpoints (http or https
-// URLs with a host).
+// (key=value pairs, comma-separated), the OTLP protocol (http/protobuf
+// only) and the OTLP endpoints (http or https URLs with a host).
 func checkOTelEnv() error {
 	if v := os.Getenv("OTEL_TRACES_SAMPLER"); v != "" {
 		takesArg, ok := traceSamplers[v]
@@ -290,6 +290,14 @@ func checkOTelEnv() error {
 			if k, _, ok := strings.Cut(kv, "="); !ok || strings.TrimSpace(k) == "" {
 				return flagenv.Usagef("OTEL_RESOURCE_ATTRIBUTES: %q is not key=value (want comma-separated key=value pairs)", kv)
 			}
+		}
+	}
+	// The exporters are OTLP over HTTP (protobuf); the SDK's HTTP
+	// exporters ignore the protocol variables, so a collector that only
+	// speaks gRPC (:4317) would be tried over HTTP without a word.
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"} {
+		if v := os.Getenv(k); v != "" && v != "http/protobuf" {
+			return flagenv.Usagef("%s %q: this worker exports OTLP over HTTP only (http/protobuf, to the collector's port 4318); unset it or set http/protobuf", k, v)
 		}
 	}
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
