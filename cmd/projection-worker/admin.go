@@ -134,6 +134,6 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: IR %s, %d projections: ok\n", s.projections, defs.IRVersion, len(handlers))
+	fmt.Fprintf(stdout, "%s: IR %s, %s: ok\n", s.projections, defs.IRVersion, plural(len(handlers), "projection"))
 	return nil
 }

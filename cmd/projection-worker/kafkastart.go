@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -29,8 +30,16 @@ type kafkaUnreachableError struct {
 }
 
 func (e *kafkaUnreachableError) Error() string {
-	return fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %d attempts over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
-		e.brokers, e.attempts, e.waited.Round(time.Millisecond), e.timeout, e.err)
+	return fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %s over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
+		e.brokers, plural(e.attempts, "attempt"), e.waited.Round(time.Millisecond), e.timeout, e.err)
+}
+
+// plural returns "1 <noun>" or "<n> <noun>s".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 func (e *kafkaUnreachableError) Unwrap() error { return e.err }

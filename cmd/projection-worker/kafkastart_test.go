@@ -37,6 +37,9 @@ func TestRunExitsClearlyWhenKafkaStaysUnreachable(t *testing.T) {
 			if r.code != exitKafkaUnreachable || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "--kafka-start-timeout "+tt.timeout) {
 				t.Errorf("want exit %d with %q and the flag\n%s", exitKafkaUnreachable, want, r)
 			}
+			if strings.Contains(r.stderr, "topics: Kafka unreachable") || (tt.timeout == "0s" && !strings.Contains(r.stderr, "answered in 1 attempt over")) {
+				t.Errorf("want the message alone, with 1 attempt when the timeout is 0 (new-user trial: \"topics: ...\", \"1 attempts\")\n%s", r)
+			}
 			if got := strings.Contains(r.stderr, `msg="Kafka unreachable at start, retrying"`); got != tt.warnings {
 				t.Errorf("retry WARN lines logged: %v, want %v\n%s", got, tt.warnings, r)
 			}

@@ -322,7 +322,11 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 		defer cancel()
 		return check(tctx, adm, cfg)
 	})
-	if err != nil {
+	var unreachable *kafkaUnreachableError
+	switch {
+	case errors.As(err, &unreachable):
+		return rep, err // says what it is: no "topics:" in front
+	case err != nil:
 		if reason := kafkaconn.Explain(err); reason != "" {
 			return rep, fmt.Errorf("topics: %s: %w", reason, err)
 		}
