@@ -173,6 +173,8 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "run max-retries -1", args: runArgs("--max-retries", "-1"), wantCode: 2, wantStderr: []string{"--max-retries", "-1"}},
 		{name: "run database url garbage", args: []string{"run", "--brokers", noKafka, "--database-url", "garbage", "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
+		{name: "run database url of another database", args: []string{"run", "--brokers", noKafka, "--database-url", "mysql://u:p@h/db", "--projections", exampleProjections},
+			wantCode: 2, wantStderr: []string{"DATABASE_URL", `scheme "mysql" is not PostgreSQL's`}},
 		{name: "run database url password redacted", args: []string{"run", "--brokers", noKafka, "--database-url", "postgres://u:s3cretpw@h:notaport/db", "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL", "invalid port"}},
 		{name: "run brokers without port", args: runArgs("--brokers", "nohostport"), wantCode: 2, wantStderr: []string{"--brokers", `"nohostport" is not host:port`}},

@@ -66,6 +66,11 @@ func loadProjections(path string) (*projection.Definitions, []projection.Handler
 // error naming DATABASE_URL that holds no part of the string's password
 // (redact.ParsePostgres).
 func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
+	// A URL of another database (mysql://...) would be read as a
+	// key=value string and refused as such, which does not say why.
+	if scheme, _, ok := strings.Cut(url, "://"); ok && scheme != "postgres" && scheme != "postgresql" && !strings.ContainsAny(scheme, " =") {
+		return nil, flagenv.Usagef("--database-url (DATABASE_URL): scheme %q is not PostgreSQL's: want postgres:// or postgresql://, or a key=value string", scheme)
+	}
 	cfg, err := redact.ParsePostgres(url)
 	if err != nil {
 		return nil, flagenv.Usagef("--database-url (DATABASE_URL): %v", err)
