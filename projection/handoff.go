@@ -48,13 +48,18 @@ type handoff struct {
 	// to those pairs' projections ("" for the record itself) and the epoch
 	// ms of their first failure.
 	Open map[string]map[string]int64 `json:"open"`
+	// Retries maps, in the same way, the pairs that were waiting for a
+	// retry to the retries made, so that the next owner goes on counting
+	// (a restart does not renew a pair's --max-retries). Absent from an
+	// older owner's hand-off: its pairs count from there.
+	Retries map[string]map[string]int `json:"retries,omitempty"`
 }
 
 // newHandoff describes a stopped partition's open records, or returns nil
 // when it has nothing to hand off. Past maxHandoffBytes it hands off a
 // prefix: UpTo stops before the first open record that does not fit, and
 // the next owner processes the rest again.
-func newHandoff(open []*recordState, last *kgo.Record) *handoff {
+func newHandoff(open []*recordState, last *kgo.Record, retried map[pairKey]int) *handoff {
 	if len(open) == 0 || last == nil {
 		return nil
 	}
@@ -65,19 +70,41 @@ func newHandoff(open []*recordState, last *kgo.Record) *handoff {
 			continue
 		}
 		entry := make(map[string]int64, len(rs.pending))
+		var counts map[string]int
 		n := 24
 		for name, t := range rs.pending {
 			entry[name] = t.UnixMilli()
 			n += len(name) + 24
+			if r := retried[pairKey{rs.d.rec.Offset, name}]; r > 0 {
+				if counts == nil {
+					counts = map[string]int{}
+				}
+				counts[name] = r
+				n += len(name) + 32
+			}
 		}
 		if size+n > maxHandoffBytes {
 			h.UpTo = rs.d.rec.Offset - 1
 			break
 		}
 		size += n
-		h.Open[strconv.FormatInt(rs.d.rec.Offset, 10)] = entry
+		off := strconv.FormatInt(rs.d.rec.Offset, 10)
+		h.Open[off] = entry
+		if counts != nil {
+			if h.Retries == nil {
+				h.Retries = map[string]map[string]int{}
+			}
+			h.Retries[off] = counts
+		}
 	}
 	return h
+}
+
+// pairKey names a pair of a partition: its record's offset and its
+// projection ("" for the record itself).
+type pairKey struct {
+	offset     int64
+	projection string
 }
 
 func (h handoff) metadata() string {
@@ -143,6 +170,18 @@ func (pc *partition) receivedFirstFailedAt(offset int64, projection string) (tim
 	return time.UnixMilli(ms), ok
 }
 
+// receivedRetries returns the retries the pair (offset, projection) had
+// made at a previous owner, from the hand-off read at assignment: 0 when
+// it lists none.
+func (pc *partition) receivedRetries(offset int64, projection string) int {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.received == nil {
+		return 0
+	}
+	return pc.received.Retries[strconv.FormatInt(offset, 10)][projection]
+}
+
 // commitHandoffs commits, for each stopped partition with open records, its
 // watermark with the hand-off as metadata. Call it after the marked offsets
 // are committed, while the member still owns the partitions, with the
@@ -163,7 +202,7 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck
 		if containsPartition(stuck, pc.partition) {
 			continue
 		}
-		h := newHandoff(pc.open, pc.lastDone)
+		h := newHandoff(pc.open, pc.lastDone, pc.retriedAtRelease)
 		if h == nil {
 			continue
 		}

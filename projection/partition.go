@@ -44,6 +44,9 @@ type partition struct {
 	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
 	// refusedGroups marks the COPY groups to isolate at once (execCopy).
 	refusedGroups refusedMarks
+	// retriedAtRelease holds, once the partition is released, the retries
+	// its waiting pairs had made, for the hand-off (newHandoff).
+	retriedAtRelease map[pairKey]int
 }
 
 // recordState is a record that has pairs neither applied nor acknowledged as
@@ -263,6 +266,7 @@ func (pc *partition) release() {
 		pc.w.cfg.Metrics.addStuck(context.Background(), -1)
 	}
 	pc.endSpans(pc.open, pc.retries.pairs)
+	pc.retriedAtRelease = pc.retries.counts()
 	pc.retries.cancel(pc.w.breaker)
 	pc.setRetrying(0)
 }

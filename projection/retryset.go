@@ -93,6 +93,15 @@ func (s *retrySet) takeDue(now time.Time) []*retryPair {
 // cancel drops every waiting pair (revoke or shutdown: a cancelled retry is
 // not a failure and gets no dead letter) and frees the breaker probes among
 // them.
+// counts returns the retries each waiting pair has made, by pair.
+func (s *retrySet) counts() map[pairKey]int {
+	out := make(map[pairKey]int, len(s.pairs))
+	for _, p := range s.pairs {
+		out[pairKey{p.d.rec.Offset, p.h.Name()}] = p.retries
+	}
+	return out
+}
+
 func (s *retrySet) cancel(b *breaker) {
 	for _, p := range s.pairs {
 		if p.probe {

@@ -60,7 +60,13 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 			dead = append(dead, pc.w.immediateDeadLetter(f))
 			continue
 		}
-		if dl := pc.schedule(&retryPair{d: f.d, h: f.h, err: f.err, stack: f.stack, firstAt: f.firstAt, span: f.span}); dl != nil {
+		p := &retryPair{d: f.d, h: f.h, err: f.err, stack: f.stack, firstAt: f.firstAt, span: f.span}
+		if _, ok := pc.receivedFirstFailedAt(f.d.rec.Offset, f.projectionName()); ok {
+			// It failed at a previous owner too: this attempt was a retry,
+			// after the ones made there.
+			p.retries = pc.receivedRetries(f.d.rec.Offset, f.projectionName()) + 1
+		}
+		if dl := pc.schedule(p); dl != nil {
 			dead = append(dead, *dl)
 		}
 	}
@@ -74,8 +80,9 @@ func (pc *partition) settle(ctx context.Context, batch []decoded, failures []pai
 // letter is returned for the caller to write.
 func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	w := pc.w
-	if p.retries == 0 { // the first failure: ask the breaker
-		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, 0, p.firstAt, p.span)
+	first := p.backoff == nil
+	if first { // the first failure here: ask the breaker
+		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt, p.span)
 		p.fp = dl.Fingerprint()
 		probe, err := w.breaker.admit(p.fp)
 		if err != nil {
@@ -100,7 +107,7 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	// The line's trace_id and span_id are the pair's; its first failure is
 	// at WARN, repeats aggregated.
 	ctx := spanContext(context.Background(), p.span)
-	if p.retries == 0 {
+	if first {
 		w.failures.write(ctx, slog.LevelWarn, "projection failed, retrying", p.fp, attrs...)
 	} else {
 		w.log.DebugContext(ctx, "projection failed, retrying", attrs...)

@@ -481,3 +481,45 @@ func TestWorkerProcessesLargeBatchesWithinTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerNextOwnerGoesOnCountingRetries: a pair whose retries are cut by
+// a shutdown after 2 of its 4 is retried by the next owner only for what
+// is left of its --max-retries (the hand-off carries the count; new-user
+// trial: a restart gave it 4 more), and its dead letter says 4.
+func TestWorkerNextOwnerGoesOnCountingRetries(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", 1, `{"user_id":"user-1","artist_id":"a","stars":3}`)))
+	policy := func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: 200 * time.Millisecond, Multiplier: 5, MaxInterval: time.Second, MaxRetries: 4}
+	}
+	const retrying = "projection failed, retrying" // one line before each retry
+	firstLogs := &logCounter{msgs: map[string][]slog.Record{}}
+	first := r.start(func(c *projection.Config) {
+		policy(c)
+		c.Logger = slog.New(firstLogs)
+	})
+	deadline := time.Now().Add(testTimeout)
+	for len(firstLogs.records(retrying)) < 3 { // failed 3 times: 2 retries made, the third waits 1 s
+		if time.Now().After(deadline) {
+			t.Fatal("the rating never failed three times")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := first.stop(t); err != nil {
+		t.Fatalf("first worker Run = %v", err)
+	}
+	secondLogs := r.startLogged(policy)
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("dead letters = %d, want 1", len(dls))
+	}
+	if got := dls[0].msg.RetryCount; got != 4 {
+		t.Errorf("retryCount = %d, want 4", got)
+	}
+	if got := len(firstLogs.records(retrying)) + len(secondLogs.records(retrying)); got != 4 {
+		t.Errorf("%d retries scheduled across both owners, want 4 (--max-retries)", got)
+	}
+}
