@@ -89,7 +89,7 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 			`testdata/defs/unknown_type.yaml: projection "artist_followers": columns.followers: type: unknown type "integr" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid)`,
 		}},
 		{"duplicate_projection.yaml", []string{
-			`testdata/defs/duplicate_projection.yaml: projection "artist_followers": name: duplicate projection name (also projections[0])`,
+			`testdata/defs/duplicate_projection.yaml: projections[1] ("artist_followers"): name: duplicate projection name (also projections[0])`,
 		}},
 		{"unknown_key.yaml", []string{
 			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: unknown key "form" (want one of derive, from, notNull, type) (line 7)`,
@@ -239,7 +239,13 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"duplicate table", "irVersion: v1\nprojections:\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
 			"  - {name: b, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
-			`d.yaml: projection "b": table: "t" is also the table of projection "a"`,
+			`d.yaml: projection "b": table: "t" is also the table of projections[0] ("a")`,
+		}},
+		{"duplicate name and table", "irVersion: v1\nprojections:\n" +
+			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
+			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
+			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0])`,
+			`d.yaml: projections[1] ("a"): table: "t" is also the table of projections[0] ("a")`,
 		}},
 		{"empty event type", head[:len(head)-len("    events: {E: upsert}\n")] + "    events: {'': upsert}\n    columns: {id: {type: text, from: entityId}}\n", []string{
 			`d.yaml: projection "p": events: empty event type`,

@@ -34,10 +34,13 @@ func (d *Definitions) Validate() error {
 		fail("projections", "none defined")
 	}
 	names := map[string]int{}
-	tables := map[string]string{}
+	tables := map[string]int{} // table → the index of the first projection of it
 	for i := range d.Projections {
 		pd := &d.Projections[i]
 		label := fmt.Sprintf("projection %q", pd.Name)
+		if _, dup := names[pd.Name]; dup {
+			label = fmt.Sprintf("projections[%d] (%q)", i, pd.Name) // its name says not which
+		}
 		if pd.Name == "" {
 			label = fmt.Sprintf("projections[%d]", i)
 		}
@@ -62,10 +65,11 @@ func (d *Definitions) Validate() error {
 		case !validName(pd.Table):
 			pfail("table", "%s", nameProblem(pd.Table))
 		default:
-			if other, dup := tables[pd.Table]; dup {
-				pfail("table", "%q is also the table of projection %q", pd.Table, other)
+			if j, dup := tables[pd.Table]; dup {
+				// By index too: two projections can share a name as well.
+				pfail("table", "%q is also the table of projections[%d] (%q)", pd.Table, j, d.Projections[j].Name)
 			} else {
-				tables[pd.Table] = pd.Name
+				tables[pd.Table] = i
 			}
 		}
 		d.validateColumns(pd, label, pfail)
