@@ -91,6 +91,9 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 		return nil
 	})
 	progress.done()
+	if err != nil && n == 0 {
+		return err // nothing listed: no table header before the error
+	}
 	if ferr := lw.flush(); err == nil {
 		err = ferr
 	}

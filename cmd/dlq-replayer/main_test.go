@@ -390,6 +390,9 @@ func TestMissingDeadLetterTopicExitsOne(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "topic does not exist") {
 		t.Errorf("exit %d\n%s", r.code, r.stderr)
 	}
+	if r.stdout != "" { // new-user trial: a table header, then the error
+		t.Errorf("stdout %q, want nothing before the error", r.stdout)
+	}
 }
 
 // TestRetryAndSkipSayWhenNothingMatched: a filter that selects nothing is
