@@ -94,6 +94,12 @@ func compileDerive(expr string) (*derivePrg, error) {
 		}
 		return nil, fmt.Errorf("%q does not compile: %s", expr, strings.Join(msgs, "; "))
 	}
+	// A result kind no column takes (docs/definitions.md, "Conversion
+	// rules"), when the type checker knows it already: refused now, not at
+	// every event.
+	if kind, ok := map[types.Kind]string{types.BytesKind: "bytes", types.DurationKind: "duration", types.TypeKind: "type"}[ast.OutputType().Kind()]; ok {
+		return nil, fmt.Errorf("%q returns a %s, which no column takes (want null, int, uint, double, string, bool, timestamp, a list or a map)", expr, kind)
+	}
 	opts := []cel.ProgramOption{}
 	if est, err := env.EstimateCost(ast, unknownSizes{}); err != nil || est.Max > deriveCostLimit {
 		opts = append(opts, cel.CostLimit(deriveCostLimit))

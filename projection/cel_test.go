@@ -2,6 +2,7 @@ package projection
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/google/cel-go/cel"
@@ -128,5 +129,24 @@ func TestPlanReusesActivations(t *testing.T) {
 	}
 	if taken == 0 {
 		t.Error("no activation was ever back in the pool after Plan")
+	}
+}
+
+// TestDeriveOfAResultKindNoColumnTakesIsRefusedAtLoad: a derive whose
+// result the type checker knows to be bytes, a duration or a type is
+// refused when the definitions load, naming the kind (new-user trial: it
+// passed validate and failed every event); one typed dyn is checked per
+// event (TestEvalDerive).
+func TestDeriveOfAResultKindNoColumnTakesIsRefusedAtLoad(t *testing.T) {
+	for expr, kind := range map[string]string{"b'abc'": "bytes", "duration('1s')": "duration", "type(1)": "type"} {
+		_, err := compileDerive(expr)
+		if err == nil || !strings.Contains(err.Error(), "returns a "+kind) || !strings.Contains(err.Error(), "which no column takes") {
+			t.Errorf("compileDerive(%q) = %v, want an error naming %s", expr, err, kind)
+		}
+	}
+	for _, expr := range []string{"dyn(b'x')", "payload.a", "timestamp('2024-01-01T00:00:00Z')", "[1, 'a']", "{'k': 1}", "null"} {
+		if _, err := compileDerive(expr); err != nil {
+			t.Errorf("compileDerive(%q) = %v, want it compiled", expr, err)
+		}
 	}
 }
