@@ -296,13 +296,8 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 // error about one column of a table projection's row names it
 // (*ColumnError).
 func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailure {
-	if tp, ok := p.h.(*TableProjection); ok {
-		w.catalog.forgetOn(tp, p.d.ev.TenantSchema, err)
-		err = tp.columnError(p.d.ev, err)
-	}
-	class := retry.Classify(err)
-	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), class)
-	err = fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err)
+	err = w.statementError(p.h, p.d.ev, err)
+	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(err))
 	span := w.tr.pairFailed(p.span, p.d, p.h.Name(), err)
 	return pairFailure{d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)}, err: err, span: span}
 }

@@ -1,12 +1,16 @@
 package projection_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/projection"
@@ -131,5 +135,82 @@ func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
 	}
 	if full != 3 || short != later {
 		t.Errorf("retried in full = %d, short-circuited = %d; want 3 and %d", full, short, later)
+	}
+}
+
+// countingPool is a pool whose Exec and Acquire calls are counted: a pair
+// attempted on its own is one Exec (and a statement prepared again after
+// its SQL failed); the due retries of a partition attempted together are
+// one Acquire.
+type countingPool struct {
+	*pgxpool.Pool
+	execs, acquires atomic.Int64
+}
+
+func (c *countingPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.execs.Add(1)
+	return c.Pool.Exec(ctx, sql, args...)
+}
+
+func (c *countingPool) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	c.acquires.Add(1)
+	return c.Pool.Acquire(ctx)
+}
+
+// TestWorkerRetriesDuePairsTogether: the retries of pairs that come due
+// together in a partition go to PostgreSQL in one round trip, each in its
+// own transaction (a poison pair's retry neither takes a round trip of its
+// own nor undoes another's): 24 ratings PostgreSQL refuses (CHECK, 23514)
+// over 3 partitions, retried 3 times each, take no Exec of their own and
+// far fewer round trips than their 72 retries, each is dead-lettered once
+// with retryCount 3, and the ratings between them, which fail once too (a
+// COPY group or batch they share with the poison is isolated) or not, are
+// all applied.
+func TestWorkerRetriesDuePairsTogether(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 3})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_positive CHECK (stars > 0)")
+	db := &countingPool{Pool: r.pool}
+	r.db = db
+	r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: 200 * time.Millisecond, Multiplier: 1, MaxInterval: 200 * time.Millisecond, MaxRetries: 3}
+		c.Breaker.Threshold = -1
+	})
+	const poison, good = 24, 48
+	var keys, values []string
+	for i := range poison + good {
+		user := fmt.Sprintf("rater-%d", i)
+		stars := 1 + i%5
+		if i%3 == 0 {
+			stars = 0
+		}
+		keys = append(keys, user)
+		values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
+	if got := r.count("artist_ratings"); got != good {
+		t.Errorf("rows = %d, want the %d good ratings", got, good)
+	}
+	perOffset := map[string]int{}
+	for _, d := range r.deadLetters() {
+		perOffset[d.headers[dlq.HeaderOriginalPartition]+"/"+d.headers[dlq.HeaderOriginalOffset]]++
+		if d.msg.RetryCount != 3 || !strings.Contains(d.msg.Error, "SQLSTATE 23514") {
+			t.Errorf("dead letter retryCount %d, error %q; want 3 and a 23514", d.msg.RetryCount, d.msg.Error)
+		}
+	}
+	if len(perOffset) != poison {
+		t.Errorf("dead letters for %d records, want %d", len(perOffset), poison)
+	}
+	for rec, n := range perOffset {
+		if n != 1 {
+			t.Errorf("record %s has %d dead letters, want 1", rec, n)
+		}
+	}
+	if n := db.execs.Load(); n != 0 {
+		t.Errorf("%d pairs attempted with an Exec of their own, want 0: due retries go together", n)
+	}
+	if n := db.acquires.Load(); n == 0 || n > poison*3/2 {
+		t.Errorf("%d round trips of retries for %d retries, want between 1 and %d", n, poison*3, poison*3/2)
 	}
 }

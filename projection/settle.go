@@ -131,7 +131,8 @@ func (pc *partition) shortCircuit(p *retryPair) *dlq.DeadLetter {
 	return &dl
 }
 
-// retryDue makes the next attempt of every pair that is due, settles each
+// retryDue makes the next attempt of every pair that is due (those of
+// Planners together in one round trip: attemptTogether), settles each
 // (applied, waiting again, or dead-lettered) and advances the watermark. A
 // due pair whose fingerprint's breaker opened while it waited is
 // dead-lettered without the attempt: the breaker already says how it
@@ -144,14 +145,23 @@ func (pc *partition) retryDue(ctx context.Context) error {
 	}
 	w := pc.w
 	var dead []dlq.DeadLetter
-	for i, p := range due {
+	attempting := make([]*retryPair, 0, len(due))
+	for _, p := range due {
 		if dl := pc.shortCircuit(p); dl != nil {
 			dead = append(dead, *dl)
 			continue
 		}
-		out, err := pc.attempt(spanContext(ctx, p.span), p.h, p.d.ev)
+		attempting = append(attempting, p)
+	}
+	res := make([]attemptResult, len(attempting))
+	pc.attemptTogether(ctx, attempting, res)
+	for i, p := range attempting {
+		out, err := res[i].out, res[i].err
+		if !res[i].made {
+			out, err = pc.attempt(spanContext(ctx, p.span), p.h, p.d.ev)
+		}
 		if ctx.Err() != nil {
-			for _, rest := range due[i:] {
+			for _, rest := range attempting[i:] {
 				pc.retries.add(rest) // for release to free their probes
 			}
 			return ctx.Err()

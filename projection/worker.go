@@ -42,6 +42,7 @@ type Worker struct {
 	cl       *kgo.Client
 	db       DB
 	begin    Beginner // nil: no batches
+	acquire  Acquirer // nil: each retry on its own (retrypipe.go)
 	dead     DeadLetterWriter
 	handlers []Handler
 	breaker  *breaker
@@ -100,6 +101,9 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	}
 	if b, ok := db.(Beginner); ok {
 		w.begin = b
+	}
+	if a, ok := db.(Acquirer); ok {
+		w.acquire = a
 	}
 	w.catalog = newTableCatalog(db, w.log)
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)

@@ -47,6 +47,7 @@ type rig struct {
 	dlqTopic  string
 	group     string
 	pool      *pgxpool.Pool
+	db        projection.DB // the worker's database; nil: pool
 	tenant    string
 	handlers  []projection.Handler
 	validator *schemas.Validator
@@ -173,7 +174,11 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 	if len(handlers) == 0 {
 		handlers = r.handlers
 	}
-	w, err := projection.NewWorker(cfg, handlers, r.pool, writer, r.broker.Opts()...)
+	var db projection.DB = r.pool
+	if r.db != nil {
+		db = r.db
+	}
+	w, err := projection.NewWorker(cfg, handlers, db, writer, r.broker.Opts()...)
 	if err != nil {
 		t.Fatal(err)
 	}

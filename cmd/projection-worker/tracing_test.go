@@ -339,4 +339,23 @@ func testTraceShape(t *testing.T, everyPair bool) {
 	if !linked {
 		t.Errorf("no batch span links both good records' spans")
 	}
+	// The retried record's retries: root spans of one round trip each,
+	// linked to it.
+	var retries int
+	for _, sp := range spans {
+		if sp.Name != "retry statements" {
+			continue
+		}
+		if len(sp.ParentSpanId) != 0 {
+			t.Errorf("retry statements span has a parent; want a root linked to its records")
+		}
+		for _, l := range sp.Links {
+			if hexID(l.SpanId) == hexID(retried.SpanId) {
+				retries++
+			}
+		}
+	}
+	if retries == 0 {
+		t.Errorf("no retry statements span links the retried record's span")
+	}
 }

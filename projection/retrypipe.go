@@ -1,0 +1,193 @@
+package projection
+
+// Retries in one round trip: the due pairs of a partition whose handler
+// plans one statement (Planner) are attempted together, each statement in a
+// transaction of its own, so that a retry costs its statement and not the
+// round trips of a statement prepared again (pgx drops the cached statement
+// of an SQL that failed) while the partition's batches wait behind it.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/causet/projection-worker/retry"
+)
+
+// Acquirer is what attempting retries in one round trip needs of the
+// database besides DB: *pgxpool.Pool satisfies it. Without it, every retry
+// is its own Exec.
+type Acquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// attemptResult is the outcome of one pair's attempt; made is false when
+// the attempt was not made (or its answer is unknown) and is left to the
+// pair's own attempt (partition.attempt).
+type attemptResult struct {
+	out  Outcome
+	err  error
+	made bool
+}
+
+// attemptTogether makes the attempts of the pairs in ps whose handler is a
+// Planner in one round trip (execIndependently) and fills their results in
+// res (same indexes): a Plan error, PostgreSQL's answer to the statement
+// (an error reads as the one-by-one attempt's would: the column named,
+// "apply <event type> to <projection>: ..."), counted in the attempt
+// metrics. It leaves made false, for the pair's own attempt, for a handler
+// that is not a Planner, a statement whose answer is an infrastructure
+// error (the own attempt waits for the database under InfraPause) and the
+// statements after a round trip that failed (connection lost, ctx done:
+// they may or may not have been applied, and the upsert's guard makes
+// applying one again harmless).
+func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res []attemptResult) {
+	w := pc.w
+	if w.acquire == nil || w.begin == nil {
+		return
+	}
+	idx := make([]int, 0, len(ps))
+	stmts := make([]Statement, 0, len(ps))
+	for i, p := range ps {
+		pl, ok := p.h.(Planner)
+		if !ok {
+			continue
+		}
+		st, err := plan(pl, p.h.Name(), p.d.ev)
+		if err != nil {
+			err = fmt.Errorf("apply %s to %s: %w", p.d.ev.EventType, p.h.Name(), err)
+			w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(err))
+			res[i] = attemptResult{err: err, made: true}
+			continue
+		}
+		idx = append(idx, i)
+		stmts = append(stmts, st)
+	}
+	if len(stmts) == 0 {
+		return
+	}
+	start := time.Now()
+	sctx, done := w.tr.startBatch(ctx, "retry statements", len(stmts), func(yield func(pair) bool) {
+		for _, i := range idx {
+			if !yield(pair{d: ps[i].d, h: ps[i].h}) {
+				return
+			}
+		}
+	})
+	tags, errs, err := execIndependently(sctx, w.acquire, stmts)
+	endBatch(done, err)
+	took := time.Since(start)
+	for k, terr := range errs {
+		i := idx[k]
+		p := ps[i]
+		if terr != nil && retry.IsInfrastructure(terr) {
+			continue
+		}
+		attrs := pairAttrs(p.h.Name(), p.d.ev.TenantSchema)
+		w.cfg.Metrics.observeApply(ctx, attrs, took)
+		if terr != nil {
+			terr = w.statementError(p.h, p.d.ev, terr)
+			w.cfg.Metrics.failed(ctx, attrs, retry.Classify(terr))
+			res[i] = attemptResult{err: terr, made: true}
+			continue
+		}
+		out := stmts[k].Outcome(tags[k])
+		w.cfg.Metrics.applied(ctx, attrs, out)
+		res[i] = attemptResult{out: out, made: true}
+	}
+}
+
+// statementError is the failure of pair (h, ev) whose statement PostgreSQL
+// refused, as the pair's dead letter reads it: a *ColumnError when the
+// error is about one column of a table projection's row, wrapped as
+// "apply <event type> to <projection>: ...". A class 42 error on a table
+// also drops the table from the catalog cache (tableCatalog.forgetOn).
+func (w *Worker) statementError(h Handler, ev *Event, err error) error {
+	if tp, ok := h.(*TableProjection); ok {
+		w.catalog.forgetOn(tp, ev.TenantSchema, err)
+		err = tp.columnError(ev, err)
+	}
+	return fmt.Errorf("apply %s to %s: %w", ev.EventType, h.Name(), err)
+}
+
+// execIndependently executes stmts on one connection of db in one round
+// trip, each in a transaction of its own: PostgreSQL's pipeline mode with a
+// Sync after each statement, so a statement PostgreSQL refuses rolls back
+// alone and the next ones run. Every argument must be a string or nil
+// (Statement). It returns the command tag and error of each statement
+// answered, in order: len(errs) < len(stmts) when the round trip itself
+// failed (no connection, connection lost, ctx done), with that error; the
+// statements not answered may or may not have been applied.
+func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tags []pgconn.CommandTag, errs []error, err error) {
+	args := make([][][]byte, len(stmts))
+	for i, st := range stmts {
+		args[i] = make([][]byte, len(st.Args))
+		for j, a := range st.Args {
+			switch a := a.(type) {
+			case nil:
+			case string:
+				args[i][j] = []byte(a)
+			default:
+				return nil, nil, fmt.Errorf("statement %d: argument %d is %T, want a string or nil", i+1, j+1, a)
+			}
+		}
+	}
+	c, err := db.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer c.Release()
+	conn := c.Conn().PgConn()
+	pl := conn.StartPipeline(ctx)
+	for i, st := range stmts {
+		pl.SendQueryParams(st.SQL, args[i], nil, nil, nil)
+		pl.SendPipelineSync()
+	}
+	if err := pl.Flush(); err != nil {
+		_ = pl.Close()
+		return nil, nil, err
+	}
+	tags = make([]pgconn.CommandTag, 0, len(stmts))
+	errs = make([]error, 0, len(stmts))
+	var pgErr *pgconn.PgError
+	for range stmts {
+		var tag pgconn.CommandTag
+		r, err := pl.GetResults()
+		switch r := r.(type) {
+		case *pgconn.ResultReader:
+			tag, err = r.Close()
+		case nil:
+			if err == nil {
+				err = errors.New("pipeline: no result for a statement")
+			}
+		default:
+			err = fmt.Errorf("pipeline: unexpected %T for a statement", r)
+		}
+		if err != nil && !errors.As(err, &pgErr) {
+			_ = pl.Close()
+			conn.Close(context.WithoutCancel(ctx)) // its state is unknown
+			return tags, errs, err
+		}
+		r, serr := pl.GetResults()
+		if serr != nil && errors.As(serr, &pgErr) {
+			// The statement's implicit COMMIT was refused (a deferred
+			// constraint): it is not applied.
+			tag, err = pgconn.CommandTag{}, serr
+			r, serr = pl.GetResults()
+		}
+		if _, ok := r.(*pgconn.PipelineSync); !ok || serr != nil {
+			if serr == nil {
+				serr = fmt.Errorf("pipeline: %T where the Sync after a statement was expected", r)
+			}
+			_ = pl.Close()
+			conn.Close(context.WithoutCancel(ctx))
+			return tags, errs, serr
+		}
+		tags, errs = append(tags, tag), append(errs, err)
+	}
+	return tags, errs, pl.Close()
+}
