@@ -4,6 +4,7 @@
 package flagenv
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -35,17 +36,28 @@ type Set struct {
 	// invalid is the last value an Int, Bool or Duration flag refused, in
 	// the form Parse returns it: `--name "value": reason`.
 	invalid error
+	// failed is what the flag package printed of a parse error.
+	failed bytes.Buffer
 }
 
-// New returns an empty Set named name that writes usage to out and reads the
+// New returns an empty Set named name that writes its usage to out on
+// -h/--help (and nothing else: Parse returns its errors) and reads the
 // environment with os.LookupEnv.
 func New(name string, out io.Writer) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(out)
 	s := &Set{FlagSet: fs, env: map[string]string{}, lookup: os.LookupEnv}
+	// The flag package prints a parse error, then the whole usage, before
+	// it returns the error: the error goes to s.failed instead, and the
+	// usage is printed only when there is none (-h).
+	fs.SetOutput(&s.failed)
 	fs.Usage = func() {
+		if s.failed.Len() > 0 {
+			return
+		}
 		fmt.Fprintf(out, "Usage of %s:\n", name)
+		fs.SetOutput(out)
 		fs.PrintDefaults()
+		fs.SetOutput(&s.failed)
 	}
 	return s
 }
@@ -197,14 +209,15 @@ func (l *stringList) Set(v string) error {
 // a bool flag given its value as a separate argument; -h/--help gives
 // flag.ErrHelp.
 func (s *Set) Parse(args []string) error {
+	s.failed.Reset()
 	if err := s.FlagSet.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		if s.invalid != nil {
-			return &UsageError{s.invalid}
+			err = s.invalid
 		}
-		return &UsageError{err}
+		return Usagef("%v (%s -h lists the flags)", err, s.Name())
 	}
 	if err := s.checkBoolValue(args); err != nil {
 		return err

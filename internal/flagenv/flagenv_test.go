@@ -2,6 +2,7 @@ package flagenv
 
 import (
 	"errors"
+	"flag"
 	"io"
 	"strings"
 	"testing"
@@ -90,5 +91,39 @@ func TestParseErrorsAreUsageErrorsNamingTheSetting(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestParseErrorPrintsNothingAndHelpPrintsTheUsage: a bad command line is
+// one error, returned with a hint, with nothing printed before it (the flag
+// package prints its error and every flag's usage); -h prints the usage,
+// also after other flags.
+func TestParseErrorPrintsNothingAndHelpPrintsTheUsage(t *testing.T) {
+	for _, args := range [][]string{{"--nope"}, {"--max-retries", "x"}, {"--brokers"}} {
+		var out strings.Builder
+		fs := New("test run", &out)
+		var brokers string
+		var retries int
+		fs.String(&brokers, "brokers", "", "b", "seed brokers")
+		fs.Int(&retries, "max-retries", "", 5, "retries")
+		err := fs.Parse(args)
+		if err == nil || !strings.HasSuffix(err.Error(), " (test run -h lists the flags)") {
+			t.Errorf("Parse(%q) = %v, want an error ending with the hint", args, err)
+		}
+		if out.Len() != 0 {
+			t.Errorf("Parse(%q) printed %q, want nothing", args, out.String())
+		}
+	}
+	for _, args := range [][]string{{"-h"}, {"--brokers", "x", "--help"}} {
+		var out strings.Builder
+		fs := New("test run", &out)
+		var brokers string
+		fs.String(&brokers, "brokers", "", "b", "seed brokers")
+		if err := fs.Parse(args); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("Parse(%q) = %v, want flag.ErrHelp", args, err)
+		}
+		if got := out.String(); !strings.HasPrefix(got, "Usage of test run:\n") || !strings.Contains(got, "seed brokers") {
+			t.Errorf("Parse(%q) printed %q, want the usage", args, got)
+		}
 	}
 }
