@@ -78,10 +78,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return
 		}
 		fmt.Fprintf(stdout, "dev: produced %d example events:\n", len(examples))
-		for _, e := range examples {
-			if e.Shows != "" {
-				fmt.Fprintf(stdout, "dev:   - %s\n", e.Shows)
-			}
+		for _, line := range exampleLines(examples) {
+			fmt.Fprintf(stdout, "dev:   - %s\n", line)
 		}
 		fmt.Fprintf(stdout, "dev: read the dead letters with:\n  kcat -b %s -t %s -C -o beginning -e -f '%%k %%h %%s\\n'\n", stack.Brokers, s.dlqTopic)
 		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n", s.databaseURL, devstack.TenantProduction)
@@ -92,6 +90,28 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}()
 	}
 	return serve(ctx, &s, log, started)
+}
+
+// exampleLines says what the examples show, one line per case; a case of
+// several events (an example with no Shows continues the one before) says
+// how many, so that the lines account for every event produced.
+func exampleLines(examples []devstack.Example) []string {
+	var lines []string
+	var events []int
+	for _, e := range examples {
+		if e.Shows == "" && len(lines) > 0 {
+			events[len(events)-1]++
+			continue
+		}
+		lines = append(lines, e.Shows)
+		events = append(events, 1)
+	}
+	for i, n := range events {
+		if n > 1 {
+			lines[i] += fmt.Sprintf(" (%d events)", n)
+		}
+	}
+	return lines
 }
 
 // parseDev returns the settings and the embedded Kafka port of the dev

@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +120,30 @@ func TestDevLogsTextUnlessAsked(t *testing.T) {
 	run(context.Background(), []string{"dev", "-h"}, &stdout, &stderr)
 	if help := stdout.String() + stderr.String(); !strings.Contains(help, "log format: json or text (env LOG_FORMAT) (default \"text\")") {
 		t.Errorf("dev -h does not give text as the default log format:\n%s", help)
+	}
+}
+
+// TestDevExampleLinesAccountForEveryEvent: the ready message's lines say what
+// the examples show, and a case of several events says how many, so that
+// "produced N example events" adds up.
+func TestDevExampleLinesAccountForEveryEvent(t *testing.T) {
+	examples := devstack.Examples(time.Now())
+	lines := exampleLines(examples)
+	total := 0
+	for _, l := range lines {
+		n := 1
+		if i := strings.LastIndex(l, " ("); i >= 0 && strings.HasSuffix(l, " events)") {
+			var err error
+			if n, err = strconv.Atoi(l[i+2 : len(l)-len(" events)")]); err != nil {
+				t.Fatalf("line %q: %v", l, err)
+			}
+		}
+		total += n
+	}
+	if total != len(examples) {
+		t.Errorf("the lines account for %d events, want %d:\n%s", total, len(examples), strings.Join(lines, "\n"))
+	}
+	if !slices.Contains(lines, "a follow then an unfollow: deleted, tombstone kept (2 events)") {
+		t.Errorf("lines %q lack the follow-then-unfollow case with its 2 events", lines)
 	}
 }

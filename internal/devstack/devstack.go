@@ -116,6 +116,8 @@ func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.De
 
 // Example is one example event and what it shows.
 type Example struct {
+	// Shows says what the example shows; "" when it is the next event of
+	// the example before it.
 	Shows string
 	Key   string
 	Value string
