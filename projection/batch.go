@@ -137,12 +137,17 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 	rest := planned
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
-		groups, rest = pc.formCopyGroups(ctx, planned)
+		var suspects []pair
+		groups, rest, suspects = pc.formCopyGroups(ctx, planned)
 		var refused []pairFailure
 		var err error
 		if rest, refused, err = pc.applyCopyGroups(ctx, groups, rest, planned); err != nil {
 			return err
 		}
+		failures = append(failures, refused...)
+		var left []pair
+		left, refused = pc.applySuspects(ctx, suspects)
+		rest = append(rest, left...)
 		failures = append(failures, refused...)
 	}
 	f, err := pc.applyPlanned(ctx, rest)
@@ -290,6 +295,37 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 		todo = append(todo, seg[failedAt+1:], seg[:failedAt])
 	}
 	return failures, nil
+}
+
+// applySuspects applies the upserts the table is expected to refuse
+// (copyGroupsChecked's suspects) in one round trip, each in a transaction
+// of its own (execTogether): a refused one costs neither a round trip of
+// its own nor the statements after it. It returns the pairs left for the
+// statement path (no answer, or an infrastructure error: that path waits
+// for the database) and the refused ones as failures.
+func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair, []pairFailure) {
+	w := pc.w
+	if w.acquire == nil {
+		return suspects, nil
+	}
+	var left []pair
+	var failures []pairFailure
+	for i, r := range w.execTogether(ctx, "apply statements", suspects) {
+		p := suspects[i]
+		switch {
+		case !r.made:
+			left = append(left, p)
+		case r.err != nil:
+			failures = append(failures, w.batchFailure(ctx, p, r.err))
+		default:
+			endPair(p.span, spanOutcome(r.out), 0)
+		}
+	}
+	if len(suspects) > 0 {
+		w.log.Debug("suspect upserts applied in one round trip", "partition", pc.partition,
+			"upserts", len(suspects), "refused", len(failures), "left", len(left))
+	}
+	return left, failures
 }
 
 // batchFailure records the failure of pair p in a batch; a PostgreSQL

@@ -38,19 +38,22 @@ type copyGroup struct {
 // small for COPY (fewer than minRows upserts). Measured with BenchmarkApplyBatchVsCopy: COPY is about
 // 1.65× faster for large groups.
 func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
-	return copyGroupsChecked(planned, minRows, nil)
+	groups, rest, _ := copyGroupsChecked(planned, minRows, nil)
+	return groups, rest
 }
 
-// copyGroupsChecked is copyGroups that also leaves to statements every
-// upsert of a primary key that has a suspect upsert: one that check (when
-// not nil) says the table would refuse (rowCheck.refuses). check is called
-// once per group of at least minRows upserts, with the group's table
+// copyGroupsChecked is copyGroups that also returns apart, in suspects,
+// every upsert of a primary key that has a suspect upsert: one that check
+// (when not nil) says the table would refuse (rowCheck.refuses). check is
+// called once per group of at least minRows upserts, with the group's table
 // projection and tenant schema; it returns nil when nothing is known. The
 // whole key goes, in batch order, so that its upserts are applied as
 // statements would apply them: an older upsert is never skipped for a
 // suspect newer one, and the sequence guard keeps the newest. A group left
-// with fewer than minRows upserts goes to statements too.
-func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection, string) *rowCheck) ([]*copyGroup, []pair) {
+// with fewer than minRows upserts goes to statements too. A suspect key
+// has no delete in the batch (a deleted key's upserts are never grouped),
+// so suspects may be applied apart from rest.
+func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection, string) *rowCheck) ([]*copyGroup, []pair, []pair) {
 	deleted := map[string]bool{}
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpDelete {
@@ -113,21 +116,26 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection,
 		}
 	}
 	if len(small) == 0 && len(suspect) == 0 {
-		return out, rest
+		return out, rest, nil
 	}
-	// Small groups and suspect keys go back to the statement path, in
+	// Small groups go back to the statement path, suspect keys apart, in
 	// batch order.
 	rest = rest[:0]
+	var suspects []pair
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpUpsert {
 			g := groups[copyGroupKey{tp, pr.d.ev.TenantSchema}]
-			if g != nil && !small[g] && !deletedKey(tp, pr) && !suspectKey(g, pr) {
+			if g != nil && !deletedKey(tp, pr) && suspectKey(g, pr) {
+				suspects = append(suspects, pr)
+				continue
+			}
+			if g != nil && !small[g] && !deletedKey(tp, pr) {
 				continue // in a COPY group
 			}
 		}
 		rest = append(rest, pr)
 	}
-	return out, rest
+	return out, rest, suspects
 }
 
 // newCopyGroup returns an empty group of p's upserts in schema.

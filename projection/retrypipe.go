@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,7 +28,7 @@ type Acquirer interface {
 
 // attemptResult is the outcome of one pair's attempt; made is false when
 // the attempt was not made (or its answer is unknown) and is left to the
-// pair's own attempt (partition.attempt).
+// pair's own attempt (partition.attempt) or to the statement path.
 type attemptResult struct {
 	out  Outcome
 	err  error
@@ -35,23 +36,18 @@ type attemptResult struct {
 }
 
 // attemptTogether makes the attempts of the pairs in ps whose handler is a
-// Planner in one round trip (execIndependently) and fills their results in
-// res (same indexes): a Plan error, PostgreSQL's answer to the statement
-// (an error reads as the one-by-one attempt's would: the column named,
-// "apply <event type> to <projection>: ..."), counted in the attempt
+// Planner in one round trip (execTogether) and fills their results in res
+// (same indexes): a Plan error or PostgreSQL's answer, an error reading as
+// the one-by-one attempt's would (statementError), counted in the attempt
 // metrics. It leaves made false, for the pair's own attempt, for a handler
-// that is not a Planner, a statement whose answer is an infrastructure
-// error (the own attempt waits for the database under InfraPause) and the
-// statements after a round trip that failed (connection lost, ctx done:
-// they may or may not have been applied, and the upsert's guard makes
-// applying one again harmless).
+// that is not a Planner and where execTogether does.
 func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res []attemptResult) {
 	w := pc.w
 	if w.acquire == nil || w.begin == nil {
 		return
 	}
 	idx := make([]int, 0, len(ps))
-	stmts := make([]Statement, 0, len(ps))
+	planned := make([]pair, 0, len(ps))
 	for i, p := range ps {
 		pl, ok := p.h.(Planner)
 		if !ok {
@@ -65,40 +61,58 @@ func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res [
 			continue
 		}
 		idx = append(idx, i)
-		stmts = append(stmts, st)
+		planned = append(planned, pair{d: p.d, h: p.h, stmt: st})
 	}
-	if len(stmts) == 0 {
-		return
+	for k, r := range w.execTogether(ctx, "retry statements", planned) {
+		if r.made && r.err != nil {
+			p := planned[k]
+			r.err = w.statementError(p.h, p.d.ev, r.err)
+			w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(r.err))
+		}
+		res[idx[k]] = r
+	}
+}
+
+// execTogether applies the planned pairs' statements in one round trip,
+// each in a transaction of its own (execIndependently), under a span named
+// name linked to their records, and returns each pair's outcome or
+// PostgreSQL's error as it is; an applied pair is counted in the metrics
+// (its apply duration the round trip's). It leaves made false for a
+// statement whose answer is an infrastructure error (the caller's path
+// waits for the database under InfraPause) and for the statements after a
+// round trip that failed (connection lost, ctx done): they may or may not
+// have been applied, and the upsert's guard makes applying one again
+// harmless.
+func (w *Worker) execTogether(ctx context.Context, name string, planned []pair) []attemptResult {
+	res := make([]attemptResult, len(planned))
+	if len(planned) == 0 {
+		return res
 	}
 	start := time.Now()
-	sctx, done := w.tr.startBatch(ctx, "retry statements", len(stmts), func(yield func(pair) bool) {
-		for _, i := range idx {
-			if !yield(pair{d: ps[i].d, h: ps[i].h}) {
-				return
-			}
-		}
-	})
+	sctx, span := w.tr.startBatch(ctx, name, len(planned), slices.Values(planned))
+	stmts := make([]Statement, len(planned))
+	for i, p := range planned {
+		stmts[i] = p.stmt
+	}
 	tags, errs, err := execIndependently(sctx, w.acquire, stmts)
-	endBatch(done, err)
+	endBatch(span, err)
 	took := time.Since(start)
-	for k, terr := range errs {
-		i := idx[k]
-		p := ps[i]
+	for i, terr := range errs {
+		p := planned[i]
 		if terr != nil && retry.IsInfrastructure(terr) {
 			continue
 		}
 		attrs := pairAttrs(p.h.Name(), p.d.ev.TenantSchema)
 		w.cfg.Metrics.observeApply(ctx, attrs, took)
 		if terr != nil {
-			terr = w.statementError(p.h, p.d.ev, terr)
-			w.cfg.Metrics.failed(ctx, attrs, retry.Classify(terr))
 			res[i] = attemptResult{err: terr, made: true}
 			continue
 		}
-		out := stmts[k].Outcome(tags[k])
+		out := p.stmt.Outcome(tags[i])
 		w.cfg.Metrics.applied(ctx, attrs, out)
 		res[i] = attemptResult{out: out, made: true}
 	}
+	return res
 }
 
 // statementError is the failure of pair (h, ev) whose statement PostgreSQL

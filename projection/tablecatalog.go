@@ -466,7 +466,7 @@ func (g *copyGroup) without(keys map[string]bool) *copyGroup {
 // formCopyGroups is copyGroupsChecked with the worker's catalog: the tables
 // with a COPY group in planned are looked up (tableCatalog), and the
 // upserts they would refuse are left to statements, logged at DEBUG.
-func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*copyGroup, []pair) {
+func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*copyGroup, []pair, []pair) {
 	w := pc.w
 	type checked struct {
 		p      *TableProjection
@@ -474,7 +474,7 @@ func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*cop
 		rc     *rowCheck
 	}
 	var seen []checked
-	groups, rest := copyGroupsChecked(planned, w.cfg.CopyMinRows, func(p *TableProjection, schema string) *rowCheck {
+	groups, rest, suspects := copyGroupsChecked(planned, w.cfg.CopyMinRows, func(p *TableProjection, schema string) *rowCheck {
 		rc := newRowCheck(p, w.catalog.columns(ctx, schema, p.def.Table))
 		if rc != nil {
 			seen = append(seen, checked{p, schema, rc})
@@ -487,5 +487,5 @@ func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*cop
 				"projection", c.p.Name(), "tenant_schema", c.schema, "upserts", c.rc.suspect)
 		}
 	}
-	return groups, rest
+	return groups, rest, suspects
 }

@@ -244,7 +244,7 @@ func TestCopyGroupsLeavesSuspectKeysToStatements(t *testing.T) {
 		asked = append(asked, schema)
 		return newRowCheck(p, map[string]catalogColumn{"stars": parseCatalogType("smallint")})
 	}
-	groups, rest := copyGroupsChecked(planned, 3, check)
+	groups, rest, suspects := copyGroupsChecked(planned, 3, check)
 	if diff := cmp.Diff([]string{"big"}, asked); diff != "" {
 		t.Errorf("groups checked (-want +got):\n%s", diff)
 	}
@@ -255,21 +255,24 @@ func TestCopyGroupsLeavesSuspectKeysToStatements(t *testing.T) {
 	if diff := cmp.Diff([]string{"big u3@1", "big u4@1", "big u5@1"}, pairNames(g.all)); diff != "" || g.n != 3 || len(g.pairs) != 3 {
 		t.Errorf("group: n %d, pairs %d, upserts (-want +got):\n%s", g.n, len(g.pairs), diff)
 	}
-	want := []string{"big u1@1", "big u2@1", "big u1@2", "big u2@2", "small u1@1", "small u2@1"}
-	if diff := cmp.Diff(want, pairNames(rest)); diff != "" {
+	if diff := cmp.Diff([]string{"small u1@1", "small u2@1"}, pairNames(rest)); diff != "" {
 		t.Errorf("left to statements, in batch order (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"big u1@1", "big u2@1", "big u1@2", "big u2@2"}, pairNames(suspects)); diff != "" {
+		t.Errorf("suspect keys' upserts, in batch order (-want +got):\n%s", diff)
 	}
 
 	// The same batch without a check: one group of 6 keys, nothing left but the small group.
-	groups, rest = copyGroupsChecked(planned, 3, nil)
-	if len(groups) != 1 || groups[0].n != 7 || len(rest) != 2 {
-		t.Errorf("without a check: %d groups, %d upserts, %d left; want 1, 7, 2", len(groups), groups[0].n, len(rest))
+	groups, rest, suspects = copyGroupsChecked(planned, 3, nil)
+	if len(groups) != 1 || groups[0].n != 7 || len(rest) != 2 || len(suspects) != 0 {
+		t.Errorf("without a check: %d groups, %d upserts, %d left, %d suspect; want 1, 7, 2, 0", len(groups), groups[0].n, len(rest), len(suspects))
 	}
 
-	// A group whose suspect keys leave it below minRows goes whole.
-	groups, rest = copyGroupsChecked(planned[:5], 3, check)
-	if len(groups) != 0 || len(rest) != 5 {
-		t.Errorf("a group left too small: %d groups, %d left; want 0, 5", len(groups), len(rest))
+	// A group whose suspect keys leave it below minRows goes whole to
+	// statements, its suspect keys apart.
+	groups, rest, suspects = copyGroupsChecked(planned[:5], 3, check)
+	if len(groups) != 0 || len(rest) != 1 || len(suspects) != 4 {
+		t.Errorf("a group left too small: %d groups, %d left, %d suspect; want 0, 1, 4", len(groups), len(rest), len(suspects))
 	}
 }
 

@@ -56,6 +56,7 @@ func logSum(logs *logCounter, msg, key string) int64 {
 // The worker's debug lines that tell how a batch's upserts were applied.
 const (
 	logSuspect   = "upserts the table would refuse left to statements"
+	logSuspects  = "suspect upserts applied in one round trip"
 	logIsolated  = "copy group isolated in PostgreSQL"
 	logCopyAgain = "copy group failed; applying it again on its own"
 )
@@ -133,6 +134,15 @@ func TestWorkerLeavesUpsertsTheTableRefusesToStatements(t *testing.T) {
 	// follow (user-10@1 and user-30@2 go with their keys, not suspect).
 	if got := logSum(logs, logSuspect, "upserts"); got != 4 {
 		t.Errorf("%d upserts left to statements as suspect, want 4", got)
+	}
+	// Those 4 and the 2 of their keys went to PostgreSQL together, each
+	// in a transaction of its own: the 4 refused there, at their first
+	// attempt (user-13's 23502 once more at its retry).
+	if got := logSum(logs, logSuspects, "upserts"); got != 6 {
+		t.Errorf("%d suspect keys' upserts applied in one round trip, want 6", got)
+	}
+	if got := logSum(logs, logSuspects, "refused"); got != 4 {
+		t.Errorf("%d of them refused there, want 4", got)
 	}
 	if got := len(logs.records(logIsolated)) + len(logs.records(logCopyAgain)); got != 0 {
 		t.Errorf("%d COPY groups failed (isolated or applied again), want none", got)
