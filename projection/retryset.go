@@ -29,6 +29,7 @@ type retryPair struct {
 	retries int // retries made
 	firstAt time.Time
 	due     time.Time
+	wait    time.Duration // the backoff wait that ends at due
 	backoff *backoff.ExponentialBackOff // fresh per pair: not goroutine-safe
 	fp      string                      // the failure's fingerprint (breaker)
 	probe   bool                        // the half-open probe of fp's breaker
@@ -72,12 +73,20 @@ func (s *retrySet) nextDue(limit time.Duration) time.Duration {
 	return max(d, 0)
 }
 
-// takeDue removes and returns the pairs due at now, in record order.
+// maxRetryEarly is how early a pair may be taken with others due before
+// it (takeDue): at most a tenth of its wait, and 10 ms.
+const maxRetryEarly = 10 * time.Millisecond
+
+// takeDue removes and returns the pairs due at now, in record order, and
+// those due within a tenth of their wait after now (at most maxRetryEarly),
+// so that pairs that failed together, due microseconds apart, are retried
+// together (attemptTogether) rather than one timer each; the waits have
+// their jitter (±50 % by default) anyway.
 func (s *retrySet) takeDue(now time.Time) []*retryPair {
 	var due []*retryPair
 	kept := s.pairs[:0]
 	for _, p := range s.pairs {
-		if p.due.After(now) {
+		if p.due.After(now.Add(min(p.wait/10, maxRetryEarly))) {
 			kept = append(kept, p)
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,6 +107,32 @@ func TestRetrySetBoundsAndOrder(t *testing.T) {
 	}
 	if d := s.nextDue(2 * time.Hour); d <= 59*time.Minute || d > time.Hour {
 		t.Errorf("nextDue = %s, want about an hour", d)
+	}
+}
+
+// TestRetrySetTakesPairsDueTogether: a pair due shortly after now, by
+// less than a tenth of its wait and at most 10 ms, is taken with the pairs
+// due now; one due later, or whose wait is too short for it, is not.
+func TestRetrySetTakesPairsDueTogether(t *testing.T) {
+	now := time.Now()
+	var s retrySet
+	for off, tt := range []struct{ after, wait time.Duration }{
+		{0, 200 * time.Millisecond},                // due now
+		{time.Millisecond, 200 * time.Millisecond}, // 1 ms later: together
+		{9 * time.Millisecond, time.Second},        // within 10 ms
+		{11 * time.Millisecond, time.Second},       // beyond 10 ms
+		{time.Millisecond, 5 * time.Millisecond},   // beyond a tenth of its wait
+	} {
+		p := failedPair(int64(off))
+		p.due, p.wait = now.Add(tt.after), tt.wait
+		s.add(p)
+	}
+	var got []int64
+	for _, p := range s.takeDue(now) {
+		got = append(got, p.d.rec.Offset)
+	}
+	if !slices.Equal(got, []int64{0, 1, 2}) {
+		t.Errorf("taken %v, want offsets 0, 1, 2", got)
 	}
 }
 

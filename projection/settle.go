@@ -113,7 +113,7 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		w.log.DebugContext(ctx, "projection failed, retrying", attrs...)
 	}
 	retryEvent(p.span, p.retries+1, wait)
-	p.due = time.Now().Add(wait)
+	p.due, p.wait = time.Now().Add(wait), wait
 	pc.retries.add(p)
 	return nil
 }
