@@ -166,6 +166,7 @@ type kafkaSoak struct {
 	exits      []string             // SIGTERM exits that were not clean, and unexpected exits
 	faults     map[string]int
 	faultEnds  []kafkaSoakEvent
+	faultStart []time.Time
 	readyLog   []kafkaSoakEvent
 	lastCommit map[int32]int64
 	started    int
@@ -347,7 +348,7 @@ func (k *kafkaSoak) run() *Report {
 	k.dlq.mu.Unlock()
 	excuseLost(&fin, dls, killed, k.losses())
 	rep.AddFinal(fin)
-	rep.LongestRecovery, rep.LongestRecoveryAfter = kafkaSoakRecovery(k.faultEnds, k.readyLog)
+	rep.LongestRecovery, rep.LongestRecoveryAfter = kafkaSoakRecovery(k.faultStart, k.faultEnds, k.readyLog)
 	if rep.Failed() {
 		fmt.Printf("soak-kafka: database %s kept for inspection (DROP DATABASE %s WITH (FORCE))\n", k.dbName, k.dbName)
 	} else {
@@ -392,6 +393,7 @@ func (k *kafkaSoak) printExits(w io.Writer) {
 func (k *kafkaSoak) fault(kind string) {
 	k.mu.Lock()
 	k.faults[kind]++
+	k.faultStart = append(k.faultStart, time.Now())
 	k.mu.Unlock()
 	k.log.Info("soak-kafka: fault", "kind", kind)
 }
@@ -849,19 +851,28 @@ func (k *kafkaSoak) monitor(ctx context.Context) {
 }
 
 // kafkaSoakRecovery is the longest time from the end of a fault to the
-// first sample with every live worker ready.
-func kafkaSoakRecovery(ends, samples []kafkaSoakEvent) (time.Duration, string) {
+// first sample with every live worker ready, over the faults after which
+// no other fault began before that sample: faults every few seconds
+// chain (a SIGKILLed process holds every rebalance for its 45 s session),
+// and a chain recovers once, from the end of its last fault. starts and
+// ends are in time order.
+func kafkaSoakRecovery(starts []time.Time, ends, samples []kafkaSoakEvent) (time.Duration, string) {
 	var worst time.Duration
 	var after string
 	for _, fe := range ends {
 		i := sort.Search(len(samples), func(i int) bool { return !samples[i].at.Before(fe.at) })
-		for ; i < len(samples); i++ {
-			if samples[i].what == "ready" {
-				if d := samples[i].at.Sub(fe.at); d > worst {
-					worst, after = d, fe.what
-				}
-				break
-			}
+		for ; i < len(samples) && samples[i].what != "ready"; i++ {
+		}
+		if i == len(samples) {
+			continue
+		}
+		ready := samples[i].at
+		j := sort.Search(len(starts), func(j int) bool { return starts[j].After(fe.at) })
+		if j < len(starts) && starts[j].Before(ready) {
+			continue // another fault began before the recovery: it counts from that one's end
+		}
+		if d := ready.Sub(fe.at); d > worst {
+			worst, after = d, fe.what
 		}
 	}
 	return worst, after
