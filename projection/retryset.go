@@ -29,7 +29,7 @@ type retryPair struct {
 	retries int // retries made
 	firstAt time.Time
 	due     time.Time
-	wait    time.Duration // the backoff wait that ends at due
+	wait    time.Duration               // the backoff wait that ends at due
 	backoff *backoff.ExponentialBackOff // fresh per pair: not goroutine-safe
 	fp      string                      // the failure's fingerprint (breaker)
 	probe   bool                        // the half-open probe of fp's breaker

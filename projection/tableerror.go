@@ -14,7 +14,11 @@ import (
 // the JSON type of the event's value. The column is known when PostgreSQL
 // names it (PgError.ColumnName, as for 23502 not-null violations) or names
 // the statement parameter that carries it (PgError.Where "unnamed portal
-// parameter $2", as for 22021 invalid encoding). Err is the
+// parameter $2", as for 22021 invalid encoding), or, for a data exception
+// (class 22) that names neither, when its message quotes the value of one
+// column of the row and of no other (`invalid input syntax for type
+// smallint: "0x1F"`: PostgreSQL 15 refuses the hex literals that 16
+// takes). Err is the
 // *pgconn.PgError, unchanged: retry.Classify and retry.SQLState see it
 // through Unwrap, and a dead letter's error field reads as PostgreSQL
 // prints it (SPEC §6) while its stackTrace shows this error too.
@@ -58,11 +62,61 @@ func (p *TableProjection) columnError(ev *Event, err error) error {
 			}
 		}
 	}
+	if ci < 0 && strings.HasPrefix(pg.Code, "22") {
+		ci = p.columnOfQuotedValue(ev, pg.Message)
+	}
 	if ci < 0 {
 		return err
 	}
 	c := &p.cols[ci]
 	return &ColumnError{Projection: p.def.Name, Column: c.name, Source: c.source, JSONType: jsonType(p.columnValue(ev, c)), Err: err}
+}
+
+// columnOfQuotedValue returns the index of the one column of ev's
+// statement whose value is quoted in msg, a data exception's message that
+// names neither column nor parameter (`invalid input syntax for type
+// smallint: "0x1F"`, `value "0x7FFF" is out of range for type smallint`),
+// or −1 when no column's value, or more than one, is.
+func (p *TableProjection) columnOfQuotedValue(ev *Event, msg string) int {
+	var quoted []string
+	for rest := msg; ; {
+		i := strings.IndexByte(rest, '"')
+		if i < 0 {
+			break
+		}
+		j := strings.IndexByte(rest[i+1:], '"')
+		if j < 0 {
+			break
+		}
+		quoted = append(quoted, rest[i+1:i+1+j])
+		rest = rest[i+1+j+1:]
+	}
+	if len(quoted) == 0 {
+		return -1
+	}
+	st, err := p.Plan(ev)
+	if err != nil {
+		return -1
+	}
+	cols := make([]int, 0, len(p.cols))
+	switch p.def.Events[ev.EventType] {
+	case OpUpsert:
+		for i := range p.cols {
+			cols = append(cols, i)
+		}
+	case OpDelete:
+		cols = append(cols, p.pk...)
+	}
+	found := -1
+	for k, ci := range cols {
+		if v, ok := st.Args[k].(string); ok && slices.Contains(quoted, v) {
+			if found >= 0 {
+				return -1 // two columns hold the value: which one is unknown
+			}
+			found = ci
+		}
+	}
+	return found
 }
 
 // columnValue returns the event tree value of column c for ev, nil when a
