@@ -80,21 +80,30 @@ func (u *untilDeadline) NextBackOff() time.Duration {
 
 func (u *untilDeadline) Reset() { u.b.Reset() }
 
+// kafkaStartBackOff is untilKafkaAnswers' waits: 1 s, ×2, at most 10 s,
+// each ±50 %, with no limit of its own (untilDeadline ends it).
+func kafkaStartBackOff() *backoff.ExponentialBackOff {
+	eb := backoff.NewExponentialBackOff()
+	eb.InitialInterval = time.Second
+	eb.Multiplier = 2 // the library's default is 1.5
+	eb.MaxInterval = 10 * time.Second
+	eb.MaxElapsedTime = 0
+	eb.Reset()
+	return eb
+}
+
 // untilKafkaAnswers runs attempt, Kafka's first request at start, until it
 // returns anything but kafkaUnreachable, for at most --kafka-start-timeout
-// (0: once), waiting 1 s, then twice as long each time up to 10 s (the last
-// wait cut to end when the time is up, for a last attempt then), with a
+// (0: once), waiting 1 s, then twice as long each time up to 10 s, each
+// wait ±50 % (the backoff library's jitter; the last wait cut to end when
+// the time is up, for a last attempt then), with a
 // WARN line per failed attempt. It returns a *kafkaUnreachableError when
 // the time is up, and ctx's error when ctx ends first.
 func untilKafkaAnswers[T any](ctx context.Context, s *settings, log *slog.Logger, attempt func(context.Context) (T, error)) (T, error) {
 	start := time.Now()
 	var b backoff.BackOff = &backoff.StopBackOff{}
 	if s.kafkaStartTimeout > 0 {
-		eb := backoff.NewExponentialBackOff()
-		eb.InitialInterval = time.Second
-		eb.MaxInterval = 10 * time.Second
-		eb.MaxElapsedTime = 0 // untilDeadline ends it
-		b = &untilDeadline{b: eb, deadline: start.Add(s.kafkaStartTimeout)}
+		b = &untilDeadline{b: kafkaStartBackOff(), deadline: start.Add(s.kafkaStartTimeout)}
 	}
 	var v T
 	n := 0

@@ -69,3 +69,17 @@ func TestRunStartsWhenKafkaComesUp(t *testing.T) {
 	w.waitFor(t, "the worker is up", 30*time.Second, func() bool { return w.logged("projection worker started") })
 	w.shutdown(t)
 }
+
+// TestKafkaStartBackOffDoubles: the waits between attempts to reach Kafka
+// at start are 1 s, then twice as long each time up to 10 s, each ±50 %, as
+// the README says (the backoff library's own multiplier is 1.5).
+func TestKafkaStartBackOffDoubles(t *testing.T) {
+	for range 20 {
+		b := kafkaStartBackOff()
+		for i, base := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second} {
+			if got := b.NextBackOff(); got < base/2 || got > base*3/2 {
+				t.Fatalf("wait %d = %s, want %s ±50 %%", i+1, got, base)
+			}
+		}
+	}
+}
