@@ -169,7 +169,7 @@ func (s *settings) logger(w io.Writer, tty bool) (*slog.Logger, *slog.Logger, er
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(levelName)); err != nil {
-		return nil, nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
+		return nil, nil, flagenv.Usagef("--log-level (LOG_LEVEL): %q is not debug, info, warn or error", s.logLevel)
 	}
 	newHandler := func(l slog.Level) (slog.Handler, error) {
 		opts := logdur.Options(l)
@@ -179,7 +179,7 @@ func (s *settings) logger(w io.Writer, tty bool) (*slog.Logger, *slog.Logger, er
 		case "text":
 			return slog.NewTextHandler(w, opts), nil
 		}
-		return nil, flagenv.Usagef("--log-format: %q is not json or text", s.logFormat)
+		return nil, flagenv.Usagef("--log-format (LOG_FORMAT): %q is not json or text", s.logFormat)
 	}
 	h, err := newHandler(level)
 	if err != nil {

@@ -194,7 +194,7 @@ func topicsFlags(s *settings, stderr io.Writer) *flagenv.Set {
 func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(s.logLevel)); err != nil {
-		return nil, flagenv.Usagef("--log-level: %q is not debug, info, warn or error", s.logLevel)
+		return nil, flagenv.Usagef("--log-level (LOG_LEVEL): %q is not debug, info, warn or error", s.logLevel)
 	}
 	opts := logdur.Options(level)
 	switch strings.ToLower(s.logFormat) {
@@ -203,7 +203,7 @@ func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	case "text":
 		return slog.New(traceContextHandler{slog.NewTextHandler(w, opts)}), nil
 	default:
-		return nil, flagenv.Usagef("--log-format: %q is not json or text", s.logFormat)
+		return nil, flagenv.Usagef("--log-format (LOG_FORMAT): %q is not json or text", s.logFormat)
 	}
 }
 
@@ -214,7 +214,15 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 	p.Initial = s.retryInitial
 	p.MaxInterval = s.retryMax
 	if err := p.Validate(); err != nil {
-		return p, flagenv.Usagef("--max-retries/--retry-initial/--retry-max-interval: %v", err)
+		// The flag of the field Validate refused, in its order.
+		flag := "--max-retries (MAX_RETRIES)"
+		switch {
+		case p.Initial <= 0:
+			flag = "--retry-initial (RETRY_INITIAL)"
+		case p.MaxInterval < p.Initial:
+			flag = "--retry-max-interval (RETRY_MAX_INTERVAL)"
+		}
+		return p, flagenv.Usagef("%s: %v", flag, err)
 	}
 	return p, nil
 }

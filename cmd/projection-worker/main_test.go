@@ -156,7 +156,7 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "unknown command", args: []string{"frobnicate"}, wantCode: 2, wantStderr: []string{`unknown command "frobnicate"`, "Commands:"}},
 		{name: "help", args: []string{"help"}, wantCode: 0, wantStdout: []string{"Commands:"}},
 		{name: "run -h", args: []string{"run", "-h"}, wantCode: 0, wantStderr: []string{"-database-url", "DATABASE_URL", "-on-infra-error"}},
-		{name: "run unknown flag", args: runArgs("--frobnicate"), wantCode: 2, wantStderr: []string{"flag provided but not defined: -frobnicate"}},
+		{name: "run unknown flag", args: runArgs("--frobnicate"), wantCode: 2, wantStderr: []string{"unknown flag --frobnicate (projection-worker run -h lists the flags)"}},
 		{name: "migrate unknown flag", args: []string{"migrate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "topics unknown flag", args: []string{"topics", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "validate unknown flag", args: []string{"validate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
@@ -354,6 +354,9 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "GROUP_INSTANCE_ID", env: []string{"GROUP_INSTANCE_ID", "worker 0"}},
 		// OpenTelemetry's variables, which the SDK would only log about and
 		// ignore (an invalid sampler traces every span).
+		{flag: "LOG_LEVEL", env: []string{"LOG_LEVEL", "chatty"}},
+		{flag: "LOG_FORMAT", env: []string{"LOG_FORMAT", "xml"}},
+		{flag: "RETRY_MAX_INTERVAL", env: []string{"RETRY_MAX_INTERVAL", "1ms"}},
 		{flag: "OTEL_TRACES_SAMPLER", env: []string{"OTEL_TRACES_SAMPLER", "bogus"}},
 		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG", "abc"}},
 		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "5"}},
@@ -383,6 +386,12 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 			}
 			if !strings.Contains(r.stderr, tt.flag) {
 				t.Errorf("stderr does not name %s\n%s", tt.flag, r)
+			}
+			// The retry flags are checked together: the message names the one at fault.
+			for _, other := range []string{"--max-retries", "--retry-initial", "--retry-max-interval"} {
+				if strings.HasPrefix(tt.flag, "--") && other != tt.flag && strings.Contains(r.stderr, other) {
+					t.Errorf("stderr names %s too, want %s alone\n%s", other, tt.flag, r)
+				}
 			}
 			if strings.Contains(r.stderr, "dial") {
 				t.Errorf("the worker dialled a service before refusing %s\n%s", tt.flag, r)

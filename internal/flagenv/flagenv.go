@@ -216,6 +216,10 @@ func (s *Set) Parse(args []string) error {
 		}
 		if s.invalid != nil {
 			err = s.invalid
+		} else if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			err = fmt.Errorf("unknown flag --%s", strings.TrimPrefix(name, "-"))
+		} else if name, ok := strings.CutPrefix(err.Error(), "flag needs an argument: -"); ok {
+			err = fmt.Errorf("flag --%s needs a value", strings.TrimPrefix(name, "-"))
 		}
 		return Usagef("%v (%s -h lists the flags)", err, s.Name())
 	}
