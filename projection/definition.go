@@ -195,7 +195,11 @@ func ParseDefinitions(name string, data []byte) (*Definitions, error) {
 	d.source = name
 	d.refused = p.refused
 	// Validate even after structural problems, so that one run reports
-	// everything (a misspelt key also shows as the value it failed to set).
+	// everything (a misspelt key also shows as the value it failed to set),
+	// unless nothing of the file could be read.
+	if p.unread {
+		return nil, errors.Join(p.errs...)
+	}
 	if err := d.Validate(); err != nil || len(p.errs) > 0 {
 		return nil, errors.Join(append(p.errs, err)...)
 	}

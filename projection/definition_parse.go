@@ -18,6 +18,9 @@ type defParser struct {
 	file    string
 	errs    []error
 	refused map[string]bool // paths whose value was refused (refuse)
+	// unread: the file is empty or not YAML, so nothing of it was read and
+	// Validate would only add what is missing because of that.
+	unread bool
 }
 
 // refuse reports the value n at where as invalid (fail) and records where,
@@ -46,6 +49,7 @@ func (p *defParser) parse(data []byte) *Definitions {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
+		p.unread = true
 		if errors.Is(err, io.EOF) {
 			p.fail("", nil, "empty file")
 		} else {
@@ -74,24 +78,45 @@ func (p *defParser) parse(data []byte) *Definitions {
 				p.refuse("projections", v, "must be a list")
 				return
 			}
+			named := map[string]int{} // projections by name, to tell apart two of one name
+			for _, pn := range v.Content {
+				if name := projectionName(resolve(pn)); name != "" {
+					named[name]++
+				}
+			}
 			for i, pn := range v.Content {
-				d.Projections = append(d.Projections, p.projection(i, resolve(pn)))
+				d.Projections = append(d.Projections, p.projection(i, resolve(pn), named))
 			}
 		},
 	})
 	return d
 }
 
-func (p *defParser) projection(i int, n *yaml.Node) ProjectionDef {
-	var pd ProjectionDef
-	where := fmt.Sprintf("projections[%d]", i)
-	// Name the projection in every message when it has a usable name.
+// projectionName returns the name a projection's mapping n gives, "" when
+// it has none usable.
+func projectionName(n *yaml.Node) string {
+	name := ""
 	if n.Kind == yaml.MappingNode {
 		for j := 0; j+1 < len(n.Content); j += 2 {
 			if k, v := n.Content[j], resolve(n.Content[j+1]); k.Value == "name" && v.Kind == yaml.ScalarNode && v.Value != "" {
-				where = fmt.Sprintf("projection %q", v.Value)
+				name = v.Value
 			}
 		}
+	}
+	return name
+}
+
+// projection reads the i-th projection, n; named counts the projections of
+// each name in the file.
+func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) ProjectionDef {
+	var pd ProjectionDef
+	where := fmt.Sprintf("projections[%d]", i)
+	// Name the projection in every message when it has a usable name; by
+	// its index too when another projection has that name, as Validate does.
+	if name := projectionName(n); named[name] > 1 {
+		where = fmt.Sprintf("projections[%d] (%q)", i, name)
+	} else if name != "" {
+		where = fmt.Sprintf("projection %q", name)
 	}
 	p.mapping(where, n, map[string]func(*yaml.Node){
 		"name":  func(v *yaml.Node) { pd.Name = p.str(where+": name", v) },

@@ -153,15 +153,12 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		src  string
 		want []string
 	}{
+		// Nothing of the file read: only that, not what is missing because of it.
 		{"empty file", "", []string{
 			`d.yaml: empty file`,
-			`d.yaml: irVersion: missing`,
-			`d.yaml: projections: none defined`,
 		}},
 		{"yaml syntax", "irVersion: [", []string{
 			`d.yaml: yaml: line 1: did not find expected node content`,
-			`d.yaml: irVersion: missing`,
-			`d.yaml: projections: none defined`,
 		}},
 		{"two documents", "irVersion: v1\nprojections: []\n---\nirVersion: v2\n", []string{
 			`d.yaml: more than one YAML document`,
@@ -246,6 +243,13 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
 			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0])`,
 			`d.yaml: projections[1] ("a"): table: "t" is also the table of projections[0] ("a")`,
+		}},
+		// The parser's messages (an unknown key) tell two projections of one name apart too.
+		{"duplicate name and an unknown key", "irVersion: v1\nprojections:\n" +
+			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
+			"  - {name: a, table: u, primaryKey: [id], columns: {id: {type: text, from: entityId, colour: red}}, events: {E: upsert}}\n", []string{
+			`d.yaml: projections[1] ("a"): columns.id: unknown key "colour" (want one of derive, from, notNull, type) (line 4)`,
+			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0])`,
 		}},
 		{"empty event type", head[:len(head)-len("    events: {E: upsert}\n")] + "    events: {'': upsert}\n    columns: {id: {type: text, from: entityId}}\n", []string{
 			`d.yaml: projection "p": events: empty event type`,
