@@ -16,8 +16,9 @@
 // on a terminal a progress bar and text logs of warnings and errors, else
 // JSON logs from info up (--log-format, --log-level). Tables fit 100
 // columns (or a narrower terminal) unless --wide. Exit status: 0 when
-// nothing failed, 1 when a produce or ledger write failed (or the run could
-// not complete), 2 for a usage error, 3 when retry or skip with
+// nothing failed, 1 for a failure while working (Kafka unreachable or
+// refusing, a topic that does not exist, a produce or ledger write
+// failed), 2 for a usage error, 3 when retry or skip with
 // --fail-on-empty selected no dead letter.
 package main
 
@@ -68,8 +69,9 @@ Filters (combined with AND): --fork-id, --projection, --tenant-schema, --event-t
 --error-contains, --fingerprint, --since, --until (RFC 3339 or a duration such as 24h);
 --all selects every dead letter and is required when no filter is given.
 
-Exit status: 0 done, 1 a produce or ledger write failed, 2 usage error,
-3 retry or skip --fail-on-empty selected nothing.
+Exit status: 0 done, 1 a failure while working (Kafka unreachable or
+refusing, a topic that does not exist, a produce or ledger write failed),
+2 usage error, 3 retry or skip --fail-on-empty selected nothing.
 
 Examples:
   dlq-replayer list --fork-id production --projection artist_followers

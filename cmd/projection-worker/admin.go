@@ -52,6 +52,17 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	defer pool.Close()
+	if s.grantRole != "" {
+		// Before any schema is migrated: a role that does not exist would
+		// leave them migrated and not granted.
+		var exists bool
+		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)", s.grantRole).Scan(&exists); err != nil {
+			return fmt.Errorf("look up role %s: %w", s.grantRole, err)
+		}
+		if !exists {
+			return flagenv.Usagef("--grant %q: no such role in the database (create it first: CREATE ROLE ... LOGIN); nothing was migrated", s.grantRole)
+		}
+	}
 	for _, t := range s.tenantSchemas {
 		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
 			return fmt.Errorf("migrate %s: %w", t, err)

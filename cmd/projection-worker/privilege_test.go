@@ -173,3 +173,29 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		t.Errorf("run without TEMPORARY issued %d DDL commands (%v), want none", ddl, err)
 	}
 }
+
+// TestMigrateGrantToAMissingRoleMigratesNothing: `migrate --grant` naming
+// a role the database does not have stops before any schema is migrated
+// (status 2, the role named), rather than leaving the schemas migrated
+// and not granted.
+func TestMigrateGrantToAMissingRoleMigratesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	tenant := pgtest.NewSchemaName(t)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tenant}.Sanitize()+" CASCADE")
+	})
+	role := "no_such_role_" + strings.TrimPrefix(tenant, "t_")
+	r := runCmd(t, time.Minute, "migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections,
+		"--tenant-schema", tenant, "--grant", role)
+	if r.code != 2 || !strings.Contains(r.stderr, `--grant "`+role+`": no such role`) {
+		t.Errorf("migrate --grant %s = %d, want 2 naming the role\n%s", role, r.code, r)
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", tenant).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Errorf("tenant schema %s was created although the grant could not be made", tenant)
+	}
+}
