@@ -13,7 +13,10 @@ import (
 // Threshold times within Window, later pairs failing with that fingerprint
 // are dead-lettered at once, without retries (header
 // causet.dlq.short-circuit); every ProbeInterval one of them is still
-// retried in full (half-open), and its success closes the breaker. A tenant
+// retried in full (half-open), and its success closes the breaker; so does
+// a Window in which no pair failed with the fingerprint (the cause was
+// fixed, or no event meets it any more), so that a later incident of the
+// same fingerprint gets its retries again. A tenant
 // that is not migrated then costs seconds of dead letters instead of hours
 // of retries; `migrate` and `dlq-replayer retry --fingerprint F` fix them.
 type BreakerConfig struct {
@@ -63,8 +66,9 @@ type breaker struct {
 	cfg BreakerConfig
 	now func() time.Time
 	// onChange is called, outside the lock, when a fingerprint's breaker
-	// opens (open true) or closes.
-	onChange func(fingerprint string, open bool, exhausted int)
+	// opens (open true, with the exhaustions in the window) or closes (why
+	// says how: closedByProbe or closedQuiet).
+	onChange func(fingerprint string, open bool, exhausted int, why string)
 
 	mu sync.Mutex
 	fp map[string]*fingerprintState
@@ -74,15 +78,22 @@ type breaker struct {
 }
 
 type fingerprintState struct {
-	exhausted []time.Time // within the window, oldest first
-	open      bool
-	probing   bool      // a probe pair is being retried
-	lastProbe time.Time // when the last probe started
+	exhausted  []time.Time // within the window, oldest first
+	open       bool
+	probing    bool      // a probe pair is being retried
+	lastProbe  time.Time // when the last probe started
+	lastFailed time.Time // when a pair last failed with it (admit, exhausted)
 }
 
-func newBreaker(cfg BreakerConfig, onChange func(fingerprint string, open bool, exhausted int)) *breaker {
+// How a breaker closed (onChange's why).
+const (
+	closedByProbe = "a probe pair with this fingerprint was applied"
+	closedQuiet   = "no pair failed with this fingerprint for a breaker window"
+)
+
+func newBreaker(cfg BreakerConfig, onChange func(fingerprint string, open bool, exhausted int, why string)) *breaker {
 	if onChange == nil {
-		onChange = func(string, bool, int) {}
+		onChange = func(string, bool, int, string) {}
 	}
 	return &breaker{cfg: cfg, now: time.Now, onChange: onChange, fp: make(map[string]*fingerprintState)}
 }
@@ -101,12 +112,21 @@ func (b *breaker) admit(fp string) (probe bool, err error) {
 		return false, nil
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	st := b.fp[fp]
 	if st == nil || !st.open {
+		b.mu.Unlock()
 		return false, nil
 	}
 	now := b.now()
+	if b.quiet(st, now) {
+		// The first failure after a quiet window: a new incident, retried.
+		delete(b.fp, fp)
+		b.mu.Unlock()
+		b.onChange(fp, false, 0, closedQuiet)
+		return false, nil
+	}
+	defer b.mu.Unlock()
+	st.lastFailed = now
 	if !st.probing && now.Sub(st.lastProbe) >= b.cfg.ProbeInterval {
 		st.probing, st.lastProbe = true, now
 		return true, nil
@@ -131,6 +151,7 @@ func (b *breaker) exhausted(fp string, probe bool) {
 		st.probing = false
 	}
 	now := b.now()
+	st.lastFailed = now
 	st.exhausted = append(st.exhausted, now)
 	for len(st.exhausted) > 0 && now.Sub(st.exhausted[0]) > b.cfg.Window {
 		st.exhausted = st.exhausted[1:]
@@ -146,7 +167,36 @@ func (b *breaker) exhausted(fp string, probe bool) {
 	n := len(st.exhausted)
 	b.mu.Unlock()
 	if opened {
-		b.onChange(fp, true, n)
+		b.onChange(fp, true, n, "")
+	}
+}
+
+// quiet reports whether the open breaker st has seen no failure for a
+// window and no probe is under way. b.mu is held.
+func (b *breaker) quiet(st *fingerprintState, now time.Time) bool {
+	return st.open && !st.probing && now.Sub(st.lastFailed) >= b.cfg.Window
+}
+
+// closeQuiet closes every open breaker that has seen no failure of its
+// fingerprint for a window (and has no probe under way). The worker calls
+// it periodically, so that the open-breakers gauge tells the truth while
+// nothing fails.
+func (b *breaker) closeQuiet() {
+	if b.cfg.Threshold < 0 {
+		return
+	}
+	b.mu.Lock()
+	now := b.now()
+	var closed []string
+	for fp, st := range b.fp {
+		if b.quiet(st, now) {
+			delete(b.fp, fp)
+			closed = append(closed, fp)
+		}
+	}
+	b.mu.Unlock()
+	for _, fp := range closed {
+		b.onChange(fp, false, 0, closedQuiet)
 	}
 }
 
@@ -179,16 +229,18 @@ func (b *breaker) succeeded(fp string, probe bool) {
 	}
 	b.mu.Unlock()
 	if closed {
-		b.onChange(fp, false, 0)
+		b.onChange(fp, false, 0, closedByProbe)
 	}
 }
 
 // cancelled records that a probe pair ended without an outcome (revoke or
-// shutdown), so that another pair may probe.
+// shutdown), so that another pair may probe. The probe was failing until
+// then, as far as anyone knows: the quiet window starts now.
 func (b *breaker) cancelled(fp string) {
 	b.mu.Lock()
 	if st := b.fp[fp]; st != nil {
 		st.probing = false
+		st.lastFailed = b.now()
 	}
 	b.mu.Unlock()
 }

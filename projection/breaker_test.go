@@ -12,7 +12,7 @@ func (c *fakeClock) now() time.Time      { return c.t }
 func (c *fakeClock) add(d time.Duration) { c.t = c.t.Add(d) }
 func newClockedBreaker(cfg BreakerConfig) (*breaker, *fakeClock, *[]string) {
 	var changes []string
-	b := newBreaker(cfg, func(fp string, open bool, _ int) {
+	b := newBreaker(cfg, func(fp string, open bool, _ int, _ string) {
 		if open {
 			changes = append(changes, "open "+fp)
 		} else {
@@ -134,5 +134,64 @@ func TestBreakerConfigValidate(t *testing.T) {
 				t.Errorf("after Validate = %+v, want %+v", tt.cfg, tt.want)
 			}
 		})
+	}
+}
+
+// TestBreakerClosesAfterAQuietWindow: an open breaker that sees no failure
+// of its fingerprint for a window closes (the cause was fixed: a later
+// incident gets its retries again), lazily at the next failure or when the
+// worker sweeps; a failure within the window keeps it open, and so does a
+// probe under way.
+func TestBreakerClosesAfterAQuietWindow(t *testing.T) {
+	cfg := BreakerConfig{Threshold: 1, Window: time.Minute, ProbeInterval: 30 * time.Second}
+	b, clock, changes := newClockedBreaker(cfg)
+	b.exhausted("fp", false) // opens
+	clock.add(50 * time.Second)
+	if probe, err := b.admit("fp"); err != nil || !probe {
+		t.Fatalf("admit 50 s later = %v, %v; want the probe", probe, err)
+	}
+	clock.add(2 * time.Minute)
+	b.closeQuiet()
+	if !b.isOpen("fp") {
+		t.Fatal("the breaker closed while its probe was under way")
+	}
+	b.cancelled("fp") // the quiet window starts now
+	clock.add(30 * time.Second)
+	if _, err := b.admit("fp"); err != nil {
+		t.Fatalf("admit 30 s after the cancelled probe = %v, want the next probe", err)
+	}
+	if _, err := b.admit("fp"); err != errShortCircuit {
+		t.Fatalf("admit during the probe = %v, want short-circuit", err)
+	}
+	b.cancelled("fp")
+	clock.add(59 * time.Second)
+	b.closeQuiet()
+	if !b.isOpen("fp") {
+		t.Fatal("closed 59 s after the last failure, want open for a window")
+	}
+	clock.add(time.Second)
+	b.closeQuiet()
+	if b.isOpen("fp") || b.open() != 0 {
+		t.Fatal("open a window after the last failure, want closed")
+	}
+	// Opened again, then the next failure comes after a quiet window: it
+	// is retried (a new incident), and the breaker is closed.
+	b.exhausted("fp", false)
+	clock.add(2 * time.Minute)
+	if probe, err := b.admit("fp"); err != nil || probe {
+		t.Fatalf("admit after a quiet window = %v, %v; want retried as usual", probe, err)
+	}
+	if b.isOpen("fp") {
+		t.Error("still open after a failure that followed a quiet window")
+	}
+	want := []string{"open fp", "close fp", "open fp", "close fp"}
+	if len(*changes) != len(want) {
+		t.Fatalf("changes = %v, want %v", *changes, want)
+	}
+	for i := range want {
+		if (*changes)[i] != want[i] {
+			t.Errorf("changes = %v, want %v", *changes, want)
+			break
+		}
 	}
 }

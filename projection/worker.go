@@ -109,7 +109,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
 	w.tr = newTracing(cfg)
 	w.processing = semaphore.NewWeighted(int64(cfg.MaxQueuedBytes))
-	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, exhausted int) {
+	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, exhausted int, why string) {
 		if open {
 			cfg.Metrics.addBreakersOpen(context.Background(), 1)
 			w.log.Error("breaker opened: pairs failing with this fingerprint are dead-lettered at once, one probe retried in full every interval; fix the cause, then dlq-replayer retry --fingerprint",
@@ -118,7 +118,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 			return
 		}
 		cfg.Metrics.addBreakersOpen(context.Background(), -1)
-		w.log.Info("breaker closed: a probe pair with this fingerprint was applied", "fingerprint", fp)
+		w.log.Info("breaker closed: "+why, "fingerprint", fp)
 	})
 	// Bounded fetch buffers (SPEC: memory must not grow with the backlog);
 	// opts may override them.
@@ -200,6 +200,22 @@ func (w *Worker) Ready() error {
 // shutdown, and an error when a partition did not stop, the final commit
 // fails or the grace runs out. Run may be called once; it closes the
 // client.
+// closeQuietBreakers closes, every quarter of the breaker window (at
+// least every second), the breakers whose fingerprint saw no failure for a
+// window, until ctx ends.
+func (w *Worker) closeQuietBreakers(ctx context.Context) {
+	t := time.NewTicker(max(w.cfg.Breaker.Window/4, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.breaker.closeQuiet()
+		}
+	}
+}
+
 func (w *Worker) Run(ctx context.Context) error {
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	flushed := make(chan struct{})
@@ -207,7 +223,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer close(flushed)
 		w.failures.run(fctx)
 	}()
-	defer func() { stop(); <-flushed }() // after shutdown: the last repeats are written
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		w.closeQuietBreakers(fctx)
+	}()
+	defer func() { stop(); <-flushed; <-swept }() // after shutdown: the last repeats are written
 	for {
 		if !w.waitForRoom(ctx) {
 			break
