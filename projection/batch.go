@@ -127,6 +127,13 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 			}
 			planned = append(planned, pair{d: d, h: h, stmt: st, span: span})
 		}
+		if d.replay.projection == "" && matched == 0 {
+			// Not for this worker's projections (another consumer's, or a
+			// misspelt type): nothing to write; counted, and at DEBUG.
+			w.cfg.Metrics.unhandled(ctx)
+			w.log.Debug("no projection handles the event type", "topic", d.rec.Topic, "partition", d.rec.Partition,
+				"offset", d.rec.Offset, "event_type", d.ev.EventType)
+		}
 		if d.replay.projection != "" && matched == 0 {
 			err := fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)
 			failedAttempt(d.span, err)

@@ -44,6 +44,7 @@ type Metrics struct {
 	failedC      metric.Int64Counter
 	retriedC     metric.Int64Counter
 	deadC        metric.Int64Counter
+	unhandledC   metric.Int64Counter
 	applyLatency metric.Float64Histogram
 	pausedC      metric.Int64UpDownCounter
 	stuckC       metric.Int64UpDownCounter
@@ -98,6 +99,7 @@ func NewMetrics(meter metric.Meter, cfg MetricsConfig) (*Metrics, error) {
 	m.staleC = counter("causet.projection.stale", "{event}", "Stale events: the projection already held a newer sequence number (successful no-ops).")
 	m.failedC = counter("causet.projection.failed", "{attempt}", "Failed attempts to apply an event to a projection.")
 	m.retriedC = counter("causet.projection.retried", "{attempt}", "Retries of failed (event, projection) pairs.")
+	m.unhandledC = counter("causet.projection.records.unhandled", "{record}", "Valid records whose event type no projection handles: committed without a write.")
 	m.deadC = counter("causet.projection.dead_lettered", "{event}", "(event, projection) pairs written to the dead-letter topic.")
 	if err != nil {
 		return nil, err
@@ -234,6 +236,14 @@ func (m *Metrics) failed(ctx context.Context, attrs metric.MeasurementOption, cl
 func (m *Metrics) retried(ctx context.Context, attrs metric.MeasurementOption) {
 	if m.retriedC != nil {
 		m.retriedC.Add(ctx, 1, m.bounded(attrs))
+	}
+}
+
+// unhandled counts a valid record whose event type no projection
+// handles.
+func (m *Metrics) unhandled(ctx context.Context) {
+	if m.unhandledC != nil {
+		m.unhandledC.Add(ctx, 1)
 	}
 }
 

@@ -54,6 +54,7 @@ func startBusyWorker(t *testing.T, extra ...string) *running {
 		{Topic: events, Key: []byte("user-123"), Value: []byte(older)},
 		{Topic: events, Key: []byte("user-123"), Value: []byte(fmt.Sprintf(specExample, unmigrated))},
 		{Topic: events, Key: []byte("poison-1"), Value: poison},
+		{Topic: events, Key: []byte("user-124"), Value: []byte(strings.Replace(fmt.Sprintf(specExample, tenant), `"ARTIST_FOLLOWED"`, `"NO_SUCH_TYPE"`, 1))},
 	}
 	if err := b.Client(t).ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
