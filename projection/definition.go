@@ -166,6 +166,9 @@ func readDefinitionsFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("%s: a directory, not a definitions file", path)
+	}
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
 	}
