@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -124,8 +125,34 @@ func (w *Worker) statementError(h Handler, ev *Event, err error) error {
 	if tp, ok := h.(*TableProjection); ok {
 		w.catalog.forgetOn(tp, ev.TenantSchema, err)
 		err = tp.columnError(ev, err)
+		err = w.catalogColumnError(tp, ev, err)
 	}
 	return fmt.Errorf("apply %s to %s: %w", ev.EventType, h.Name(), err)
+}
+
+// catalogColumnError returns err, a data exception (class 22) about an
+// upsert that names no column (`smallint out of range`, `numeric field
+// overflow`: the table's type is narrower than the definition's), as a
+// *ColumnError when the table's columns as the catalog cache has them
+// (never read here) refuse the value of exactly one column of the row;
+// else err unchanged.
+func (w *Worker) catalogColumnError(tp *TableProjection, ev *Event, err error) error {
+	var ce *ColumnError
+	if !strings.HasPrefix(retry.SQLState(err), "22") || errors.As(err, &ce) || tp.def.Events[ev.EventType] != OpUpsert {
+		return err
+	}
+	rc := newRowCheck(tp, w.catalog.cached(ev.TenantSchema, tp.def.Table))
+	if rc == nil {
+		return err
+	}
+	st, perr := tp.Plan(ev)
+	if perr != nil {
+		return err
+	}
+	if ci := rc.refusing(st.Args); ci >= 0 {
+		return tp.newColumnError(ev, ci, err)
+	}
+	return err
 }
 
 // execIndependently executes stmts on one connection of db in one round

@@ -121,6 +121,17 @@ func (c *tableCatalog) columns(ctx context.Context, schema, table string) map[st
 	return cols
 }
 
+// cached returns the columns of table in schema as the cache has them
+// (however old), nil when it has none. It never reads the catalog.
+func (c *tableCatalog) cached(schema, table string) map[string]catalogColumn {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tables[catalogKey{schema, table}].cols
+}
+
 // lookup reads the columns of table in schema (catalogColumnsSQL).
 func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[string]catalogColumn, error) {
 	rows, err := c.db.Query(ctx, catalogColumnsSQL, pgx.Identifier{schema, table}.Sanitize())
@@ -265,6 +276,24 @@ func (rc *rowCheck) refuses(args []any) bool {
 		}
 	}
 	return false
+}
+
+// refusing returns the index (into the projection's columns) of the one
+// column whose value in args the table would refuse, −1 when none is or
+// more than one.
+func (rc *rowCheck) refusing(args []any) int {
+	found := -1
+	for _, c := range rc.cols {
+		v := args[c.i]
+		s, isText := v.(string)
+		if v == nil && c.notNull || isText && c.refuses != nil && c.refuses(s) {
+			if found >= 0 {
+				return -1
+			}
+			found = c.i
+		}
+	}
+	return found
 }
 
 // intBits is the width of the integer kinds, 0 for the others.

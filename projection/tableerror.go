@@ -18,7 +18,9 @@ import (
 // (class 22) that names neither, when its message quotes the value of one
 // column of the row and of no other (`invalid input syntax for type
 // smallint: "0x1F"`: PostgreSQL 15 refuses the hex literals that 16
-// takes). Err is the
+// takes), or when the table's columns as the worker's catalog cache has
+// them refuse the value of exactly one column (`smallint out of range` for a
+// column narrowed by hand). Err is the
 // *pgconn.PgError, unchanged: retry.Classify and retry.SQLState see it
 // through Unwrap, and a dead letter's error field reads as PostgreSQL
 // prints it (SPEC §6) while its stackTrace shows this error too.
@@ -68,6 +70,11 @@ func (p *TableProjection) columnError(ev *Event, err error) error {
 	if ci < 0 {
 		return err
 	}
+	return p.newColumnError(ev, ci, err)
+}
+
+// newColumnError returns err as a *ColumnError about column ci of ev's row.
+func (p *TableProjection) newColumnError(ev *Event, ci int, err error) *ColumnError {
 	c := &p.cols[ci]
 	return &ColumnError{Projection: p.def.Name, Column: c.name, Source: c.source, JSONType: jsonType(p.columnValue(ev, c)), Err: err}
 }

@@ -3,6 +3,7 @@ package projection_test
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -118,8 +119,17 @@ func TestWorkerLeavesUpsertsTheTableRefusesToStatements(t *testing.T) {
 		c.Retry.MaxRetries = 1
 	})
 	r.waitCommitted(testTimeout)
-	if diff := cmp.Diff(wantDead, deadLetterStates(t, r.deadLetters())); diff != "" {
+	dls := r.deadLetters()
+	if diff := cmp.Diff(wantDead, deadLetterStates(t, dls)); diff != "" {
 		t.Errorf("dead letters and their SQLSTATE (-want +got):\n%s", diff)
+	}
+	// PostgreSQL's "smallint out of range" names no column; the table's
+	// catalog says which one it refuses, and the stack trace names it.
+	for _, d := range dls {
+		want := map[string]string{"22003": `column stars (derive`, "23502": `column score`}[d.headers[dlq.HeaderSQLState]]
+		if !strings.Contains(d.msg.StackTrace, want) {
+			t.Errorf("dead letter %s (%s): stack trace does not name %q:\n%s", deadLetterUser(t, d), d.msg.Error, want, d.msg.StackTrace)
+		}
 	}
 	if diff := cmp.Diff(wantRows, r.ratings()); diff != "" {
 		t.Errorf("artist_ratings rows (-want +got):\n%s", diff)
