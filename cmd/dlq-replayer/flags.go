@@ -78,12 +78,12 @@ func (s *settings) register(fs *flagenv.Set, cmd string, lookupEnv func(string) 
 	switch cmd {
 	case "list":
 		fs.String(&s.output, "output", "DLQ_OUTPUT", "table", "output format: table or json (one dead letter per line)")
-		fs.Bool(&s.wide, "wide", "DLQ_WIDE", false, "table: every column, long cells kept (default: fit 100 columns, or a narrower terminal)")
+		fs.Bool(&s.wide, "wide", "DLQ_WIDE", false, "table: every column, cells up to 160 characters (errors; names 60; --output json for whole values) (default: fit 100 columns, or a narrower terminal)")
 		fs.Int(&s.limit, "limit", "DLQ_LIMIT", 0, "list at most this many dead letters (0: all)")
 	case "summary":
 		fs.String(&s.by, "by", "DLQ_BY", string(dlq.GroupByFingerprint), "group by fingerprint, projection, tenant or error")
 		fs.String(&s.output, "output", "DLQ_OUTPUT", "table", "output format: table or json (one group per line)")
-		fs.Bool(&s.wide, "wide", "DLQ_WIDE", false, "table: every column, long cells kept (default: fit 100 columns, or a narrower terminal)")
+		fs.Bool(&s.wide, "wide", "DLQ_WIDE", false, "table: every column, cells up to 160 characters (errors; names 60; --output json for whole values) (default: fit 100 columns, or a narrower terminal)")
 	case "retry":
 		fs.Bool(&s.dryRun, "dry-run", "DLQ_DRY_RUN", false, "print what would be sent; send and record nothing")
 		fs.Bool(&s.includeReplayed, "include-replayed", "DLQ_INCLUDE_REPLAYED", false, "also replay dead letters the ledger marks replayed (never skipped ones)")

@@ -97,7 +97,8 @@ type listWriter struct {
 // TENANT, LEDGER (replayed, skipped or —) and the first line of the ERROR,
 // the long ones cut with an ellipsis so that lines fit width columns; wide
 // (width 0) adds EVENT TYPE, ENTITY (the record key), RETRIES (retryCount),
-// REPLAYS (replay count) and FINGERPRINT, and cuts only very long cells.
+// REPLAYS (replay count) and FINGERPRINT, and cuts only cells beyond 160
+// runes (the error's first line) or 60 (names).
 // JSON: one object per line, the dead-letter message's fields plus
 // dlqPartition, dlqOffset, key, forkId, eventType, fingerprint, errorClass,
 // sqlstate, originalPartition (-1 when unknown), replayCount, ledgerStatus

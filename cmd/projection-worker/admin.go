@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -40,6 +41,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	for _, t := range s.tenantSchemas {
 		var ve *projection.ValidationError
 		if err := tenants.Check(t); errors.As(err, &ve) {
+			if strings.Contains(ve.Reason, t) { // the reason quotes the value
+				return flagenv.Usagef("--tenant-schema: %s", ve.Reason)
+			}
 			return flagenv.Usagef("--tenant-schema %q: %s", t, ve.Reason)
 		}
 	}
