@@ -30,6 +30,10 @@ type copyGroup struct {
 	// wholeRefused: PostgreSQL is known to refuse a row of the group as a
 	// whole (rowError), so isolateGroup starts from its parts.
 	wholeRefused bool
+	// checked: the table's CHECK constraints were evaluated on the rows
+	// (partition.precheck), and the rows they refuse left the group, so
+	// it is copied even after a refused group; checkRefused: some did.
+	checked, checkRefused bool
 }
 
 // copyGroups splits planned into groups applied with COPY and the pairs left
@@ -53,7 +57,7 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 // with fewer than minRows upserts goes to statements too. A suspect key
 // has no delete in the batch (a deleted key's upserts are never grouped),
 // so suspects may be applied apart from rest.
-func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection, string) *rowCheck) ([]*copyGroup, []pair, []pair) {
+func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowCheck) ([]*copyGroup, []pair, []pair) {
 	deleted := map[string]bool{}
 	for _, pr := range planned {
 		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpDelete {
@@ -88,7 +92,7 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*TableProjection,
 		if check == nil || g.n < minRows {
 			continue
 		}
-		if rc := check(g.p, g.schema); rc != nil {
+		if rc := check(g); rc != nil {
 			if keys := rc.suspectKeys(g); len(keys) > 0 {
 				if suspect == nil {
 					suspect = map[*copyGroup]map[string]bool{}
@@ -224,7 +228,7 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	refused := map[*copyGroup]bool{} // the isolated groups: whether a row was refused
 	for _, g := range groups {
 		cause := "last group refused"
-		g.wholeRefused = pc.refusedGroups.has(g)
+		g.wholeRefused = pc.refusedGroups.has(g) && !g.checked
 		if !g.wholeRefused {
 			affected, gerr := copyRows(ctx, tx, g)
 			switch {
@@ -234,6 +238,11 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 					res.pairs = g.all
 				}
 				results = append(results, res)
+				if g.checked {
+					// Checked while marked: marked as long as the check
+					// finds rows the table refuses.
+					refused[g] = g.checkRefused
+				}
 				continue
 			case ctx.Err() != nil || retry.IsInfrastructure(gerr) || errors.Is(gerr, errSavepoint):
 				return nil, nil, gerr

@@ -158,7 +158,7 @@ func BenchmarkHotCopy(b *testing.B) {
 			"artist_followers": {"score": parseCatalogType("integer")},
 			"artist_ratings":   {"review": {typ: "text", known: true, notNull: true}},
 		}
-		check := func(p *TableProjection, _ string) *rowCheck { return newRowCheck(p, stricter[p.Table()]) }
+		check := func(g *copyGroup) *rowCheck { return newRowCheck(g.p, stricter[g.p.Table()]) }
 		b.ReportAllocs()
 		for b.Loop() {
 			if groups, rest, suspects := copyGroupsChecked(planned, 32, check); len(groups) != 3 || len(rest)+len(suspects) != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -46,8 +47,9 @@ type catalogQuerier interface {
 // table) as PostgreSQL's catalog has them, so that copyGroupsChecked leaves to
 // statements the upserts that the table would refuse although the
 // definition's column type takes them (a table stricter than its
-// definition). An entry is read with one query (catalogColumnsSQL) the
-// first time a table has a COPY group, kept for catalogTTL, and dropped
+// definition), and its CHECK constraints (partition.precheck). An entry is
+// read with two queries (catalogColumnsSQL, then catalogChecksSQL for a
+// table that exists) the first time a table has a COPY group, kept for catalogTTL, and dropped
 // when an apply on the table fails with a class 42 error (forgetOn). A
 // lookup that fails means no knowledge: it is logged at DEBUG and not
 // kept. The cache is only ever a hint: an upsert it calls suspect is
@@ -69,9 +71,24 @@ type catalogKey struct{ schema, table string }
 // catalogEntry is what a lookup found: the columns by name (none when the
 // table does not exist), and when.
 type catalogEntry struct {
-	at   time.Time
-	cols map[string]catalogColumn
+	at     time.Time
+	cols   map[string]catalogColumn
+	checks []catalogCheck
 }
+
+// catalogCheck is a CHECK constraint of a table: its expression as
+// pg_get_expr prints it and the columns it reads.
+type catalogCheck struct {
+	expr string
+	cols []string
+}
+
+// catalogChecksSQL reads the CHECK constraints of the table named by $1
+// (quoted as catalogColumnsSQL's): expression and the columns it reads.
+const catalogChecksSQL = `SELECT pg_catalog.pg_get_expr(c.conbin, c.conrelid),
+		ARRAY(SELECT a.attname::text FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey))
+	FROM pg_catalog.pg_constraint c
+	WHERE c.conrelid = pg_catalog.to_regclass($1) AND c.contype = 'c'`
 
 // newTableCatalog returns an empty cache reading db's catalog when db has
 // Query (catalogQuerier).
@@ -96,7 +113,7 @@ func (c *tableCatalog) columns(ctx context.Context, schema, table string) map[st
 	if ok && now.Sub(e.at) < c.ttl {
 		return e.cols
 	}
-	cols, err := c.lookup(ctx, schema, table)
+	cols, checks, err := c.lookup(ctx, schema, table)
 	if err != nil {
 		c.log.Debug("table columns not read from the catalog; its upserts go to COPY unchecked",
 			"tenant_schema", schema, "table", table, "error", err)
@@ -117,8 +134,19 @@ func (c *tableCatalog) columns(ctx context.Context, schema, table string) map[st
 			delete(c.tables, old)
 		}
 	}
-	c.tables[k] = catalogEntry{at: now, cols: cols}
+	c.tables[k] = catalogEntry{at: now, cols: cols, checks: checks}
 	return cols
+}
+
+// checks returns the CHECK constraints of table in schema as the cache has
+// them (read with its columns), nil when it has none.
+func (c *tableCatalog) checks(schema, table string) []catalogCheck {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tables[catalogKey{schema, table}].checks
 }
 
 // cached returns the columns of table in schema as the cache has them
@@ -132,9 +160,32 @@ func (c *tableCatalog) cached(schema, table string) map[string]catalogColumn {
 	return c.tables[catalogKey{schema, table}].cols
 }
 
-// lookup reads the columns of table in schema (catalogColumnsSQL).
-func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[string]catalogColumn, error) {
-	rows, err := c.db.Query(ctx, catalogColumnsSQL, pgx.Identifier{schema, table}.Sanitize())
+// lookup reads the columns of table in schema (catalogColumnsSQL) and its
+// CHECK constraints (catalogChecksSQL).
+func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[string]catalogColumn, []catalogCheck, error) {
+	name := pgx.Identifier{schema, table}.Sanitize()
+	cols, err := c.lookupColumns(ctx, name)
+	if err != nil || len(cols) == 0 {
+		return cols, nil, err
+	}
+	rows, err := c.db.Query(ctx, catalogChecksSQL, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	var checks []catalogCheck
+	var ck catalogCheck
+	if _, err := pgx.ForEachRow(rows, []any{&ck.expr, &ck.cols}, func() error {
+		checks = append(checks, catalogCheck{expr: ck.expr, cols: slices.Clone(ck.cols)})
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	return cols, checks, nil
+}
+
+// lookupColumns reads the columns of the table qualified (catalogColumnsSQL).
+func (c *tableCatalog) lookupColumns(ctx context.Context, qualified string) (map[string]catalogColumn, error) {
+	rows, err := c.db.Query(ctx, catalogColumnsSQL, qualified)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +274,9 @@ func parseCatalogType(typ string) catalogColumn {
 type rowCheck struct {
 	cols    []colCheck
 	suspect int // upserts found suspect (counted by suspectKeys)
+	// refusedRows are the upserts of the group (indexes into its all)
+	// that the table's CHECK constraints refuse (partition.precheck).
+	refusedRows map[int]bool
 }
 
 // colCheck is one column of a rowCheck.
@@ -465,8 +519,8 @@ func tooLong(s string, n int) bool {
 func (rc *rowCheck) suspectKeys(g *copyGroup) map[string]bool {
 	var keys map[string]bool
 	var key []byte
-	for _, pr := range g.all {
-		if !rc.refuses(pr.stmt.Args) {
+	for i, pr := range g.all {
+		if !rc.refusedRows[i] && !rc.refuses(pr.stmt.Args) {
 			continue
 		}
 		rc.suspect++
@@ -482,6 +536,7 @@ func (rc *rowCheck) suspectKeys(g *copyGroup) map[string]bool {
 // without returns g less every upsert of the primary keys keys.
 func (g *copyGroup) without(keys map[string]bool) *copyGroup {
 	ng := newCopyGroup(g.p, g.schema)
+	ng.checked, ng.checkRefused = g.checked, g.checkRefused
 	var key []byte
 	for _, pr := range g.all {
 		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
@@ -490,6 +545,97 @@ func (g *copyGroup) without(keys map[string]bool) *copyGroup {
 		}
 	}
 	return ng
+}
+
+// precheck evaluates the CHECK constraints of g's table (as the catalog
+// cache has them, with cols its columns) on every upsert of g, in one
+// query, each column cast to the table's type, and returns the upserts
+// (indexes into g.all) that a constraint refuses (false, not NULL), and
+// true. It returns false when there is nothing to evaluate (no CHECK, or
+// none that reads only the projection's columns) or the query failed (a
+// value the table's type refuses, an expression that does not apply):
+// then nothing is known, and the group goes as before. The upserts rc
+// already calls suspect are sent as NULLs (their casts could fail).
+func (pc *partition) precheck(ctx context.Context, g *copyGroup, cols map[string]catalogColumn, rc *rowCheck) (map[int]bool, bool) {
+	w := pc.w
+	sql, colIdx := g.p.precheckSQL(w.catalog.checks(g.schema, g.p.def.Table), cols)
+	if sql == "" || w.catalog.db == nil {
+		return nil, false
+	}
+	args := make([]any, len(colIdx))
+	for k, ci := range colIdx {
+		vals := make([]*string, len(g.all))
+		for i, pr := range g.all {
+			if rc != nil && rc.refuses(pr.stmt.Args) {
+				continue // suspect already, and its cast could fail the query: NULL, which no CHECK refuses
+			}
+			if s, ok := pr.stmt.Args[ci].(string); ok {
+				vals[i] = &s
+			}
+		}
+		args[k] = vals
+	}
+	rows, err := w.catalog.db.Query(ctx, sql, args...)
+	if err != nil {
+		w.log.Debug("check constraints not evaluated before the copy", "partition", pc.partition,
+			"projection", g.p.Name(), "tenant_schema", g.schema, "error", err)
+		return nil, false
+	}
+	refused := map[int]bool{}
+	var i int
+	if _, err := pgx.ForEachRow(rows, []any{&i}, func() error {
+		refused[i] = true
+		return nil
+	}); err != nil {
+		w.log.Debug("check constraints not evaluated before the copy", "partition", pc.partition,
+			"projection", g.p.Name(), "tenant_schema", g.schema, "error", err)
+		return nil, false
+	}
+	return refused, true
+}
+
+// precheckSQL returns the query that evaluates checks, the table's CHECK
+// constraints, on upserts given as one text array per column read (their
+// indexes into p's columns, in colIdx), each cast to the table's type
+// (cols), and returns the 0-based index of each upsert a constraint
+// refuses; "" when no constraint reads only p's columns of known type.
+// The expressions are the catalog's own (pg_get_expr), not the wire's.
+func (p *TableProjection) precheckSQL(checks []catalogCheck, cols map[string]catalogColumn) (string, []int) {
+	var exprs []string
+	used := map[string]int{} // column name -> index into p.cols
+	for _, ck := range checks {
+		ok := len(ck.cols) > 0
+		for _, name := range ck.cols {
+			i := slices.IndexFunc(p.cols, func(c column) bool { return c.name == name })
+			if _, inTable := cols[name]; i < 0 || !inTable {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		for _, name := range ck.cols {
+			used[name] = slices.IndexFunc(p.cols, func(c column) bool { return c.name == name })
+		}
+		exprs = append(exprs, "("+ck.expr+")")
+	}
+	if len(exprs) == 0 {
+		return "", nil
+	}
+	names := slices.Sorted(maps.Keys(used))
+	var arrays, vcols, casts []string
+	colIdx := make([]int, len(names))
+	for k, name := range names {
+		colIdx[k] = used[name]
+		v := "_causet_v" + strconv.Itoa(k+1)
+		arrays = append(arrays, "$"+strconv.Itoa(k+1)+"::text[]")
+		vcols = append(vcols, v)
+		casts = append(casts, "v."+v+"::"+cols[name].typ+" AS "+pgx.Identifier{name}.Sanitize())
+	}
+	return "SELECT v._causet_n - 1 FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS v(" +
+		strings.Join(vcols, ", ") + ", _causet_n) WHERE (SELECT " + strings.Join(exprs, " AND ") +
+		" FROM (SELECT " + strings.Join(casts, ", ") + ") AS _causet_chk) IS FALSE", colIdx
 }
 
 // formCopyGroups is copyGroupsChecked with the worker's catalog: the tables
@@ -503,10 +649,24 @@ func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*cop
 		rc     *rowCheck
 	}
 	var seen []checked
-	groups, rest, suspects := copyGroupsChecked(planned, w.cfg.CopyMinRows, func(p *TableProjection, schema string) *rowCheck {
-		rc := newRowCheck(p, w.catalog.columns(ctx, schema, p.def.Table))
+	groups, rest, suspects := copyGroupsChecked(planned, w.cfg.CopyMinRows, func(g *copyGroup) *rowCheck {
+		cols := w.catalog.columns(ctx, g.schema, g.p.def.Table)
+		rc := newRowCheck(g.p, cols)
+		if pc.refusedGroups.has(g) {
+			// A row of the last group of this table was refused: the
+			// table's CHECK constraints are evaluated on this one's rows
+			// first, so that the rows they refuse leave the group and
+			// the group is copied, not isolated.
+			if refused, ok := pc.precheck(ctx, g, cols, rc); ok {
+				if rc == nil {
+					rc = &rowCheck{}
+				}
+				rc.refusedRows = refused
+				g.checked, g.checkRefused = true, len(refused) > 0
+			}
+		}
 		if rc != nil {
-			seen = append(seen, checked{p, schema, rc})
+			seen = append(seen, checked{g.p, g.schema, rc})
 		}
 		return rc
 	})

@@ -240,9 +240,9 @@ func TestCopyGroupsLeavesSuspectKeysToStatements(t *testing.T) {
 		planFor("big", "u5", 1, "5"),
 	}
 	var asked []string
-	check := func(p *TableProjection, schema string) *rowCheck {
-		asked = append(asked, schema)
-		return newRowCheck(p, map[string]catalogColumn{"stars": parseCatalogType("smallint")})
+	check := func(g *copyGroup) *rowCheck {
+		asked = append(asked, g.schema)
+		return newRowCheck(g.p, map[string]catalogColumn{"stars": parseCatalogType("smallint")})
 	}
 	groups, rest, suspects := copyGroupsChecked(planned, 3, check)
 	if diff := cmp.Diff([]string{"big"}, asked); diff != "" {
@@ -294,7 +294,9 @@ type countingQuerier struct {
 }
 
 func (q *countingQuerier) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	q.n++
+	if sql == catalogColumnsSQL { // a lookup's first query
+		q.n++
+	}
 	if q.err != nil {
 		return nil, q.err
 	}
@@ -435,5 +437,41 @@ func TestReadmeStatesTheCatalogCacheBounds(t *testing.T) {
 	want := fmt.Sprintf("keeps them %d s (at most %d tables per worker;", int(catalogTTL/time.Second), maxCatalogTables)
 	if !strings.Contains(readme, want) {
 		t.Errorf("README.md does not say %q", want)
+	}
+}
+
+// TestPrecheckSQLEvaluatesOnlyTheChecksOfTheProjectionsColumns: a CHECK
+// constraint that reads a column the projection does not write (the table
+// fills it) is left out; the others are evaluated together, each column
+// cast to the table's type, named as the table names it; no constraint
+// left gives no query.
+func TestPrecheckSQLEvaluatesOnlyTheChecksOfTheProjectionsColumns(t *testing.T) {
+	ratings := hotProjections(t, hotDefinitions[0].path)[2] // artist_ratings: user_id, artist_id, stars, review...
+	cols := map[string]catalogColumn{}
+	for _, c := range ratings.cols {
+		cols[c.name] = parseCatalogType("text")
+	}
+	cols["stars"] = parseCatalogType("smallint")
+	cols["other"] = parseCatalogType("integer")
+	checks := []catalogCheck{
+		{expr: "((stars >= 1) AND (stars <= 5))", cols: []string{"stars"}},
+		{expr: "(other > 0)", cols: []string{"other"}},
+		{expr: "(length(user_id) < 10)", cols: []string{"user_id"}},
+	}
+	sql, colIdx := ratings.precheckSQL(checks, cols)
+	for _, want := range []string{`v._causet_v1::smallint AS "stars"`, `v._causet_v2::text AS "user_id"`,
+		"(((stars >= 1) AND (stars <= 5))) AND ((length(user_id) < 10))", "IS FALSE"} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("precheck SQL lacks %q:\n%s", want, sql)
+		}
+	}
+	if strings.Contains(sql, "other") {
+		t.Errorf("precheck SQL evaluates a check of a column the projection does not write:\n%s", sql)
+	}
+	if len(colIdx) != 2 || ratings.cols[colIdx[0]].name != "stars" || ratings.cols[colIdx[1]].name != "user_id" {
+		t.Errorf("columns %v, want stars then user_id", colIdx)
+	}
+	if sql, _ := ratings.precheckSQL(checks[1:2], cols); sql != "" {
+		t.Errorf("only a check of another column: %q, want no query", sql)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -358,11 +359,13 @@ func TestWorkerCopyIsolationLeavesStatementErrorsToStatements(t *testing.T) {
 // is isolated at once, from its parts; a group isolated with nothing
 // refused clears the mark, and the group after it takes plain COPY again
 // (no isolation at all). Every good row is applied, each refused row is
-// dead-lettered once with PostgreSQL's error.
+// dead-lettered once with PostgreSQL's error. The refusal is a trigger's,
+// which no check before the COPY can evaluate (a CHECK constraint is:
+// TestWorkerCopyChecksConstraintsAfterARefusedGroup).
 func TestWorkerCopyIsolatesAtOnceAfterARefusedGroup(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
-	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	refuseStarsAbove(t, r, 10)
 	logs := &logCounter{msgs: map[string][]slog.Record{}}
 	r.start(func(c *projection.Config) {
 		c.CopyMinRows = 16
@@ -429,6 +432,84 @@ func TestWorkerCopyIsolatesAtOnceAfterARefusedGroup(t *testing.T) {
 		}
 	}
 	if got, want := len(r.ratings()), 4*perWave-len(wantDead); got != want {
+		t.Errorf("artist_ratings holds %d rows, want %d", got, want)
+	}
+}
+
+// refuseStarsAbove makes r's artist_ratings refuse, with a BEFORE trigger
+// raising check_violation (23514), a row of more than max stars.
+func refuseStarsAbove(t *testing.T, r *rig, max int) {
+	t.Helper()
+	fn := pgx.Identifier{r.tenant, "refuse_stars"}.Sanitize()
+	exec(t, r.pool, "CREATE FUNCTION "+fn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "+
+		"IF NEW.stars > "+strconv.Itoa(max)+" THEN RAISE EXCEPTION 'stars %', NEW.stars USING ERRCODE = 'check_violation'; END IF; "+
+		"RETURN NEW; END $$")
+	exec(t, r.pool, "CREATE TRIGGER refuse_stars BEFORE INSERT OR UPDATE ON "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+
+		" FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+}
+
+// TestWorkerCopyChecksConstraintsAfterARefusedGroup: once PostgreSQL
+// refused a row of a COPY group for a CHECK constraint, the next groups of
+// that projection and tenant schema have the table's CHECK constraints
+// evaluated on their rows first (the catalog's expressions, each column
+// cast to the table's type): the rows they refuse leave the group for
+// their statements, and the group is copied, neither tried whole nor
+// isolated. Every good row is applied, each refused row dead-lettered once
+// with PostgreSQL's 23514.
+func TestWorkerCopyChecksConstraintsAfterARefusedGroup(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	logs := r.startLogged(func(c *projection.Config) {
+		c.CopyMinRows = 16
+		c.MaxBatchRecords = 500
+		c.Retry.MaxRetries = 1
+	})
+	const perWave = 48
+	wantDead := map[string]int{}
+	wave := func(w int) {
+		t.Helper()
+		var keys, values []string
+		for i := range perWave {
+			user := fmt.Sprintf("user-%d-%d", w, i)
+			stars := i % 10
+			if i == 0 || i == perWave/2 {
+				stars = 99
+				wantDead[user+"@1"] = 1
+			}
+			keys = append(keys, user)
+			values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+		}
+		r.produceAll(keys, values)
+		r.waitCommitted(testTimeout)
+	}
+	wave(1)
+	if len(logs.records(logCopyAgain)) == 0 {
+		t.Fatal("the first refused group did not fail: the test no longer shows what it should")
+	}
+	failed, isolated, suspect := len(logs.records(logCopyAgain)), len(logs.records(logIsolated)), logSum(logs, logSuspect, "upserts")
+	wave(2)
+	wave(3)
+	if n := len(logs.records(logCopyAgain)) - failed; n != 0 {
+		t.Errorf("%d groups after a refused one tried whole, want 0", n)
+	}
+	if n := len(logs.records(logIsolated)) - isolated; n != 0 {
+		t.Errorf("%d groups after a refused one isolated, want 0: their refused rows left them", n)
+	}
+	// Their 4 refused rows left their groups (a few rows of a wave that a
+	// fetch split off, below --copy-min-rows, go to statements anyway).
+	if n := logSum(logs, logSuspect, "upserts") - suspect; n < 1 || n > 4 {
+		t.Errorf("%d upserts left the groups of waves 2 and 3, want their refused ones (1 to 4)", n)
+	}
+	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+	}
+	for _, dl := range r.deadLetters() {
+		if dl.headers[dlq.HeaderSQLState] != "23514" {
+			t.Errorf("dead letter SQLSTATE %q, want 23514", dl.headers[dlq.HeaderSQLState])
+		}
+	}
+	if got, want := len(r.ratings()), 3*perWave-len(wantDead); got != want {
 		t.Errorf("artist_ratings holds %d rows, want %d", got, want)
 	}
 }
