@@ -423,17 +423,7 @@ func TestWorkerCopyIsolatesAtOnceAfterARefusedGroup(t *testing.T) {
 	if got := len(isolated()); got != isolatedBefore {
 		t.Errorf("%d groups isolated after a group isolated with nothing refused, want 0 (plain COPY again)", got-isolatedBefore)
 	}
-	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
-		t.Errorf("dead letters (-want +got):\n%s", diff)
-	}
-	for _, dl := range r.deadLetters() {
-		if dl.headers[dlq.HeaderSQLState] != "23514" {
-			t.Errorf("dead letter SQLSTATE %q, want 23514", dl.headers[dlq.HeaderSQLState])
-		}
-	}
-	if got, want := len(r.ratings()), 4*perWave-len(wantDead); got != want {
-		t.Errorf("artist_ratings holds %d rows, want %d", got, want)
-	}
+	checkRefusedRatings(t, r, wantDead, 4*perWave)
 }
 
 // refuseStarsAbove makes r's artist_ratings refuse, with a BEFORE trigger
@@ -501,15 +491,24 @@ func TestWorkerCopyChecksConstraintsAfterARefusedGroup(t *testing.T) {
 	if n := logSum(logs, logSuspect, "upserts") - suspect; n < 1 || n > 4 {
 		t.Errorf("%d upserts left the groups of waves 2 and 3, want their refused ones (1 to 4)", n)
 	}
-	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+	checkRefusedRatings(t, r, wantDead, 3*perWave)
+}
+
+// checkRefusedRatings checks that the users of wantDead, and they alone,
+// were dead-lettered once each with 23514, and that artist_ratings holds
+// the other ratings of the produced ones.
+func checkRefusedRatings(t *testing.T, r *rig, wantDead map[string]int, produced int) {
+	t.Helper()
+	dls := r.deadLetters()
+	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, dls)); diff != "" {
 		t.Errorf("dead letters (-want +got):\n%s", diff)
 	}
-	for _, dl := range r.deadLetters() {
+	for _, dl := range dls {
 		if dl.headers[dlq.HeaderSQLState] != "23514" {
 			t.Errorf("dead letter SQLSTATE %q, want 23514", dl.headers[dlq.HeaderSQLState])
 		}
 	}
-	if got, want := len(r.ratings()), 3*perWave-len(wantDead); got != want {
+	if got, want := len(r.ratings()), produced-len(wantDead); got != want {
 		t.Errorf("artist_ratings holds %d rows, want %d", got, want)
 	}
 }
