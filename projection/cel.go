@@ -39,6 +39,7 @@ import (
 	"github.com/google/cel-go/common/types/traits"
 	"github.com/google/cel-go/ext"
 	"github.com/google/cel-go/interpreter"
+	"github.com/google/cel-go/parser"
 )
 
 // deriveCostLimit bounds the work of one derive evaluation (cel-go cost
@@ -162,7 +163,11 @@ func (d *derivePrg) explainOverload(err error, vars *deriveActivation) error {
 			what = "operator " + op
 		}
 		loc := native.SourceInfo().GetStartLocation(e.ID())
-		return &overloadError{err: err, call: what, argTypes: names, line: loc.Line(), column: loc.Column() + 1}
+		oe := &overloadError{err: err, call: what, argTypes: names, line: loc.Line(), column: loc.Column() + 1}
+		if src, uerr := parser.Unparse(e, native.SourceInfo()); uerr == nil {
+			oe.expr = src // names the fields the call read
+		}
+		return oe
 	}
 	return err
 }
@@ -181,10 +186,17 @@ type overloadError struct {
 	call         string   // "operator +", "function size"
 	argTypes     []string // CEL type names, target first; "?" if unknown
 	line, column int      // 1-based
+	expr         string   // the call as CEL prints it ("payload.points / payload.games"); "" unknown
 }
 
+// Error returns "no such overload: <call> applied to (<types>) at
+// <line>:<column>", then " in <expr>" when the call's text is known.
 func (e *overloadError) Error() string {
-	return fmt.Sprintf("no such overload: %s applied to (%s) at %d:%d", e.call, strings.Join(e.argTypes, ", "), e.line, e.column)
+	msg := fmt.Sprintf("no such overload: %s applied to (%s) at %d:%d", e.call, strings.Join(e.argTypes, ", "), e.line, e.column)
+	if e.expr != "" {
+		msg += " in " + e.expr
+	}
+	return msg
 }
 
 func (e *overloadError) Unwrap() error { return e.err }

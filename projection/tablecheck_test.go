@@ -335,7 +335,7 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 func TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64(t *testing.T) {
 	p := inlineProjection(t, `n: { type: bigint, derive: "payload.stars + 1" }`)
 	_, err := p.Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"stars":99999999999999999999}`))
-	want := `projection "p": derive n: no such overload: operator + applied to (double, int) at 1:15 (payload.stars is 99999999999999999999, an integer beyond int64, which CEL reads as a double)`
+	want := `projection "p": derive n: no such overload: operator + applied to (double, int) at 1:15 in payload.stars + 1 (payload.stars is 99999999999999999999, an integer beyond int64, which CEL reads as a double)`
 	if err == nil || err.Error() != want || !retry.IsPermanent(err) {
 		t.Errorf("Plan error = %v, want permanent %q", err, want)
 	}
@@ -343,18 +343,19 @@ func TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64(t *testing.T) {
 
 // TestDeriveNoSuchOverloadNamesTheCallAndTypes: a derive that no overload
 // accepts at plan time says which function or operator, with which argument
-// types, where in the expression, for which projection and column (new-user
+// types, where in the expression and the call as CEL prints it (so the
+// fields it read: new-user trial), for which projection and column (new-user
 // trial: only "no such overload"); an integer beyond int64 is named only
 // when a double is involved.
 func TestDeriveNoSuchOverloadNamesTheCallAndTypes(t *testing.T) {
 	const payload = `{"name":"x","n":3,"tags":["a"],"big":99999999999999999999}`
 	tests := []struct{ derive, want string }{
-		{"payload.name + payload.n", "operator + applied to (string, int) at 1:14"},
-		{"payload.name * payload.n", "operator * applied to (string, int) at 1:14"},
-		{"-payload.name", "operator - applied to (string) at 1:1"},
-		{"size(payload.n)", "function size applied to (int) at 1:5"},
-		{"payload.n.startsWith('x')", "function startsWith applied to (int, string) at 1:21"},
-		{"payload.tags[0] + 1", "operator + applied to (string, int) at 1:17"},
+		{"payload.name + payload.n", "operator + applied to (string, int) at 1:14 in payload.name + payload.n"},
+		{"payload.name * payload.n", "operator * applied to (string, int) at 1:14 in payload.name * payload.n"},
+		{"-payload.name", "operator - applied to (string) at 1:1 in -payload.name"},
+		{"size(payload.n)", "function size applied to (int) at 1:5 in size(payload.n)"},
+		{"payload.n.startsWith('x')", `function startsWith applied to (int, string) at 1:21 in payload.n.startsWith("x")`},
+		{"payload.tags[0] + 1", "operator + applied to (string, int) at 1:17 in payload.tags[0] + 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.derive, func(t *testing.T) {
