@@ -184,6 +184,11 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	if res.DryRun {
 		line += " (dry run: nothing sent or recorded)"
 	}
+	if err != nil {
+		// What was done before the failure, said to be incomplete: the
+		// counters alone read like a finished run ("matched=0").
+		line = "stopped before the end: " + line
+	}
 	fmt.Fprintln(stdout, line)
 	if err != nil {
 		return err

@@ -383,6 +383,19 @@ func TestProduceFailureExitsOne(t *testing.T) {
 	}
 }
 
+// TestRetryStoppedBeforeTheEndSaysSo: a retry that fails as a whole (its
+// --topic does not exist) prints its counters as stopped before the end,
+// not as a finished run's line ("matched=0 ..." read like nothing matched;
+// new-user trial), and exits 1.
+func TestRetryStoppedBeforeTheEndSaysSo(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0)
+	r := runCmd(t, f.env, "retry", "--all", "--topic", kafkatest.TopicName(t, "missing"))
+	if r.code != 1 || !strings.HasPrefix(r.lastLine(), "stopped before the end: matched=") {
+		t.Errorf("retry to a missing topic: exit %d, last line %q, want 1 and the counters said stopped\n%s", r.code, r.lastLine(), r.stderr)
+	}
+}
+
 func TestMissingDeadLetterTopicExitsOne(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
 	f.env["DLQ_TOPIC"] = kafkatest.TopicName(t, "missing")
