@@ -379,19 +379,7 @@ func TestWorkerCopyIsolatesAtOnceAfterARefusedGroup(t *testing.T) {
 	// (first, so that a wave split into two batches starts refused).
 	wave := func(w int, refused bool) {
 		t.Helper()
-		var keys, values []string
-		for i := range perWave {
-			user := fmt.Sprintf("user-%d-%d", w, i)
-			stars := i % 10
-			if refused && i == 0 {
-				stars = 99
-				wantDead[user+"@1"] = 1
-			}
-			keys = append(keys, user)
-			values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
-		}
-		r.produceAll(keys, values)
-		r.waitCommitted(testTimeout)
+		ratingsWave(t, r, w, perWave, wantDead, func(i int) bool { return refused && i == 0 })
 	}
 	failed := func() int { return len(logs.records("copy group failed; applying it again on its own")) }
 	isolated := func() []slog.Record { return logs.records("copy group isolated in PostgreSQL") }
@@ -459,19 +447,7 @@ func TestWorkerCopyChecksConstraintsAfterARefusedGroup(t *testing.T) {
 	wantDead := map[string]int{}
 	wave := func(w int) {
 		t.Helper()
-		var keys, values []string
-		for i := range perWave {
-			user := fmt.Sprintf("user-%d-%d", w, i)
-			stars := i % 10
-			if i == 0 || i == perWave/2 {
-				stars = 99
-				wantDead[user+"@1"] = 1
-			}
-			keys = append(keys, user)
-			values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
-		}
-		r.produceAll(keys, values)
-		r.waitCommitted(testTimeout)
+		ratingsWave(t, r, w, perWave, wantDead, func(i int) bool { return i == 0 || i == perWave/2 })
 	}
 	wave(1)
 	if len(logs.records(logCopyAgain)) == 0 {
@@ -511,4 +487,24 @@ func checkRefusedRatings(t *testing.T, r *rig, wantDead map[string]int, produced
 	if got, want := len(r.ratings()), produced-len(wantDead); got != want {
 		t.Errorf("artist_ratings holds %d rows, want %d", got, want)
 	}
+}
+
+// ratingsWave produces n ratings of wave w at once (0–9 stars) and waits
+// until they are committed; the i-th rates 99 stars when refused(i), and
+// its user is added to wantDead.
+func ratingsWave(t *testing.T, r *rig, w, n int, wantDead map[string]int, refused func(int) bool) {
+	t.Helper()
+	var keys, values []string
+	for i := range n {
+		user := fmt.Sprintf("user-%d-%d", w, i)
+		stars := i % 10
+		if refused(i) {
+			stars = 99
+			wantDead[user+"@1"] = 1
+		}
+		keys = append(keys, user)
+		values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
 }
