@@ -243,7 +243,10 @@ func (f pairFailure) projectionName() string {
 // statements. When a statement fails, the statements before it are applied
 // again in a transaction of their own, the failing pair is returned as a
 // failure, and the statements after it continue as the next batch: every
-// good statement runs at most twice and commits once. Infrastructure errors
+// good statement runs at most twice and commits once. When the COMMIT is
+// refused (a deferred constraint or trigger), each pair is applied again in
+// a transaction of its own (applyTogether), so that only the pair whose row
+// it refuses fails. Infrastructure errors
 // wait for the database (InfraPause) or send the batch's pairs one by one
 // to the retry path (InfraDeadLetter).
 func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFailure, error) {
@@ -273,9 +276,24 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 			continue
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case failedAt < 0 && !retry.IsInfrastructure(err) && w.acquire != nil:
+			// The COMMIT (or BEGIN) was refused, not by one statement: a
+			// deferred constraint or trigger refused some pair's row, which
+			// one is unknown. Each pair again in a transaction of its own,
+			// in one round trip, where only that pair's COMMIT fails.
+			left, refused := pc.applyTogether(ctx, seg)
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			failures = append(failures, refused...)
+			for _, p := range left {
+				failures = append(failures, w.batchFailure(ctx, p, err))
+			}
+			continue
 		case failedAt < 0 || retry.IsInfrastructure(err):
-			// Not one statement's fault (commit failed, or the database went
-			// away under InfraDeadLetter): each pair takes the retry path.
+			// Not one statement's fault (the database went away under
+			// InfraDeadLetter, or no round trip apart): each pair takes the
+			// retry path.
 			for _, p := range seg {
 				failures = append(failures, w.batchFailure(ctx, p, err))
 			}
@@ -311,14 +329,26 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 // statement path (no answer, or an infrastructure error: that path waits
 // for the database) and the refused ones as failures.
 func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair, []pairFailure) {
-	w := pc.w
-	if w.acquire == nil {
+	if pc.w.acquire == nil {
 		return suspects, nil
 	}
+	left, failures := pc.applyTogether(ctx, suspects)
+	if len(suspects) > 0 {
+		pc.w.log.Debug("suspect upserts applied in one round trip", "partition", pc.partition,
+			"upserts", len(suspects), "refused", len(failures), "left", len(left))
+	}
+	return left, failures
+}
+
+// applyTogether applies pairs in one round trip, each in a transaction of
+// its own (execTogether), and returns the pairs without an answer (the
+// caller's path decides) and those PostgreSQL refused, as failures.
+func (pc *partition) applyTogether(ctx context.Context, pairs []pair) ([]pair, []pairFailure) {
+	w := pc.w
 	var left []pair
 	var failures []pairFailure
-	for i, r := range w.execTogether(ctx, "apply statements", suspects) {
-		p := suspects[i]
+	for i, r := range w.execTogether(ctx, "apply statements", pairs) {
+		p := pairs[i]
 		switch {
 		case !r.made:
 			left = append(left, p)
@@ -327,10 +357,6 @@ func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair
 		default:
 			endPair(p.span, spanOutcome(r.out), 0)
 		}
-	}
-	if len(suspects) > 0 {
-		w.log.Debug("suspect upserts applied in one round trip", "partition", pc.partition,
-			"upserts", len(suspects), "refused", len(failures), "left", len(left))
 	}
 	return left, failures
 }

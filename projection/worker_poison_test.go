@@ -508,3 +508,28 @@ func ratingsWave(t *testing.T, r *rig, w, n int, wantDead map[string]int, refuse
 	r.produceAll(keys, values)
 	r.waitCommitted(testTimeout)
 }
+
+// TestWorkerDeferredConstraintRefusesOnlyItsPair: a deferred constraint
+// trigger that refuses one row at COMMIT fails its batch's transaction
+// (the COPY one, then the statements'), not one statement: the worker
+// applies the pairs again each in a transaction of its own, so only the
+// refused pair fails. With no retries, a good pair blamed for the COMMIT
+// would be dead-lettered (new-user trial: 57 good events dead-lettered
+// once the fingerprint's breaker was open).
+func TestWorkerDeferredConstraintRefusesOnlyItsPair(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 2})
+	fn := pgx.Identifier{r.tenant, "refuse_at_commit"}.Sanitize()
+	exec(t, r.pool, "CREATE FUNCTION "+fn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "+
+		"IF NEW.stars = 99 THEN RAISE EXCEPTION 'stars 99 refused at commit' USING ERRCODE = 'check_violation'; END IF; "+
+		"RETURN NULL; END $$")
+	exec(t, r.pool, "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT OR UPDATE ON "+
+		pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+	r.start(func(c *projection.Config) {
+		c.Retry.MaxRetries = 0
+		c.Breaker.Threshold = -1
+	})
+	wantDead := map[string]int{}
+	ratingsWave(t, r, 1, 60, wantDead, func(i int) bool { return i == 17 })
+	checkRefusedRatings(t, r, wantDead, 60)
+}
