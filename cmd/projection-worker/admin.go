@@ -41,7 +41,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	for _, t := range s.tenantSchemas {
 		var ve *projection.ValidationError
 		if err := tenants.Check(t); errors.As(err, &ve) {
-			if strings.Contains(ve.Reason, t) { // the reason quotes the value
+			if strings.Contains(ve.Reason, `, got "`) { // the reason quotes the value
 				return flagenv.Usagef("--tenant-schema: %s", ve.Reason)
 			}
 			return flagenv.Usagef("--tenant-schema %q: %s", t, ve.Reason)
@@ -71,7 +71,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
 			return fmt.Errorf("migrate %s: %w", t, err)
 		}
-		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%d projections)\n", t, defs.IRVersion, len(defs.Projections))
+		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
 		if s.grantRole == "" {
 			continue
 		}

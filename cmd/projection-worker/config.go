@@ -367,8 +367,11 @@ func (s *settings) checkRun() error {
 	if s.breaker.Threshold == 0 || s.breaker.Threshold < -1 {
 		return flagenv.Usagef("--breaker-threshold must be >= 1, or -1 for no breaker, got %d", s.breaker.Threshold)
 	}
-	if s.breaker.Window <= 0 || s.breaker.ProbeInterval <= 0 {
-		return flagenv.Usagef("--breaker-window and --breaker-probe-interval must be > 0, got %s and %s", s.breaker.Window, s.breaker.ProbeInterval)
+	if s.breaker.Window <= 0 {
+		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be > 0, got %s", s.breaker.Window)
+	}
+	if s.breaker.ProbeInterval <= 0 {
+		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be > 0, got %s", s.breaker.ProbeInterval)
 	}
 	if s.spanQueue < 1 {
 		return flagenv.Usagef("--trace-queue-size must be >= 1, got %d", s.spanQueue)
