@@ -53,7 +53,8 @@ func (p *defParser) parse(data []byte) *Definitions {
 		if errors.Is(err, io.EOF) {
 			p.fail("", nil, "empty file")
 		} else {
-			p.fail("", nil, "%v", err)
+			// JSON is read as YAML: say so, a JSON file's error reads "yaml: ...".
+			p.fail("", nil, "not valid YAML or JSON: %s", strings.TrimPrefix(err.Error(), "yaml: "))
 		}
 		return d
 	}

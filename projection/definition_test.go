@@ -158,7 +158,7 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: empty file`,
 		}},
 		{"yaml syntax", "irVersion: [", []string{
-			`d.yaml: yaml: line 1: did not find expected node content`,
+			`d.yaml: not valid YAML or JSON: line 1: did not find expected node content`,
 		}},
 		{"two documents", "irVersion: v1\nprojections: []\n---\nirVersion: v2\n", []string{
 			`d.yaml: more than one YAML document`,
