@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/causet/projection-worker/internal/pgcopy"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -422,13 +423,9 @@ func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup) (string, error) 
 		cols = append(cols, c.name)
 	}
 	cols = append(cols, seqColumn, rangeColumn)
-	rows := make([][]any, len(g.all))
-	for i, pr := range g.all {
-		row := make([]any, 0, len(cols))
-		row = append(row, pr.stmt.Args[:len(g.p.cols)+1]...) // column values, then the sequence number
-		rows[i] = append(row, int64(i))
-	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows))
+	rows := copyEncode(g.p, g.all, true)
+	defer rows.Release()
+	_, err := pgcopy.From(ctx, tx, pgx.Identifier{tmp}, cols, rows)
 	return tmp, err
 }
 
@@ -651,12 +648,10 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 		cols = append(cols, c.name)
 	}
 	cols = append(cols, seqColumn)
-	rows := make([][]any, len(g.pairs))
-	for i, pr := range g.pairs {
-		rows[i] = pr.stmt.Args[:len(g.p.cols)+1] // column values, then the sequence number
-	}
+	rows := copyEncode(g.p, g.pairs, false)
+	defer rows.Release()
 	var tag pgconn.CommandTag
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{tmp}, cols, pgx.CopyFromRows(rows))
+	_, err := pgcopy.From(ctx, tx, pgx.Identifier{tmp}, cols, rows)
 	if err == nil {
 		// The upsert, the release and the emptying in one round trip.
 		// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
@@ -687,6 +682,32 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 		return 0, fmt.Errorf("%w: %w (after %w)", errSavepoint, rbErr, err)
 	}
 	return 0, err
+}
+
+// copyEncode encodes the rows of pairs, upserts of p, for the temporary
+// table: each column's value, then the sequence number (Plan's Args, all
+// text), then with numbered the pair's index (rangeColumn). Release the
+// result once sent.
+func copyEncode(p *TableProjection, pairs []pair, numbered bool) *pgcopy.Rows {
+	fields := len(p.cols) + 1
+	rows := pgcopy.NewRows(fields + btoi(numbered))
+	for i, pr := range pairs {
+		rows.Row()
+		for _, v := range pr.stmt.Args[:fields] {
+			rows.Text(v)
+		}
+		if numbered {
+			rows.Int8(int64(i))
+		}
+	}
+	return rows
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // copyApplied records committed COPY work in the metrics: of each

@@ -134,9 +134,9 @@ func hotBatch(tb testing.TB, n int) []pair {
 // BenchmarkHotCopy measures, for a batch of 500 events (about 800
 // upserts), the work of the COPY path in this process: grouping the
 // upserts (copyGroups; checked against tables stricter than their
-// definitions, copyGroupsChecked) and encoding their rows in COPY's binary format as
-// pgx's CopyFrom does (every temporary-table column is text). Figures are
-// per upsert.
+// definitions, copyGroupsChecked) and encoding their rows in COPY's binary
+// format (every temporary-table column is text): with package pgcopy, as
+// the worker does, and as pgx's CopyFrom would. Figures are per upsert.
 func BenchmarkHotCopy(b *testing.B) {
 	planned := hotBatch(b, 500)
 	per := func(b *testing.B) {
@@ -167,7 +167,19 @@ func BenchmarkHotCopy(b *testing.B) {
 		}
 		per(b)
 	})
+	b.Run("encode pgcopy", func(b *testing.B) {
+		// What the worker does (copyEncode, package pgcopy).
+		groups, _ := copyGroups(planned, 32)
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, g := range groups {
+				copyEncode(g.p, g.pairs, false).Release()
+			}
+		}
+		per(b)
+	})
 	b.Run("encode", func(b *testing.B) {
+		// What pgx's CopyFrom does.
 		groups, _ := copyGroups(planned, 32)
 		m := pgtype.NewMap()
 		var buf []byte
