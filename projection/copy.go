@@ -61,7 +61,7 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowCheck) ([]*copyGroup, []pair, []pair) {
 	deleted := map[string]bool{}
 	for _, pr := range planned {
-		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpDelete {
+		if tp, ok := pr.h.(*TableProjection); ok && pr.stmt.Op == OpDelete {
 			deleted[rowKey(tp, pr.d.ev.TenantSchema, pr.stmt.Args[:len(tp.pk)])] = true
 		}
 	}
@@ -69,24 +69,37 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 	deletedKey := func(tp *TableProjection, pr pair) bool {
 		return len(deleted) > 0 && deleted[upsertKey(tp, pr)]
 	}
-	groups := map[copyGroupKey]*copyGroup{}
-	var order []*copyGroup
+	// Two passes: the first finds each upsert's group and counts them, so
+	// that the second fills groups sized once (no slice or map growth).
+	var groups groupIndex
+	in := make([]*copyGroup, len(planned)) // each pair's group; nil: rest
+	count := map[*copyGroup]int{}
 	var rest []pair
-	var key []byte // the primary key of an upsert in its group, reused
-	for _, pr := range planned {
+	for i, pr := range planned {
 		tp, ok := pr.h.(*TableProjection)
-		if !ok || tp.def.Events[pr.d.ev.EventType] != OpUpsert || deletedKey(tp, pr) {
+		if !ok || pr.stmt.Op != OpUpsert || deletedKey(tp, pr) {
 			rest = append(rest, pr)
 			continue
 		}
-		g := groups[copyGroupKey{tp, pr.d.ev.TenantSchema}]
+		g := groups.get(tp, pr.d.ev.TenantSchema)
 		if g == nil {
-			g = newCopyGroup(tp, pr.d.ev.TenantSchema)
-			groups[copyGroupKey{tp, pr.d.ev.TenantSchema}] = g
-			order = append(order, g)
+			g = &copyGroup{p: tp, schema: pr.d.ev.TenantSchema}
+			groups.add(g)
 		}
-		key = appendKeyText(key[:0], tp, pr.stmt.Args)
-		g.add(pr, key)
+		in[i] = g
+		count[g]++
+	}
+	order := groups.order
+	for _, g := range order {
+		n := count[g]
+		g.rows, g.pairs, g.all = make(map[string]int, n), make([]pair, 0, n), make([]pair, 0, n)
+	}
+	var key []byte // the primary key of an upsert in its group, reused
+	for i, pr := range planned {
+		if g := in[i]; g != nil {
+			key = appendKeyText(key[:0], g.p, pr.stmt.Args)
+			g.add(pr, key)
+		}
 	}
 	var suspect map[*copyGroup]map[string]bool // primary keys (appendKeyText) left to statements
 	for _, g := range order {
@@ -127,14 +140,13 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 	// batch order.
 	rest = rest[:0]
 	var suspects []pair
-	for _, pr := range planned {
-		if tp, ok := pr.h.(*TableProjection); ok && tp.def.Events[pr.d.ev.EventType] == OpUpsert {
-			g := groups[copyGroupKey{tp, pr.d.ev.TenantSchema}]
-			if g != nil && !deletedKey(tp, pr) && suspectKey(g, pr) {
+	for i, pr := range planned {
+		if g := in[i]; g != nil {
+			if suspectKey(g, pr) {
 				suspects = append(suspects, pr)
 				continue
 			}
-			if g != nil && !small[g] && !deletedKey(tp, pr) {
+			if !small[g] {
 				continue // in a COPY group
 			}
 		}
@@ -281,6 +293,42 @@ var errSavepoint = errors.New("copy group savepoint")
 
 // maxRefusedMarks bounds a partition's refusedMarks.
 const maxRefusedMarks = 64
+
+// groupIndex finds a batch's COPY groups by table projection and tenant
+// schema: by looking through them while they are few (a batch has a group
+// per table and tenant, usually a handful), by a map beyond.
+type groupIndex struct {
+	order []*copyGroup // in order of creation
+	m     map[copyGroupKey]*copyGroup
+}
+
+// maxScannedGroups is where groupIndex starts a map.
+const maxScannedGroups = 8
+
+func (x *groupIndex) get(p *TableProjection, schema string) *copyGroup {
+	if x.m != nil {
+		return x.m[copyGroupKey{p, schema}]
+	}
+	for _, g := range x.order {
+		if g.p == p && g.schema == schema {
+			return g
+		}
+	}
+	return nil
+}
+
+func (x *groupIndex) add(g *copyGroup) {
+	x.order = append(x.order, g)
+	switch {
+	case x.m != nil:
+		x.m[copyGroupKey{g.p, g.schema}] = g
+	case len(x.order) > maxScannedGroups:
+		x.m = make(map[copyGroupKey]*copyGroup, 2*len(x.order))
+		for _, g := range x.order {
+			x.m[copyGroupKey{g.p, g.schema}] = g
+		}
+	}
+}
 
 // copyGroupKey is the table projection and tenant schema of a COPY group.
 type copyGroupKey struct {

@@ -53,6 +53,70 @@ func TestCopyGroupsOneRowPerPrimaryKey(t *testing.T) {
 	}
 }
 
+// TestCopyGroupsOfManyTenants checks grouping past the few groups looked
+// up by scanning (maxScannedGroups): a batch of 3 projections' upserts
+// interleaved over 12 tenant schemas gives a group per projection and
+// tenant in order of first appearance, each with its own pairs in batch
+// order, and a group below minRows goes back to statements in batch order.
+func TestCopyGroupsOfManyTenants(t *testing.T) {
+	tps := hotProjections(t, hotDefinitions[0].path)
+	const tenants = 12
+	var planned []pair
+	for i := range 4 * tenants {
+		tenant := fmt.Sprintf("tenant_%02d", i%tenants)
+		if i == 5 {
+			tenant = "lone" // a group of one
+		}
+		for _, v := range []string{hotFollowed, hotRated} {
+			v = strings.NewReplacer(`"bench_tenant"`, `"`+tenant+`"`, `"user-0012345"`, fmt.Sprintf(`"user-%d"`, i),
+				`"user-0054321"`, fmt.Sprintf(`"user-%d"`, i)).Replace(v)
+			ev := hotEvent(t, v)
+			for _, p := range tps {
+				if !p.Handles(ev.EventType) {
+					continue
+				}
+				st, err := p.Plan(ev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				planned = append(planned, pair{d: &decoded{ev: ev}, h: p, stmt: st})
+			}
+		}
+	}
+	groups, rest := copyGroups(planned, 2)
+	if len(groups) != 3*tenants {
+		t.Fatalf("%d groups, want %d", len(groups), 3*tenants)
+	}
+	seen := map[copyGroupKey]bool{}
+	for gi, g := range groups {
+		k := copyGroupKey{g.p, g.schema}
+		if seen[k] {
+			t.Fatalf("group %d: %s in %s twice", gi, g.p.Name(), g.schema)
+		}
+		seen[k] = true
+		want := 0
+		for _, pr := range planned {
+			if pr.h == g.p && pr.d.ev.TenantSchema == g.schema {
+				if want >= len(g.all) || g.all[want].d != pr.d {
+					t.Fatalf("group %s/%s: upsert %d is not the batch's next of the group", g.p.Name(), g.schema, want)
+				}
+				want++
+			}
+		}
+		if want != len(g.all) || g.n != want || len(g.pairs) != want {
+			t.Errorf("group %s/%s: n %d, all %d, pairs %d; want %d each", g.p.Name(), g.schema, g.n, len(g.all), len(g.pairs), want)
+		}
+	}
+	if len(rest) != 3 {
+		t.Fatalf("%d pairs left to statements, want the 3 of tenant lone", len(rest))
+	}
+	for i, pr := range rest {
+		if pr.d.ev.TenantSchema != "lone" || (i > 0 && pr.h == rest[i-1].h) {
+			t.Errorf("left to statements: %s in %s", pr.h.Name(), pr.d.ev.TenantSchema)
+		}
+	}
+}
+
 // TestCheckCoverageRefusesAReportThatMissesRows: isolateSQL's report must
 // cover every upsert once, a refused range being one upsert; anything else
 // is an error (the caller then leaves the groups to statements) rather

@@ -30,6 +30,10 @@ const tombstoneTable = "_causet_tombstones"
 type Statement struct {
 	SQL  string
 	Args []any
+	// Op is what the statement does to its row, OpUpsert or OpDelete,
+	// when TableProjection.Plan made it; "" from another Planner. Only a
+	// TableProjection's upserts go to COPY.
+	Op Op
 }
 
 // Outcome maps the command tag of the executed statement to the outcome:
@@ -245,7 +249,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 		}
 		args = append(args, seq, p.def.Table)
-		return Statement{SQL: p.upsert.build(ev.TenantSchema), Args: args}, nil
+		return Statement{SQL: p.upsert.build(ev.TenantSchema), Args: args, Op: OpUpsert}, nil
 	default: // OpDelete
 		args := make([]any, 0, len(p.pk)+2)
 		for _, i := range p.pk {
@@ -259,7 +263,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			args = append(args, v)
 		}
 		args = append(args, seq, p.def.Table)
-		return Statement{SQL: p.delete.build(ev.TenantSchema), Args: args}, nil
+		return Statement{SQL: p.delete.build(ev.TenantSchema), Args: args, Op: OpDelete}, nil
 	}
 }
 

@@ -557,6 +557,7 @@ func TestPlanStatements(t *testing.T) {
 			` ON CONFLICT ("artist_id", "user_id") DO UPDATE SET "followed_at" = EXCLUDED."followed_at", "score" = EXCLUDED."score", "big" = EXCLUDED."big", "amount" = EXCLUDED."amount", _causet_seq = EXCLUDED._causet_seq` +
 			` WHERE t._causet_seq <= EXCLUDED._causet_seq`,
 		Args: []any{"artist-456", "user-123", "2024-06-25T16:00:00.000Z", "2", "9007199254740993", "12345678901234567890.0123456789", "1891", "artist_followers"},
+		Op:   OpUpsert,
 	}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("upsert (-want +got):\n%s", diff)
@@ -573,6 +574,7 @@ func TestPlanStatements(t *testing.T) {
 			` WHERE NOT EXISTS (SELECT 1 FROM "acme"."artist_followers" WHERE "artist_id" = $1::text AND "user_id" = $2::text AND _causet_seq > $3::text::bigint)` +
 			` ON CONFLICT (table_name, pk) DO UPDATE SET _causet_seq = EXCLUDED._causet_seq WHERE tb._causet_seq <= EXCLUDED._causet_seq`,
 		Args: []any{"artist-456", "user-123", "1892", "artist_followers"},
+		Op:   OpDelete,
 	}
 	if diff := cmp.Diff(want, st); diff != "" {
 		t.Errorf("delete (-want +got):\n%s", diff)
