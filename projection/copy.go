@@ -466,15 +466,7 @@ func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup) (string, error) 
 	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
 		return "", err
 	}
-	cols := make([]string, 0, len(g.p.cols)+2)
-	for _, c := range g.p.cols {
-		cols = append(cols, c.name)
-	}
-	cols = append(cols, seqColumn, rangeColumn)
-	rows := copyEncode(g.p, g.all, true)
-	defer rows.Release()
-	_, err := pgcopy.From(ctx, tx, pgx.Identifier{tmp}, cols, rows)
-	return tmp, err
+	return tmp, copyFrom(ctx, tx, g.p, tmp, g.all, true)
 }
 
 // maxCopyParts bounds the parts a failing range of isolateGroup is
@@ -691,15 +683,8 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, false)+"; "+copySavepoint); err != nil {
 		return 0, fmt.Errorf("%w: %w", errSavepoint, err)
 	}
-	cols := make([]string, 0, len(g.p.cols)+1)
-	for _, c := range g.p.cols {
-		cols = append(cols, c.name)
-	}
-	cols = append(cols, seqColumn)
-	rows := copyEncode(g.p, g.pairs, false)
-	defer rows.Release()
 	var tag pgconn.CommandTag
-	_, err := pgcopy.From(ctx, tx, pgx.Identifier{tmp}, cols, rows)
+	err := copyFrom(ctx, tx, g.p, tmp, g.pairs, false)
 	if err == nil {
 		// The upsert, the release and the emptying in one round trip.
 		// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
@@ -732,30 +717,28 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 	return 0, err
 }
 
-// copyEncode encodes the rows of pairs, upserts of p, for the temporary
-// table: each column's value, then the sequence number (Plan's Args, all
-// text), then with numbered the pair's index (rangeColumn). Release the
-// result once sent.
-func copyEncode(p *TableProjection, pairs []pair, numbered bool) *pgcopy.Rows {
+// copyFrom copies pairs, upserts of p, into the temporary table tmp: each
+// column's value, then the sequence number (Plan's Args, all text), then
+// with numbered the pair's index (rangeColumn).
+func copyFrom(ctx context.Context, tx pgx.Tx, p *TableProjection, tmp string, pairs []pair, numbered bool) error {
 	fields := len(p.cols) + 1
-	rows := pgcopy.NewRows(fields + btoi(numbered))
-	for i, pr := range pairs {
-		rows.Row()
-		for _, v := range pr.stmt.Args[:fields] {
-			rows.Text(v)
+	cols := make([]string, 0, fields+1)
+	for _, c := range p.cols {
+		cols = append(cols, c.name)
+	}
+	cols = append(cols, seqColumn)
+	if numbered {
+		cols = append(cols, rangeColumn)
+	}
+	_, err := pgcopy.From(ctx, tx, pgx.Identifier{tmp}, cols, len(pairs), func(i int, r *pgcopy.Row) {
+		for _, v := range pairs[i].stmt.Args[:fields] {
+			r.Text(v)
 		}
 		if numbered {
-			rows.Int8(int64(i))
+			r.Int8(int64(i))
 		}
-	}
-	return rows
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	})
+	return err
 }
 
 // copyApplied records committed COPY work in the metrics: of each

@@ -462,15 +462,11 @@ func applyCopy(ctx context.Context, conn *pgx.Conn, planned [][]plannedPair, idx
 			// Encoded as the worker encodes its COPY rows (package pgcopy):
 			// faster than pgx's CopyFrom, so the raw method stays the
 			// strongest.
-			rows := pgcopy.NewRows(len(s.copyColumns()))
-			for _, row := range grp.rows {
-				rows.Row()
-				for _, v := range row {
-					rows.Text(v)
+			n, err := pgcopy.From(ctx, tx, tmp, s.copyColumns(), len(grp.rows), func(i int, r *pgcopy.Row) {
+				for _, v := range grp.rows[i] {
+					r.Text(v)
 				}
-			}
-			n, err := pgcopy.From(ctx, tx, tmp, s.copyColumns(), rows)
-			rows.Release()
+			})
 			if err != nil {
 				return fmt.Errorf("copy into %s: %w", s.tmp, err)
 			}

@@ -5,11 +5,12 @@
 // pgx's Conn.CopyFrom encodes each value through its type map (a plan
 // looked up per value) on a goroutine of its own feeding a pipe; for rows
 // that are already text that is most of the COPY's cost in the worker
-// (`go test ./projection -run '^$' -bench HotCopy`: 223 ns per upsert with
-// pgx's encoding, see the encode and encode-pgcopy figures). Rows is the
-// encoder; From sends what it encoded on the connection of a transaction,
-// calling the connection's pgx tracer (pgx.CopyFromTracer) as Conn.CopyFrom
-// does, so that the COPY keeps its database span.
+// (`go test ./projection -run '^$' -bench HotCopy`: the encode and
+// encode_pgcopy figures, per upsert). From streams the rows as it encodes
+// them, in chunks of about 64 KiB, so a COPY of large records holds one
+// chunk (and the largest row) beyond the rows themselves; it calls the
+// connection's pgx tracer (pgx.CopyFromTracer) as Conn.CopyFrom does, so
+// that the COPY keeps its database span.
 //
 // The format is PostgreSQL's (https://www.postgresql.org/docs/current/sql-copy.html,
 // "Binary Format"): an 11-byte signature, a 32-bit flags field (0) and a
@@ -20,76 +21,39 @@
 package pgcopy
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// signature opens every binary COPY stream, followed by the flags and the
-// header-extension length (both 0).
-const signature = "PGCOPY\n\xff\r\n\x00"
+// header opens every binary COPY stream: the signature, the flags (0) and
+// the header-extension length (0).
+const header = "PGCOPY\n\xff\r\n\x00" + "\x00\x00\x00\x00" + "\x00\x00\x00\x00"
 
-// Rows is a binary COPY stream being encoded. Its zero value is not
-// usable: get one with NewRows, and give it back with Release when From
-// has sent it.
-type Rows struct {
-	buf    []byte
-	fields int // fields per row, as Row was told
-	left   int // fields of the current row still to be written
-	err    error
-	n      int // rows
-}
-
-// maxPooled bounds the buffers kept for reuse: 4 MiB. A larger stream (a
-// COPY group of large records) is left to the garbage collector, so that
-// one huge batch does not keep its memory for the life of the process.
-const maxPooled = 4 << 20
-
-var pool = sync.Pool{New: func() any { return &Rows{} }}
-
-// NewRows returns an empty stream whose rows have fields fields each.
-func NewRows(fields int) *Rows {
-	r := pool.Get().(*Rows)
-	r.buf = append(r.buf[:0], signature...)
-	r.buf = binary.BigEndian.AppendUint32(r.buf, 0) // flags
-	r.buf = binary.BigEndian.AppendUint32(r.buf, 0) // header extension length
-	r.fields, r.left, r.err, r.n = fields, 0, nil, 0
-	return r
-}
-
-// Release gives r back for reuse; r must not be used after it.
-func (r *Rows) Release() {
-	if cap(r.buf) > maxPooled {
-		r.buf = nil
-	}
-	pool.Put(r)
-}
-
-// Row starts a row. The previous row must have had all its fields.
-func (r *Rows) Row() {
-	if r.left != 0 && r.err == nil {
-		r.err = fmt.Errorf("pgcopy: row %d has %d fields, want %d", r.n, r.fields-r.left, r.fields)
-	}
-	r.buf = binary.BigEndian.AppendUint16(r.buf, uint16(r.fields))
-	r.left = r.fields
-	r.n++
+// Row is the row being encoded: the encoding function given to From calls
+// Text or Int8 once per column, in the columns' order.
+type Row struct {
+	buf  []byte
+	want int // fields per row
+	got  int // fields written to this row
+	i    int // the row's index
+	err  error
 }
 
 // Text appends a text field: v a string, or nil for NULL. Any other type
-// is an error, returned by From.
-func (r *Rows) Text(v any) {
-	r.left--
+// is an error, which ends the COPY (From returns it).
+func (r *Row) Text(v any) {
+	r.got++
 	switch s := v.(type) {
 	case string:
 		if len(s) > math.MaxInt32 {
-			r.fail(fmt.Errorf("pgcopy: row %d: a value of %d bytes is beyond COPY's 2 GiB field", r.n, len(s)))
+			r.fail(fmt.Errorf("a value of %d bytes is beyond COPY's 2 GiB field", len(s)))
 			return
 		}
 		r.buf = binary.BigEndian.AppendUint32(r.buf, uint32(len(s)))
@@ -97,50 +61,137 @@ func (r *Rows) Text(v any) {
 	case nil:
 		r.buf = binary.BigEndian.AppendUint32(r.buf, math.MaxUint32) // −1: NULL
 	default:
-		r.fail(fmt.Errorf("pgcopy: row %d: a text field given a %T", r.n, v))
-		r.buf = binary.BigEndian.AppendUint32(r.buf, math.MaxUint32)
+		r.fail(fmt.Errorf("a text field given a %T", v))
 	}
 }
 
 // Int8 appends a bigint field.
-func (r *Rows) Int8(v int64) {
-	r.left--
+func (r *Row) Int8(v int64) {
+	r.got++
 	r.buf = binary.BigEndian.AppendUint32(r.buf, 8)
 	r.buf = binary.BigEndian.AppendUint64(r.buf, uint64(v))
 }
 
-func (r *Rows) fail(err error) {
+func (r *Row) fail(err error) {
 	if r.err == nil {
-		r.err = err
+		r.err = fmt.Errorf("pgcopy: row %d: %w", r.i, err)
 	}
 }
 
-// Len returns the rows started.
-func (r *Rows) Len() int { return r.n }
+// chunk is how much From encodes ahead of what PostgreSQL has been sent:
+// pgconn sends at most 64 KiB per CopyData message.
+const chunk = 64 << 10
 
-// bytes returns the finished stream, trailer included, or the first
-// encoding error.
-func (r *Rows) bytes() ([]byte, error) {
-	if r.left != 0 {
-		r.fail(fmt.Errorf("pgcopy: row %d has %d fields, want %d", r.n, r.fields-r.left, r.fields))
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	return binary.BigEndian.AppendUint16(r.buf, math.MaxUint16), nil // −1: the end
+// maxPooled bounds the buffers kept for reuse: a buffer grown by a row
+// larger than that is left to the garbage collector.
+const maxPooled = 1 << 20
+
+var pool = sync.Pool{New: func() any { return &stream{} }}
+
+// chunks are Write's buffers, read into as pgconn reads From's stream.
+var chunks = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
+
+// stream is the io.Reader pgconn's CopyFrom sends: it encodes rows as it
+// is read.
+type stream struct {
+	row    Row
+	off    int // bytes of row.buf already read
+	n      int // rows to encode
+	encode func(i int, r *Row)
+	done   bool // the trailer is in row.buf
 }
 
-// From copies rows into table's columns (in rows' field order) on tx's
-// connection and returns the rows copied. table and columns are quoted
-// here (pgx.Identifier). It returns an encoding error of rows before
-// sending anything, else PostgreSQL's error (*pgconn.PgError) or the
+// Read encodes rows until p can be filled (or the rows end), then copies.
+func (s *stream) Read(p []byte) (int, error) {
+	if s.off > 0 { // keep only what was not read yet, at the front
+		s.row.buf = s.row.buf[:copy(s.row.buf, s.row.buf[s.off:])]
+		s.off = 0
+	}
+	for len(s.row.buf) < len(p) && !s.done {
+		if s.row.i == s.n {
+			s.row.buf = binary.BigEndian.AppendUint16(s.row.buf, math.MaxUint16) // −1: the end
+			s.done = true
+			break
+		}
+		s.row.buf = binary.BigEndian.AppendUint16(s.row.buf, uint16(s.row.want))
+		s.row.got = 0
+		s.encode(s.row.i, &s.row)
+		if s.row.got != s.row.want {
+			s.row.fail(fmt.Errorf("%d fields, want %d", s.row.got, s.row.want))
+		}
+		if s.row.err != nil {
+			return 0, s.row.err
+		}
+		s.row.i++
+	}
+	k := copy(p, s.row.buf)
+	s.off = k
+	if k == 0 && s.done {
+		return 0, io.EOF
+	}
+	return k, nil
+}
+
+// newStream returns a stream of n rows of fields fields each, from pool:
+// give it back with release.
+func newStream(fields, n int, encode func(i int, r *Row)) *stream {
+	s := pool.Get().(*stream)
+	s.row = Row{buf: append(s.row.buf[:0], header...), want: fields}
+	s.off, s.n, s.encode, s.done = 0, n, encode, false
+	return s
+}
+
+func (s *stream) release() {
+	if cap(s.row.buf) > maxPooled {
+		s.row.buf = nil
+	}
+	s.encode = nil
+	pool.Put(s)
+}
+
+// Write writes the binary COPY stream of n rows of fields fields each to
+// w, encoded as From encodes them, and returns the bytes written and the
+// first encoding or write error: what From would send, for tests and
+// benchmarks.
+func Write(w io.Writer, fields, n int, encode func(i int, r *Row)) (int64, error) {
+	s := newStream(fields, n, encode)
+	defer s.release()
+	bp := chunks.Get().(*[]byte)
+	defer chunks.Put(bp)
+	buf := *bp
+	var written int64
+	for {
+		k, err := s.Read(buf)
+		if k > 0 {
+			m, werr := w.Write(buf[:k])
+			written += int64(m)
+			if werr != nil {
+				return written, werr
+			}
+		}
+		if err == io.EOF {
+			return written, nil
+		}
+		if err != nil {
+			return written, err
+		}
+	}
+}
+
+// From copies n rows into table's columns on tx's connection and returns
+// the rows copied. encode(i, r) writes row i (0 ≤ i < n, in order) into r,
+// one field per column; it is called while From runs, on the connection's
+// writing goroutine, so what it reads must not change until From returns.
+// table and columns are quoted here (pgx.Identifier). From returns the
+// first encoding error (a field of another type, a row of too few or too
+// many fields), after which the COPY is aborted and tx needs a rollback
+// (to a savepoint), PostgreSQL's error (*pgconn.PgError), or the
 // connection's. The connection's tracer, when it is a pgx.CopyFromTracer,
 // sees the COPY as Conn.CopyFrom's.
-func From(ctx context.Context, tx pgx.Tx, table pgx.Identifier, columns []string, rows *Rows) (int64, error) {
-	stream, err := rows.bytes()
-	if err != nil {
-		return 0, err
-	}
+func From(ctx context.Context, tx pgx.Tx, table pgx.Identifier, columns []string, n int, encode func(i int, r *Row)) (int64, error) {
+	s := newStream(len(columns), n, encode)
+	defer s.release()
+
 	conn := tx.Conn()
 	tracer, _ := conn.Config().Tracer.(pgx.CopyFromTracer)
 	if tracer != nil {
@@ -157,8 +208,10 @@ func From(ctx context.Context, tx pgx.Tx, table pgx.Identifier, columns []string
 		sql.WriteString(pgx.Identifier{c}.Sanitize())
 	}
 	sql.WriteString(") FROM STDIN (FORMAT binary)")
-	var tag pgconn.CommandTag
-	tag, err = conn.PgConn().CopyFrom(ctx, bytes.NewReader(stream), sql.String())
+	tag, err := conn.PgConn().CopyFrom(ctx, s, sql.String())
+	if s.row.err != nil {
+		err = s.row.err // PostgreSQL's error only says the COPY was aborted
+	}
 	if tracer != nil {
 		tracer.TraceCopyFromEnd(ctx, conn, pgx.TraceCopyFromEndData{CommandTag: tag, Err: err})
 	}

@@ -1,8 +1,11 @@
 package pgcopy_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/md5"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -77,18 +80,11 @@ func TestFromCopiesTextNullsAndBigints(t *testing.T) {
 		{nil, big, 9223372036854775807},
 		{"{\"k\": [1, 2]}", "'quoted' \"both\"", 42},
 	}
-	rows := pgcopy.NewRows(3)
-	for _, w := range want {
-		rows.Row()
-		rows.Text(w.a)
-		rows.Text(w.c)
-		rows.Int8(w.n)
-	}
-	if rows.Len() != len(want) {
-		t.Fatalf("Len = %d, want %d", rows.Len(), len(want))
-	}
-	n, err := pgcopy.From(ctx, tx, pgx.Identifier{"t x"}, []string{"a b", "C", "n"}, rows)
-	rows.Release()
+	n, err := pgcopy.From(ctx, tx, pgx.Identifier{"t x"}, []string{"a b", "C", "n"}, len(want), func(i int, r *pgcopy.Row) {
+		r.Text(want[i].a)
+		r.Text(want[i].c)
+		r.Int8(want[i].n)
+	})
 	if err != nil || n != int64(len(want)) {
 		t.Fatalf("From = %d, %v; want %d rows", n, err, len(want))
 	}
@@ -119,11 +115,14 @@ func TestFromCopiesTextNullsAndBigints(t *testing.T) {
 	}
 }
 
-// TestFromRefusesBadRowsBeforeSending checks that a value of another type
-// than text or a row short of fields is an error naming the row, and that
-// nothing reaches PostgreSQL (the transaction is still usable); and that
-// PostgreSQL's refusal comes back as its *pgconn.PgError.
-func TestFromRefusesBadRowsBeforeSending(t *testing.T) {
+// TestFromStreamsManyRowsAndEndsOnABadOne copies more rows than one
+// chunk holds (the stream is read in 64 KiB pieces and a row may straddle
+// two), then checks that a field of another type than text, or a row of
+// too few or too many fields, ends the COPY with an error naming the row,
+// after rows of it were sent: nothing is copied, the transaction needs its
+// savepoint rolled back; and that PostgreSQL's refusal comes back as its
+// *pgconn.PgError.
+func TestFromStreamsManyRowsAndEndsOnABadOne(t *testing.T) {
 	ctx := context.Background()
 	conn := connect(t, nil)
 	tx, err := conn.Begin(ctx)
@@ -135,39 +134,86 @@ func TestFromRefusesBadRowsBeforeSending(t *testing.T) {
 		t.Fatal(err)
 	}
 	cols := []string{"a", "b"}
-	for name, fill := range map[string]func(*pgcopy.Rows){
-		"an int in a text field": func(r *pgcopy.Rows) {
-			r.Row()
+	const many = 5000 // about 5 chunks
+	value := func(i int) string { return fmt.Sprintf("row-%05d-%s", i, strings.Repeat("x", i%200)) }
+	n, err := pgcopy.From(ctx, tx, pgx.Identifier{"t"}, cols, many, func(i int, r *pgcopy.Row) {
+		r.Text(value(i))
+		r.Text(nil)
+	})
+	if err != nil || n != many {
+		t.Fatalf("From = %d, %v; want %d rows", n, err, many)
+	}
+	var count int
+	var sum string
+	if err := tx.QueryRow(ctx, "SELECT count(*), md5(string_agg(a, ',' ORDER BY a)) FROM t WHERE b IS NULL").Scan(&count, &sum); err != nil {
+		t.Fatal(err)
+	}
+	var all []string
+	for i := range many {
+		all = append(all, value(i))
+	}
+	if wantSum := fmt.Sprintf("%x", md5.Sum([]byte(strings.Join(all, ",")))); count != many || sum != wantSum {
+		t.Fatalf("copied %d rows (md5 %s), want %d (md5 %s)", count, sum, many, wantSum)
+	}
+
+	for name, tt := range map[string]struct {
+		bad  func(r *pgcopy.Row) // row 3000
+		want string
+	}{
+		"an int in a text field": {func(r *pgcopy.Row) { r.Text("x"); r.Text(7) }, "pgcopy: row 3000: a text field given a int"},
+		"a row short of a field": {func(r *pgcopy.Row) { r.Text("x") }, "pgcopy: row 3000: 1 fields, want 2"},
+		"a field too many":       {func(r *pgcopy.Row) { r.Text("x"); r.Text("y"); r.Text("z") }, "pgcopy: row 3000: 3 fields, want 2"},
+	} {
+		if _, err := tx.Exec(ctx, "SAVEPOINT s"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := pgcopy.From(ctx, tx, pgx.Identifier{"t"}, cols, many, func(i int, r *pgcopy.Row) {
+			if i == 3000 {
+				tt.bad(r)
+				return
+			}
 			r.Text("x")
 			r.Text("y")
-			r.Row()
-			r.Text(7)
-			r.Text("z")
-		},
-		"a row short of a field": func(r *pgcopy.Rows) { r.Row(); r.Text("x"); r.Row(); r.Text("y"); r.Text("z") },
-		"the last row short":     func(r *pgcopy.Rows) { r.Row(); r.Text("x") },
-	} {
-		rows := pgcopy.NewRows(2)
-		fill(rows)
-		_, err := pgcopy.From(ctx, tx, pgx.Identifier{"t"}, cols, rows)
-		rows.Release()
-		if err == nil || !strings.Contains(err.Error(), "pgcopy: row ") {
-			t.Errorf("%s: err = %v, want a pgcopy error naming the row", name, err)
+		})
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("%s: err = %v, want %q", name, err, tt.want)
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s"); err != nil {
+			t.Fatal(err)
 		}
 	}
-	var n int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 0 {
-		t.Fatalf("after refused streams: %d rows, %v; want 0 rows, a usable transaction", n, err)
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&count); err != nil || count != many {
+		t.Fatalf("after the aborted COPYs: %d rows, %v; want the %d copied before", count, err, many)
 	}
-	rows := pgcopy.NewRows(2)
-	rows.Row()
-	rows.Text(nil)
-	rows.Text("b")
-	_, err = pgcopy.From(ctx, tx, pgx.Identifier{"t"}, cols, rows)
-	rows.Release()
+
+	_, err = pgcopy.From(ctx, tx, pgx.Identifier{"t"}, cols, 1, func(i int, r *pgcopy.Row) {
+		r.Text(nil)
+		r.Text("b")
+	})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23502" {
 		t.Fatalf("NULL into NOT NULL: err = %v, want SQLSTATE 23502", err)
+	}
+}
+
+// TestWriteIsTheBinaryFormat pins the stream's bytes for two rows: the
+// header, a text field, a NULL, a bigint, the trailer.
+func TestWriteIsTheBinaryFormat(t *testing.T) {
+	var b bytes.Buffer
+	n, err := pgcopy.Write(&b, 2, 2, func(i int, r *pgcopy.Row) {
+		if i == 0 {
+			r.Text("hé")
+		} else {
+			r.Text(nil)
+		}
+		r.Int8(-2)
+	})
+	want := "PGCOPY\n\xff\r\n\x00" + "\x00\x00\x00\x00" + "\x00\x00\x00\x00" +
+		"\x00\x02" + "\x00\x00\x00\x03hé" + "\x00\x00\x00\x08\xff\xff\xff\xff\xff\xff\xff\xfe" +
+		"\x00\x02" + "\xff\xff\xff\xff" + "\x00\x00\x00\x08\xff\xff\xff\xff\xff\xff\xff\xfe" +
+		"\xff\xff"
+	if err != nil || n != int64(len(want)) || b.String() != want {
+		t.Fatalf("Write = %d, %v:\n%q\nwant\n%q", n, err, b.String(), want)
 	}
 }
 
