@@ -119,12 +119,13 @@ func formatTime(t time.Time, dateOnly bool) string {
 	b = append(b, '-')
 	b = appendPadded(b, d, 2)
 	if !dateOnly {
+		hh, mm, ss := t.Clock()
 		b = append(b, 'T')
-		b = appendPadded(b, t.Hour(), 2)
+		b = appendPadded(b, hh, 2)
 		b = append(b, ':')
-		b = appendPadded(b, t.Minute(), 2)
+		b = appendPadded(b, mm, 2)
 		b = append(b, ':')
-		b = appendPadded(b, t.Second(), 2)
+		b = appendPadded(b, ss, 2)
 		b = append(b, '.')
 		n := len(b)
 		b = appendPadded(b, t.Nanosecond(), 9)
@@ -142,9 +143,11 @@ func formatTime(t time.Time, dateOnly bool) string {
 // appendPadded appends the decimal form of n (≥ 0), zero-padded to width.
 func appendPadded(b []byte, n, width int) []byte {
 	var buf [20]byte
-	digits := strconv.AppendInt(buf[:0], int64(n), 10)
-	for i := len(digits); i < width; i++ {
-		b = append(b, '0')
+	i := len(buf)
+	for n > 0 || len(buf)-i < width {
+		i--
+		buf[i] = byte('0' + n%10)
+		n /= 10
 	}
-	return append(b, digits...)
+	return append(b, buf[i:]...)
 }
