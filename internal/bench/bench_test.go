@@ -225,6 +225,7 @@ type scenario struct {
 	ledger string
 	group  string
 	env    []string // added to the worker's environment (OTEL_* of a tracing run)
+	bin    string   // the worker binary; "" env.bin
 }
 
 func (e *env) newScenario(name string, data *dataset) *scenario {
@@ -327,7 +328,11 @@ func (e *env) runWorker(s *scenario) workerResult {
 		b.Fatal(err)
 	}
 	defer logFile.Close()
-	cmd := exec.Command(e.bin, "run",
+	bin := e.bin
+	if s.bin != "" {
+		bin = s.bin
+	}
+	cmd := exec.Command(bin, "run",
 		"--brokers", e.brokers,
 		"--database-url", e.dbURL,
 		"--projections", e.defs,
