@@ -816,8 +816,7 @@ func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 		}
 		return "src." + ident(name) + "::" + typ
 	}
-	keyText := func(name, typ string) string { return keyTextOf(cast(name, typ), typ) }
-	var names, values, sets, keys, keyTexts []string
+	var names, values, sets, keys, keyExprs, keyTypes []string
 	for i, c := range p.cols {
 		names = append(names, ident(c.name))
 		values = append(values, cast(c.name, c.typ))
@@ -827,7 +826,8 @@ func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 	}
 	for _, i := range p.pk {
 		keys = append(keys, ident(p.cols[i].name))
-		keyTexts = append(keyTexts, keyText(p.cols[i].name, p.cols[i].typ))
+		keyExprs = append(keyExprs, cast(p.cols[i].name, p.cols[i].typ))
+		keyTypes = append(keyTypes, p.cols[i].typ)
 	}
 	seq := "src." + seqColumn + "::bigint"
 	names = append(names, seqColumn)
@@ -837,7 +837,7 @@ func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 	return "INSERT INTO " + s + "." + ident(p.def.Table) + " AS t (" + strings.Join(names, ", ") + ")" +
 		" SELECT " + strings.Join(values, ", ") + " FROM " + from + " src" +
 		" WHERE " + qual + "NOT EXISTS (SELECT 1 FROM " + s + "." + ident(tombstoneTable) + " tb" +
-		" WHERE tb.table_name = $1::text AND tb.pk = ARRAY[" + strings.Join(keyTexts, ", ") + "]" +
+		" WHERE tb.table_name = $1::text AND " + tombstoneMatch(keyExprs, keyTypes) +
 		" AND tb." + seqColumn + " >= " + seq + ")" +
 		" ON CONFLICT (" + strings.Join(keys, ", ") + ") DO UPDATE SET " + strings.Join(sets, ", ") +
 		" WHERE t." + seqColumn + " <= EXCLUDED." + seqColumn

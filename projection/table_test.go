@@ -590,7 +590,7 @@ func TestPlanStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `ARRAY[$1::text::uuid::text, ($2::text::timestamptz AT TIME ZONE 'UTC')::text, $3::text::numeric::text]`; !strings.Contains(st.SQL, want) {
+	if want := `ARRAY[$1::text::uuid::text, ($2::text::timestamptz AT TIME ZONE 'UTC')::text, trim_scale($3::text::numeric)::text]`; !strings.Contains(st.SQL, want) {
 		t.Errorf("typed key tombstone: SQL %s does not contain %s", st.SQL, want)
 	}
 }
@@ -986,5 +986,136 @@ func TestApplyExamplesFile(t *testing.T) {
 	}
 	if tier != "free" || score != nil || source != `{"user_id": "user-123", "artist_id": "artist-456"}` {
 		t.Errorf("user_follows row: tier %q, score %v, source %s", tier, score, source)
+	}
+}
+
+// TestTombstoneStopsEverySpellingOfItsKey: a key value PostgreSQL deems
+// equal to the deleted one, spelt otherwise (numeric 7.50 and 7.5, 5 and
+// 5.0; double precision and real −0 and 0), is stopped by the delete's
+// tombstone, on the statement path and on the COPY path (new-user trial:
+// an older upsert of 7.50 after the delete of 7.5 brought the row back on
+// both); and a tombstone an older worker wrote, with the key as text, still
+// stops an upsert of that spelling.
+func TestTombstoneStopsEverySpellingOfItsKey(t *testing.T) {
+	src := `irVersion: v42
+projections:
+  - name: nk
+    table: nk
+    primaryKey: [u, n]
+    columns:
+      u: { type: text, from: payload.u }
+      n: { type: numeric, from: payload.n }
+      v: { type: text, from: payload.v }
+    events: { K_UP: upsert, K_DEL: delete }
+  - name: dk
+    table: dk
+    primaryKey: [d, r]
+    columns:
+      d: { type: double precision, from: payload.d }
+      r: { type: real, from: payload.r }
+      v: { type: text, from: payload.v }
+    events: { K_UP: upsert, K_DEL: delete }
+`
+	defs, err := ParseDefinitions("keys.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := NewTableProjections(defs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	type step struct {
+		typ     string
+		seq     int64
+		payload string
+	}
+	cases := []struct {
+		name  string
+		steps []step // the last is the late upsert, older than the delete
+	}{
+		{"numeric 7.50 after a delete of 7.5", []step{{"K_UP", 100, `{"u":"a","n":"7.50","d":1,"r":1,"v":"x"}`}, {"K_DEL", 200, `{"u":"a","n":"7.5","d":1,"r":1}`}, {"K_UP", 150, `{"u":"a","n":"7.50","d":1,"r":1,"v":"back"}`}}},
+		{"numeric 5.0 after a delete of 5", []step{{"K_DEL", 200, `{"u":"a","n":5,"d":1,"r":1}`}, {"K_UP", 150, `{"u":"a","n":"5.0","d":1,"r":1,"v":"back"}`}}},
+		{"double precision -0 after a delete of 0", []step{{"K_DEL", 200, `{"u":"a","n":1,"d":0,"r":0}`}, {"K_UP", 150, `{"u":"a","n":1,"d":-0,"r":"-0","v":"back"}`}}},
+		{"real 0 after a delete of -0", []step{{"K_DEL", 200, `{"u":"a","n":1,"d":"-0","r":-0.0}`}, {"K_UP", 150, `{"u":"a","n":1,"d":0,"r":0,"v":"back"}`}}},
+	}
+	for _, path := range []string{"statements", "copy"} {
+		for _, tc := range cases {
+			t.Run(path+"/"+tc.name, func(t *testing.T) {
+				schema := pgtest.NewSchemaName(t)
+				if err := Migrate(ctx, pool, defs, schema); err != nil {
+					t.Fatal(err)
+				}
+				for i, st := range tc.steps {
+					ev := tblEvent(t, schema, st.typ, st.seq, 1719331200000, st.payload)
+					for _, p := range tps {
+						if i == len(tc.steps)-1 && path == "copy" {
+							applyByCopy(t, pool, p, ev)
+							continue
+						}
+						stmt, err := p.Plan(ev)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if _, err := pool.Exec(ctx, stmt.SQL, stmt.Args...); err != nil {
+							t.Fatalf("%s %d: %v", st.typ, st.seq, err)
+						}
+					}
+				}
+				for _, table := range []string{"nk", "dk"} {
+					var n int
+					if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, table}.Sanitize()).Scan(&n); err != nil {
+						t.Fatal(err)
+					}
+					if n != 0 {
+						t.Errorf("%s: %d rows after the late upsert; want the delete's tombstone to stop it", table, n)
+					}
+				}
+			})
+		}
+	}
+
+	// A tombstone of an older worker: the key as text ("7.50").
+	schema := pgtest.NewSchemaName(t)
+	if err := Migrate(ctx, pool, defs, schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, tombstoneTable}.Sanitize()+
+		" (table_name, pk, _causet_seq) VALUES ('nk', ARRAY['a', '7.50'], 200)"); err != nil {
+		t.Fatal(err)
+	}
+	ev := tblEvent(t, schema, "K_UP", 150, 1719331200000, `{"u":"a","n":"7.50","d":1,"r":1,"v":"back"}`)
+	stmt, err := tps[0].Plan(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := pool.Exec(ctx, stmt.SQL, stmt.Args...)
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("upsert after an older worker's tombstone: %v, %d rows; want stale", err, tag.RowsAffected())
+	}
+	applyByCopy(t, pool, tps[0], ev)
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "nk"}.Sanitize()).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("COPY after an older worker's tombstone: %d rows, %v; want none", n, err)
+	}
+}
+
+// applyByCopy applies the upsert of ev to p as a COPY group of one would
+// (copyRows in a transaction).
+func applyByCopy(t *testing.T, pool *pgxpool.Pool, p *TableProjection, ev *Event) {
+	t.Helper()
+	st, err := p.Plan(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &copyGroup{p: p, schema: ev.TenantSchema, rows: map[string]int{}}
+	g.add(pair{d: &decoded{ev: ev}, h: p, stmt: st}, appendKeyText(nil, p, st.Args))
+	err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		_, err := copyRows(context.Background(), tx, g)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("copyRows: %v", err)
 	}
 }

@@ -93,15 +93,51 @@ func param(n int, typ string) string {
 func keyText(n int, typ string) string { return keyTextOf(param(n, typ), typ) }
 
 // keyTextOf returns the tombstone text of expr, a primary key value already
-// cast to its type typ: as text, timestamptz in UTC.
+// cast to its type typ: one text for all the values PostgreSQL deems equal,
+// so that a tombstone stops every spelling of its key: timestamptz in UTC,
+// numeric without the trailing zeros of its scale (trim_scale, PostgreSQL
+// 13: 7.5 and 7.50 are one key), real and double precision with −0 as 0 (a
+// zero of the type added); the others as text, which is one per value.
+// (jsonb, compared as values too, keeps its numbers' scale in its text: a
+// jsonb key holding 1.0 and one holding 1 have two tombstone texts.)
 func keyTextOf(expr, typ string) string {
 	switch typ {
 	case "text":
 		return expr
 	case "timestamptz":
 		return "(" + expr + " AT TIME ZONE 'UTC')::text"
+	case "numeric":
+		return "trim_scale(" + expr + ")::text"
+	case "real", "double precision":
+		return "(" + expr + " + 0::" + typ + ")::text"
 	}
 	return expr + "::text"
+}
+
+// tombstoneMatch is the condition on tb.pk that finds the tombstone of
+// the key whose values are exprs (each cast to its type, types[i]): its
+// keyTextOf texts, and also the texts an older worker wrote, the value as
+// text, for a key with a numeric, real or double precision column (so
+// that an upsert is still stopped by a tombstone written before a worker
+// wrote keyTextOf's texts).
+func tombstoneMatch(exprs, types []string) string {
+	var texts, legacy []string
+	differ := false
+	for i, e := range exprs {
+		texts = append(texts, keyTextOf(e, types[i]))
+		switch types[i] {
+		case "numeric", "real", "double precision":
+			differ = true
+			legacy = append(legacy, e+"::text")
+		default:
+			legacy = append(legacy, texts[i])
+		}
+	}
+	m := "tb.pk = ARRAY[" + strings.Join(texts, ", ") + "]"
+	if !differ {
+		return m
+	}
+	return "(" + m + " OR tb.pk = ARRAY[" + strings.Join(legacy, ", ") + "])"
 }
 
 // upsertSQL writes, for columns c1..cn (parameters $1..$n), sequence number
@@ -110,21 +146,22 @@ func keyTextOf(expr, typ string) string {
 //	INSERT INTO s.t AS t (c1, ..., cn, _causet_seq)
 //	SELECT $1::text::type1, ..., $n+1::text::bigint
 //	WHERE NOT EXISTS (SELECT 1 FROM s._causet_tombstones tb
-//	    WHERE tb.table_name = $n+2::text AND tb.pk = ARRAY[<key params as text>]
+//	    WHERE tb.table_name = $n+2::text AND tb.pk = ARRAY[<key params as text>] (tombstoneMatch)
 //	    AND tb._causet_seq >= $n+1::text::bigint)
 //	ON CONFLICT (pk...) DO UPDATE SET c = EXCLUDED.c, ..., _causet_seq = EXCLUDED._causet_seq
 //	WHERE t._causet_seq <= EXCLUDED._causet_seq
 func (p *TableProjection) upsertSQL() sqlTemplate {
 	n := len(p.cols)
 	seq := param(n+1, "bigint")
-	var names, values, sets, keys, keyTexts []string
+	var names, values, sets, keys, keyExprs, keyTypes []string
 	for i, c := range p.cols {
 		names = append(names, ident(c.name))
 		values = append(values, param(i+1, c.typ))
 	}
 	for _, i := range p.pk {
 		keys = append(keys, ident(p.cols[i].name))
-		keyTexts = append(keyTexts, keyText(i+1, p.cols[i].typ))
+		keyExprs = append(keyExprs, param(i+1, p.cols[i].typ))
+		keyTypes = append(keyTypes, p.cols[i].typ)
 	}
 	for i, c := range p.cols {
 		if !p.isKey(i) {
@@ -138,7 +175,7 @@ func (p *TableProjection) upsertSQL() sqlTemplate {
 		" SELECT " + strings.Join(values, ", ") +
 		" WHERE NOT EXISTS (SELECT 1 FROM " + qualified(tombstoneTable) + " tb" +
 		" WHERE tb.table_name = $" + strconv.Itoa(n+2) + "::text" +
-		" AND tb.pk = ARRAY[" + strings.Join(keyTexts, ", ") + "]" +
+		" AND " + tombstoneMatch(keyExprs, keyTypes) +
 		" AND tb." + seqColumn + " >= " + seq + ")" +
 		" ON CONFLICT (" + strings.Join(keys, ", ") + ") DO UPDATE SET " + strings.Join(sets, ", ") +
 		" WHERE t." + seqColumn + " <= EXCLUDED." + seqColumn
