@@ -33,6 +33,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	if err := s.checkRun(); err != nil { // before Kafka and PostgreSQL start (exit status 2)
+		return err
+	}
 	log, err := s.logger(stderr)
 	if err != nil {
 		return err

@@ -82,10 +82,14 @@ func TestDevExitStatusFollowsTheRule(t *testing.T) {
 	for _, args := range [][]string{
 		{"dev", "--kafka-port", "-1", "--projections", badDefs},
 		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--retry-initial", "5"},
+		// Checked before the embedded Kafka and PostgreSQL start (new-user
+		// trial: they were started, and the tenants migrated, first).
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--copy-min-rows", "0"},
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--max-batch-records", "0"},
 	} {
 		r := runCmd(t, 10*time.Second, args...)
-		if r.code != 2 || !strings.Contains(r.stderr, "projection-worker: --") {
-			t.Errorf("run(%q) = %d, want 2 naming the flag\n%s", args, r.code, r)
+		if r.code != 2 || !strings.Contains(r.stderr, "projection-worker: --") || strings.Contains(r.stdout, "dev:") {
+			t.Errorf("run(%q) = %d, want 2 naming the flag, before starting anything\n%s", args, r.code, r)
 		}
 	}
 }
