@@ -79,6 +79,12 @@ func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 		cfg.MaxConns = maxConns
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	// Events are JSON, so UTF-8 (RFC 8259 §8.1): PostgreSQL converts each
+	// value to the database's encoding and refuses one it cannot hold
+	// (22P05, a dead letter). pgx leaves client_encoding to the server,
+	// which then takes the database's own: in a LATIN1 database UTF-8
+	// bytes were stored as Latin-1 characters (new-user trial).
+	cfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
 	return cfg, nil
 }
 

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/causet/projection-worker/internal/pgtest"
+)
+
+// TestPoolSpeaksUTF8ToADatabaseOfAnotherEncoding: the worker's connections
+// send UTF-8 whatever the database's encoding, so PostgreSQL converts each
+// value, and refuses one the database cannot hold (22P05) instead of
+// storing its UTF-8 bytes as other characters (new-user trial: in a LATIN1
+// database "é" read back as "Ã©" and an emoji as four Latin-1 letters).
+func TestPoolSpeaksUTF8ToADatabaseOfAnotherEncoding(t *testing.T) {
+	ctx := context.Background()
+	admin := pgtest.Pool(t)
+	db := "latin1_" + pgtest.NewSchemaName(t)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()+" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)") })
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + db
+	pool, err := newPool(ctx, u.String(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE TABLE t (v text)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO t VALUES ($1)", "café"); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	var octets int
+	if err := pool.QueryRow(ctx, "SELECT v, octet_length(v) FROM t").Scan(&got, &octets); err != nil {
+		t.Fatal(err)
+	}
+	if got != "café" || octets != 4 { // é is one byte in LATIN1
+		t.Errorf("stored %q (%d bytes in the database), want café in 4", got, octets)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO t VALUES ($1)", "😀")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22P05" {
+		t.Errorf("an emoji into a LATIN1 database: %v, want SQLSTATE 22P05", err)
+	}
+}
