@@ -106,7 +106,7 @@ type Rule struct {
 // never modified: Rules hands out copies.
 var sqlStateRules = [...]Rule{
 	{"08", "connection_exception", Infrastructure, "the connection failed; no event is at fault"},
-	{"22", "data_exception", Permanent, "PostgreSQL refuses the value itself (22P02, 22003, 22P05 NUL in text); a retry sends the same value"},
+	{"22", "data_exception", Permanent, "PostgreSQL refuses the value itself (22P02, 22003, 22P05 NUL in text or a character the database's encoding lacks: the worker always speaks UTF-8, `client_encoding=UTF8`, and PostgreSQL converts); a retry sends the same value"},
 	{"23", "integrity_constraint_violation", Projection, "23505, 23502: may pass once other rows or the definitions change"},
 	{"25", "invalid_transaction_state", Projection, "an earlier statement of the transaction failed (25P02); the pair is retried on its own"},
 	{"25006", "read_only_sql_transaction", Infrastructure, "the database is read-only, as during a failover: wait for a writable primary instead of dead-lettering every event"},
