@@ -503,6 +503,11 @@ func checkTimeText(k colKind, typ, s string) string {
 	} else {
 		tm, err = time.Parse(time.RFC3339Nano, t)
 	}
+	if err != nil && leapSecond(t) {
+		// RFC 3339 and PostgreSQL take second 60 (PostgreSQL as the next
+		// minute, with no fraction); Go's parser does not.
+		tm, err = time.Parse(time.RFC3339Nano, t[:10]+"T"+t[11:17]+"59"+t[19:])
+	}
 	if err != nil && k == kindDate {
 		tm, err = time.Parse(time.DateOnly, t)
 	}
@@ -513,6 +518,19 @@ func checkTimeText(k colKind, typ, s string) string {
 		return "date/time field value out of range: " + quoteValue(s) // year 0000 does not exist
 	}
 	return ""
+}
+
+// leapSecond reports whether t is an RFC 3339 date-time whose seconds are
+// 60, with no fraction or a fraction of zeros.
+func leapSecond(t string) bool {
+	if len(t) < 20 || t[13] != ':' || t[16] != ':' || t[17:19] != "60" {
+		return false
+	}
+	rest := t[19:]
+	if rest[0] == '.' {
+		rest = strings.TrimLeft(rest[1:], "0")
+	}
+	return rest != "" && (rest[0] == 'Z' || rest[0] == 'z' || rest[0] == '+' || rest[0] == '-')
 }
 
 // checkJSONB checks what PostgreSQL's jsonb input refuses inside a JSON

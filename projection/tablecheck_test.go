@@ -137,6 +137,13 @@ func checkValueTests() []checkValueTest {
 		{"timestamptz", "2024-06-25T16:00:00.5+02:00", ""},
 		{"timestamptz", "2024-06-25 16:00:00Z", ""},
 		{"timestamptz", "infinity", ""},
+		// A leap second, which RFC 3339 allows and PostgreSQL reads as the
+		// next minute (new-user trial: refused); second 61 is not a time.
+		{"timestamptz", "2024-06-25T23:59:60Z", ""},
+		{"timestamptz", "2016-12-31 23:59:60.000+05:30", ""},
+		{"timestamptz", "2016-12-31T23:59:60.5Z", `invalid input syntax for type timestamptz: "2016-12-31T23:59:60.5Z" (want RFC 3339, such as 2024-06-25T16:00:00Z)`},
+		{"timestamptz", "2024-06-25T12:00:61Z", `invalid input syntax for type timestamptz: "2024-06-25T12:00:61Z" (want RFC 3339, such as 2024-06-25T16:00:00Z)`},
+		{"date", "2024-06-30T23:59:60Z", ""},
 		{"timestamptz", "0000-01-01T00:00:00Z", `date/time field value out of range: "0000-01-01T00:00:00Z"`},
 		{"timestamptz", "yesterday-ish", `invalid input syntax for type timestamptz: "yesterday-ish" (want RFC 3339, such as 2024-06-25T16:00:00Z)`},
 		{"timestamptz", time.Date(2024, 6, 25, 16, 0, 0, 0, time.UTC), ""},
