@@ -149,17 +149,6 @@ func (c *tableCatalog) checks(schema, table string) []catalogCheck {
 	return c.tables[catalogKey{schema, table}].checks
 }
 
-// cached returns the columns of table in schema as the cache has them
-// (however old), nil when it has none. It never reads the catalog.
-func (c *tableCatalog) cached(schema, table string) map[string]catalogColumn {
-	if c == nil {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.tables[catalogKey{schema, table}].cols
-}
-
 // lookup reads the columns of table in schema (catalogColumnsSQL) and its
 // CHECK constraints (catalogChecksSQL).
 func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[string]catalogColumn, []catalogCheck, error) {

@@ -207,3 +207,26 @@ func TestWorkerAppliesASuspectUpsertWhenTheCatalogCacheIsStale(t *testing.T) {
 		t.Errorf("%d upserts left to statements as suspect, want 2 (the cache still says smallint)", got)
 	}
 }
+
+// TestWorkerNamesTheRefusedColumnWithoutACopyGroup: a table narrower than
+// its definition (artist_ratings.stars smallint) refuses a value with a
+// message that names no column ("smallint out of range"); with COPY off,
+// no COPY group ever read the table's catalog, and the dead letter still
+// names the column: the catalog is read on that failure (new-user trial:
+// such dead letters named no column).
+func TestWorkerNamesTheRefusedColumnWithoutACopyGroup(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ALTER COLUMN stars TYPE smallint")
+	r.produce("user-1", []byte(r.event("ARTIST_RATED", "user-1", 1, `{"user_id":"user-1","artist_id":"a","stars":40000}`)))
+	r.produce("user-2", []byte(r.event("ARTIST_RATED", "user-2", 1, `{"user_id":"user-2","artist_id":"a","stars":4}`)))
+	r.start(func(c *projection.Config) { c.CopyMinRows = -1 })
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 || dls[0].headers[dlq.HeaderSQLState] != "22003" {
+		t.Fatalf("%d dead letters, want user-1's with 22003", len(dls))
+	}
+	if d := dls[0]; !strings.Contains(d.msg.StackTrace, "column stars (derive") {
+		t.Errorf("dead letter (%s): stack trace does not name column stars:\n%s", d.msg.Error, d.msg.StackTrace)
+	}
+}
