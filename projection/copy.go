@@ -73,7 +73,6 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 	// that the second fills groups sized once (no slice or map growth).
 	var groups groupIndex
 	in := make([]*copyGroup, len(planned)) // each pair's group; nil: rest
-	count := map[*copyGroup]int{}
 	var rest []pair
 	for i, pr := range planned {
 		tp, ok := pr.h.(*TableProjection)
@@ -87,11 +86,12 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 			groups.add(g)
 		}
 		in[i] = g
-		count[g]++
+		g.n++ // counted here, counted again by add
 	}
 	order := groups.order
 	for _, g := range order {
-		n := count[g]
+		n := g.n
+		g.n = 0
 		g.rows, g.pairs, g.all = make(map[string]int, n), make([]pair, 0, n), make([]pair, 0, n)
 	}
 	var key []byte // the primary key of an upsert in its group, reused
