@@ -983,16 +983,31 @@ func quoteDuration(d time.Duration) string { return fmt.Sprintf("'%dms'", d.Mill
 // sets it back to normal the same way.
 func (k *soak) databaseSetting(ctx context.Context, name, value, normal string, d time.Duration) {
 	db := ident(k.dbName)
-	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+value); err != nil {
+	if err := k.alterDatabase(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+value); err != nil {
 		k.t.Errorf("set %s: %v", name, err)
 		return
 	}
 	k.terminateWorkers(ctx)
 	time.Sleep(d)
-	if _, err := k.db.Pool.Exec(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+normal); err != nil {
+	if err := k.alterDatabase(ctx, "ALTER DATABASE "+db+" SET "+name+" = "+normal); err != nil {
 		k.t.Errorf("reset %s: %v", name, err)
 	}
 	k.terminateWorkers(ctx)
+}
+
+// alterDatabase runs sql, an ALTER DATABASE ... SET, again (up to 5 times,
+// 200 ms apart) while PostgreSQL answers "tuple concurrently updated"
+// (XX000): another session changing a database setting at the same moment,
+// as a second soak on the same server does (seen with two soaks at once).
+func (k *soak) alterDatabase(ctx context.Context, sql string) error {
+	var err error
+	for range 5 {
+		if _, err = k.db.Pool.Exec(ctx, sql); err == nil || !strings.Contains(err.Error(), "tuple concurrently updated") {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return err
 }
 
 // lockTable holds a lock that blocks writers of table for d.
