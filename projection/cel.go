@@ -237,20 +237,24 @@ func deriveVars(ev *Event) *deriveActivation {
 // event map's room.
 type deriveActivation struct {
 	ev      *Event
-	payload map[string]any
+	payload ref.Val        // the payload object (a *treeObject), or an empty map
 	event   map[string]any // built when eventOK; kept empty for reuse
 	eventOK bool
+	obj     treeObject // payload's, when it is one: no allocation per event
 }
 
 // reset makes a the activation of ev, or, with a nil ev, one that holds
 // nothing of the last event (for a pool).
 func (a *deriveActivation) reset(ev *Event) {
 	clear(a.event)
-	a.ev, a.payload, a.eventOK = ev, nil, false
-	if ev != nil {
-		if a.payload = eventPayload(ev); a.payload == nil {
-			a.payload = map[string]any{}
-		}
+	a.ev, a.payload, a.eventOK, a.obj = ev, nil, false, treeObject{}
+	switch {
+	case ev == nil:
+	case ev.tree == nil:
+		a.payload = types.NewStringInterfaceMap(treeAdapter{}, map[string]any{})
+	default:
+		a.obj = treeObject{t: ev.tree, i: ev.payload}
+		a.payload = &a.obj
 	}
 }
 
@@ -262,10 +266,12 @@ func (a *deriveActivation) ResolveName(name string) (any, bool) {
 		if !a.eventOK {
 			ev := a.ev
 			if a.event == nil {
-				a.event = make(map[string]any, len(ev.Fields)+8)
+				a.event = make(map[string]any, 16)
 			}
-			for k, v := range ev.Fields {
-				a.event[k] = v
+			if t := ev.tree; t != nil {
+				for j, k := int32(1), int32(0); k < t.Nodes[0].Len; j, k = t.Nodes[j].End, k+1 {
+					a.event[t.Key(j)] = treeValue(t, j)
+				}
 			}
 			a.event["eventType"] = ev.EventType
 			a.event["entityId"] = ev.EntityID
@@ -293,20 +299,26 @@ type treeAdapter struct{}
 func (a treeAdapter) NativeToValue(v any) ref.Val {
 	switch x := v.(type) {
 	case json.Number:
-		if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
-			return types.Int(i)
-		}
-		f, err := strconv.ParseFloat(string(x), 64)
-		if err != nil { // beyond float64's range: not ±Inf, an error
-			return types.WrapErr(errNumberRange)
-		}
-		return types.Double(f)
+		return numberValue(string(x))
 	case map[string]any:
 		return types.NewStringInterfaceMap(a, x)
 	case []any:
 		return types.NewDynamicList(a, x)
 	}
 	return types.DefaultTypeAdapter.NativeToValue(v)
+}
+
+// numberValue is the CEL value of the JSON number text s: int when it is
+// an integer that fits int64, else double; an error beyond float64's range.
+func numberValue(s string) ref.Val {
+	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return types.Int(i)
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil { // beyond float64's range: not ±Inf, an error
+		return types.WrapErr(errNumberRange)
+	}
+	return types.Double(f)
 }
 
 // evalDerive evaluates prg and returns its result as an event tree value

@@ -2,10 +2,12 @@ package projection
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -48,11 +50,12 @@ func TestDeriveCountsCostOnlyWhereTheLimitIsReachable(t *testing.T) {
 	events := []*Event{
 		hotEvent(t, hotFollowed),
 		hotEvent(t, hotRated),
-		{EventType: "E", EntityID: "e", ForkID: "f", TenantSchema: "s", SequenceNumber: 3, TS: 5,
-			Fields: map[string]any{"extra": map[string]any{"region": "eu"}},
-			Payload: map[string]any{"points": json.Number("10"), "games": json.Number("4"), "stars": json.Number("5"),
+		eventOf(t, map[string]any{"eventType": "E", "entityId": "e", "forkId": "f", "tenantSchema": "s", "irVersion": "",
+			"sequenceNumber": json.Number("3"), "ts": json.Number("5"),
+			"extra": map[string]any{"region": "eu"},
+			"payload": map[string]any{"points": json.Number("10"), "games": json.Number("4"), "stars": json.Number("5"),
 				"n_int": json.Number("8"), "required": json.Number("1"), "s": "some text", "l": long,
-				"m": map[string]any{"a": nil, "b": true}}},
+				"m": map[string]any{"a": nil, "b": true}}}),
 	}
 	var limited int
 	for _, expr := range costExprs {
@@ -148,5 +151,52 @@ func TestDeriveOfAResultKindNoColumnTakesIsRefusedAtLoad(t *testing.T) {
 		if _, err := compileDerive(expr); err != nil {
 			t.Errorf("compileDerive(%q) = %v, want it compiled", expr, err)
 		}
+	}
+}
+
+// TestDeriveReadsTheTreeAsCELMaps checks that payload read in place from
+// the event's tree (treeObject) gives every derive the result, or the
+// error, that the same payload built as map[string]any gives as CEL's own
+// map.
+func TestDeriveReadsTheTreeAsCELMaps(t *testing.T) {
+	ev := eventOf(t, map[string]any{
+		"eventType": "E", "entityId": "e", "forkId": "f", "tenantSchema": "s", "irVersion": "", "sequenceNumber": json.Number("1"), "ts": json.Number("2"),
+		"payload": map[string]any{
+			"i": json.Number("7"), "f": json.Number("2.5"), "huge": json.Number("1e400"), "s": "x", "b": true, "n": nil,
+			"l": []any{json.Number("1"), map[string]any{"a": "b"}},
+			"m": map[string]any{"a": nil, "b": true},
+			"o": map[string]any{"p": map[string]any{"q": json.Number("3")}},
+			"":  "empty key",
+		},
+	})
+	exprs := []string{
+		"size(payload)", "'i' in payload", "'zz' in payload", "has(payload.s)", "has(payload.zz)", "has(payload.o.p)",
+		"payload.exists(k, k == 's')", "payload.all(k, k != 'zz')", "payload.map(k, k).size()", "payload.filter(k, k.startsWith('h'))",
+		"payload == payload", "payload.m == {'a': null, 'b': true}", "payload.m != {'a': null}", "payload.m", "payload.o",
+		"payload.o.p.q + 1", "payload.l[1].a", "payload.l", "payload.?o.?p.?q.orValue(0)", "payload.?o.?zz.?q.orValue(0)",
+		"payload['s']", "payload['']", "dyn(payload)[1]", "1 in dyn(payload)", "payload.zz", "payload.o.zz", "payload.huge", "payload.i + payload.f",
+		"type(payload) == map", "type(payload.o) == map", "dyn(payload).size()", "string(payload.i)", "payload.m.b && payload.b",
+		"event.payload.i", "event.payload == payload", "{'x': payload.o}", "[payload.m, payload.o.p]",
+	}
+	for _, expr := range exprs {
+		t.Run(expr, func(t *testing.T) {
+			prg, err := compileDerive(expr)
+			if err != nil {
+				t.Fatalf("compile: %v", err)
+			}
+			tree := deriveVars(ev)
+			if _, ok := tree.payload.(*treeObject); !ok {
+				t.Fatalf("payload is a %T, want the tree read in place", tree.payload)
+			}
+			built := &deriveActivation{ev: ev, payload: types.NewStringInterfaceMap(treeAdapter{}, ev.Payload())}
+			got, err := evalDerive(prg, tree)
+			want, werr := evalDerive(prg, built)
+			if fmt.Sprint(err) != fmt.Sprint(werr) {
+				t.Fatalf("error %v; with the built map %v", err, werr)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("result (-built map +tree):\n%s", diff)
+			}
+		})
 	}
 }

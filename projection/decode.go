@@ -74,7 +74,7 @@ const (
 const maxEventDepth = jsonstrict.MaxDepth
 
 // DecodeEvent decodes and validates one record value as a projection event
-// (SPEC §3). The value is decoded once: the tree in Event.Fields is built and
+// (SPEC §3). The value is decoded once: its tree (Event.Fields) is built and
 // checked as the tokens are read, and the typed fields are taken from it.
 //
 // The value must be non-empty, valid UTF-8 and exactly one JSON object
@@ -96,7 +96,7 @@ const maxEventDepth = jsonstrict.MaxDepth
 //     defaulted to 1970 or year 1);
 //   - payload is a JSON object.
 //
-// Unknown fields are kept in Event.Fields. Numbers are json.Number holding
+// Unknown fields are kept (Event.Fields). Numbers are json.Number holding
 // their exact text; they are never converted to float64. The fields are
 // checked in the order above and the first failure is returned as a
 // *ValidationError, which retry.Classify reports as Permanent. A value that
@@ -127,24 +127,24 @@ func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	if len(value) == 0 {
 		return nil, &ValidationError{Reason: "record value is empty (0 bytes, not a tombstone), want an object"}
 	}
-	root, err := jsonstrict.Parse(value)
-	m, isObject := root.(map[string]any)
+	t, err := jsonstrict.ParseTree(value)
+	isObject := t != nil && t.Nodes[0].Kind == jsonstrict.ObjectNode
 	switch err := err.(type) {
 	case nil:
 	case *jsonstrict.Refusal:
-		return nil, refusedError(err, m)
+		return nil, refusedError(err, t)
 	case *jsonstrict.UTF8Error:
 		return nil, &ValidationError{Reason: "record value is " + err.Error()}
 	default: // *jsonstrict.SyntaxError
 		return nil, &ValidationError{Reason: err.Error()}
 	}
 	if !isObject {
-		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(root) + ", want an object"}
+		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(t.Nodes[0].Kind) + ", want an object"}
 	}
-	ev, err := validateEvent(value, m, tenants)
+	ev, err := validateEvent(value, t, tenants)
 	if ve, ok := err.(*ValidationError); ok {
 		ve.StrictObject = true
-		keepReadable(ve, m)
+		keepReadable(ve, t)
 	}
 	return ev, err
 }
@@ -152,7 +152,7 @@ func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 // refusedError is the *ValidationError of a value that is JSON but that
 // strict JSON parsers would not all read as one document, with what can be
 // read of it (keepReadable).
-func refusedError(r *jsonstrict.Refusal, m map[string]any) *ValidationError {
+func refusedError(r *jsonstrict.Refusal, t *jsonstrict.Tree) *ValidationError {
 	ve := &ValidationError{Field: r.Path}
 	switch r.Kind {
 	case jsonstrict.DuplicateKey:
@@ -166,104 +166,151 @@ func refusedError(r *jsonstrict.Refusal, m map[string]any) *ValidationError {
 		ve.Reason = "nests deeper than " + strconv.Itoa(maxEventDepth) +
 			" levels (what every strict JSON parser reads inside a dead letter) at byte " + strconv.Itoa(r.Offset)
 	}
-	keepReadable(ve, m)
+	keepReadable(ve, t)
 	return ve
 }
 
 // keepReadable sets ve's EventType, ForkID and TenantSchema from the event
-// tree m (nil when the value is not an object) where they are strings.
-func keepReadable(ve *ValidationError, m map[string]any) {
-	ve.EventType, _ = m["eventType"].(string)
-	ve.ForkID, _ = m["forkId"].(string)
+// tree t where they are strings.
+func keepReadable(ve *ValidationError, t *jsonstrict.Tree) {
+	ve.EventType = rootString(t, "eventType")
+	ve.ForkID = rootString(t, "forkId")
 	// A name refused only as not a tenant (public, pg_catalog) is kept:
 	// it is what the event says, and a safe identifier.
-	if ts, _ := m["tenantSchema"].(string); validIdentifier(ts) {
+	if ts := rootString(t, "tenantSchema"); validIdentifier(ts) {
 		ve.TenantSchema = ts
 	}
 }
 
-func validateEvent(value []byte, m map[string]any, tenants *TenantSchemas) (*Event, error) {
-	ev := &Event{Raw: value, Fields: m}
+// rootString returns the member field of the object t when it is a
+// string, else "".
+func rootString(t *jsonstrict.Tree, field string) string {
+	if i, ok := t.Member(0, field); ok && t.Nodes[i].Kind == jsonstrict.StringNode {
+		return t.Text(i)
+	}
+	return ""
+}
+
+// eventMembers are the nodes of the members of SPEC §3 in an event tree,
+// 0 for a member that is absent (node 0 is the event object itself).
+type eventMembers struct {
+	eventType, entityID, forkID, tenantSchema, irVersion, sequenceNumber, ts, payload int32
+}
+
+// findMembers finds the members of SPEC §3 among the event object's
+// members, in one pass.
+func findMembers(t *jsonstrict.Tree) eventMembers {
+	var m eventMembers
+	for j, k := int32(1), int32(0); k < t.Nodes[0].Len; j, k = t.Nodes[j].End, k+1 {
+		var p *int32
+		switch t.Key(j) {
+		case "eventType":
+			p = &m.eventType
+		case "entityId":
+			p = &m.entityID
+		case "forkId":
+			p = &m.forkID
+		case "tenantSchema":
+			p = &m.tenantSchema
+		case "irVersion":
+			p = &m.irVersion
+		case "sequenceNumber":
+			p = &m.sequenceNumber
+		case "ts":
+			p = &m.ts
+		case "payload":
+			p = &m.payload
+		default:
+			continue
+		}
+		if *p == 0 { // the first, as Tree.Member
+			*p = j
+		}
+	}
+	return m
+}
+
+func validateEvent(value []byte, t *jsonstrict.Tree, tenants *TenantSchemas) (*Event, error) {
+	ev := &Event{Raw: value, tree: t}
+	m := findMembers(t)
 	var err error
-	if ev.EventType, err = eventNonEmptyString(m, "eventType"); err != nil {
+	if ev.EventType, err = eventNonEmptyString(t, m.eventType, "eventType"); err != nil {
 		return nil, err
 	}
-	if ev.EntityID, err = eventNonEmptyString(m, "entityId"); err != nil {
+	if ev.EntityID, err = eventNonEmptyString(t, m.entityID, "entityId"); err != nil {
 		return nil, err
 	}
-	if ev.ForkID, err = eventNonEmptyString(m, "forkId"); err != nil {
+	if ev.ForkID, err = eventNonEmptyString(t, m.forkID, "forkId"); err != nil {
 		return nil, err
 	}
-	if ev.TenantSchema, err = eventString(m, "tenantSchema"); err != nil {
+	if ev.TenantSchema, err = eventString(t, m.tenantSchema, "tenantSchema"); err != nil {
 		return nil, err
 	}
 	if err := tenants.Check(ev.TenantSchema); err != nil {
 		return nil, err
 	}
-	if ev.IRVersion, err = eventString(m, "irVersion"); err != nil {
+	if ev.IRVersion, err = eventString(t, m.irVersion, "irVersion"); err != nil {
 		return nil, err
 	}
 
-	n, err := eventInteger(m, "sequenceNumber")
+	n, err := eventInteger(t, m.sequenceNumber, "sequenceNumber")
 	if err != nil {
 		return nil, err
 	}
 	if len(n) > 0 && n[0] == '-' && n != "-0" {
-		return nil, &ValidationError{Field: "sequenceNumber", Reason: "must be >= 0, got " + shortenValue(string(n))}
+		return nil, &ValidationError{Field: "sequenceNumber", Reason: "must be >= 0, got " + shortenValue(n)}
 	}
-	if ev.SequenceNumber, err = strconv.ParseInt(string(n), 10, 64); err != nil {
-		return nil, &ValidationError{Field: "sequenceNumber", Reason: "must fit in int64, got " + shortenValue(string(n))}
+	if ev.SequenceNumber, err = strconv.ParseInt(n, 10, 64); err != nil {
+		return nil, &ValidationError{Field: "sequenceNumber", Reason: "must fit in int64, got " + shortenValue(n)}
 	}
 
-	if n, err = eventInteger(m, "ts"); err != nil {
+	if n, err = eventInteger(t, m.ts, "ts"); err != nil {
 		return nil, err
 	}
-	ts, perr := strconv.ParseInt(string(n), 10, 64)
+	ts, perr := strconv.ParseInt(n, 10, 64)
 	if perr != nil || ts < MinTimestampMillis || ts >= EndTimestampMillis {
 		return nil, &ValidationError{Field: "ts", Reason: "must be in PostgreSQL's timestamptz range (4713 BC to 294276 AD: " +
 			strconv.FormatInt(MinTimestampMillis, 10) + " <= ts < " + strconv.FormatInt(EndTimestampMillis, 10) +
-			" epoch ms), got " + shortenValue(string(n))}
+			" epoch ms), got " + shortenValue(n)}
 	}
 	ev.TS = ts
 
-	p, ok := m["payload"]
-	if !ok {
+	if m.payload == 0 {
 		return nil, &ValidationError{Field: "payload", Reason: "is required"}
 	}
-	if ev.Payload, ok = p.(map[string]any); !ok {
-		return nil, &ValidationError{Field: "payload", Reason: "must be a JSON object, got " + describeJSON(p)}
+	if t.Nodes[m.payload].Kind != jsonstrict.ObjectNode {
+		return nil, &ValidationError{Field: "payload", Reason: "must be a JSON object, got " + describeNode(t, m.payload)}
 	}
+	ev.payload = m.payload
 	return ev, nil
 }
 
-func eventString(m map[string]any, field string) (string, error) {
-	v, ok := m[field]
-	if !ok {
+func eventString(t *jsonstrict.Tree, i int32, field string) (string, error) {
+	if i == 0 {
 		return "", &ValidationError{Field: field, Reason: "is required"}
 	}
-	s, ok := v.(string)
-	if !ok {
-		return "", &ValidationError{Field: field, Reason: "must be a string, got " + describeJSON(v)}
+	if t.Nodes[i].Kind != jsonstrict.StringNode {
+		return "", &ValidationError{Field: field, Reason: "must be a string, got " + describeNode(t, i)}
 	}
-	return s, nil
+	return t.Text(i), nil
 }
 
-func eventNonEmptyString(m map[string]any, field string) (string, error) {
-	s, err := eventString(m, field)
+func eventNonEmptyString(t *jsonstrict.Tree, i int32, field string) (string, error) {
+	s, err := eventString(t, i, field)
 	if err == nil && s == "" {
 		err = &ValidationError{Field: field, Reason: "must not be empty"}
 	}
 	return s, err
 }
 
-// eventInteger returns the text of m[field] when it is a JSON number
-// without fraction or exponent.
-func eventInteger(m map[string]any, field string) (json.Number, error) {
-	v, ok := m[field]
-	if !ok {
+// eventInteger returns the text of node i, member field of the event, when
+// it is a JSON number without fraction or exponent.
+func eventInteger(t *jsonstrict.Tree, i int32, field string) (string, error) {
+	if i == 0 {
 		return "", &ValidationError{Field: field, Reason: "is required"}
 	}
-	n, ok := v.(json.Number)
+	n := t.Text(i)
+	ok := t.Nodes[i].Kind == jsonstrict.NumberNode
 	if ok {
 		for i := 0; i < len(n); i++ {
 			if c := n[i]; c == '.' || c == 'e' || c == 'E' {
@@ -273,13 +320,25 @@ func eventInteger(m map[string]any, field string) (json.Number, error) {
 		}
 	}
 	if !ok {
-		reason := "must be a JSON integer, got " + describeJSON(v)
+		reason := "must be a JSON integer, got " + describeNode(t, i)
 		if field == "ts" {
-			reason = "must be a JSON integer (epoch ms), got " + describeJSON(v)
+			reason = "must be a JSON integer (epoch ms), got " + describeNode(t, i)
 		}
 		return "", &ValidationError{Field: field, Reason: reason}
 	}
 	return n, nil
+}
+
+// describeNode is describeJSON of node i of t, without building a
+// container's tree.
+func describeNode(t *jsonstrict.Tree, i int32) string {
+	switch t.Nodes[i].Kind {
+	case jsonstrict.ObjectNode:
+		return "object"
+	case jsonstrict.ArrayNode:
+		return "array"
+	}
+	return describeJSON(t.Any(i))
 }
 
 // describeJSON names the JSON type of v with a short rendering of its value,
@@ -302,17 +361,19 @@ func describeJSON(v any) string {
 	return "unknown value"
 }
 
-func describeJSONRoot(v any) string {
-	switch v.(type) {
-	case nil:
+// describeJSONRoot names the JSON type of a record value that is not an
+// object, for "record value is ...".
+func describeJSONRoot(k jsonstrict.NodeKind) string {
+	switch k {
+	case jsonstrict.NullNode:
 		return "JSON null"
-	case []any:
+	case jsonstrict.ArrayNode:
 		return "a JSON array"
-	case string:
+	case jsonstrict.StringNode:
 		return "a JSON string"
-	case json.Number:
+	case jsonstrict.NumberNode:
 		return "a JSON number"
-	case bool:
+	case jsonstrict.TrueNode, jsonstrict.FalseNode:
 		return "a JSON boolean"
 	}
 	return "not an object"

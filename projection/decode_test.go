@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
@@ -93,20 +94,25 @@ func TestDecodeEventSpecExample(t *testing.T) {
 		IRVersion:      "v42",
 		SequenceNumber: 1891,
 		TS:             1719331200000,
-		Fields: map[string]any{
-			"eventType":      "ARTIST_FOLLOWED",
-			"entityId":       "user-123",
-			"forkId":         "production",
-			"tenantSchema":   "acme_concertapp_production",
-			"irVersion":      "v42",
-			"sequenceNumber": json.Number("1891"),
-			"ts":             json.Number("1719331200000"),
-			"payload":        payload,
-		},
-		Payload: payload,
 	}
-	if diff := cmp.Diff(want, ev); diff != "" {
+	if diff := cmp.Diff(want, ev, cmpopts.IgnoreUnexported(Event{})); diff != "" {
 		t.Errorf("DecodeEvent(spec example) mismatch (-want +got):\n%s", diff)
+	}
+	wantFields := map[string]any{
+		"eventType":      "ARTIST_FOLLOWED",
+		"entityId":       "user-123",
+		"forkId":         "production",
+		"tenantSchema":   "acme_concertapp_production",
+		"irVersion":      "v42",
+		"sequenceNumber": json.Number("1891"),
+		"ts":             json.Number("1719331200000"),
+		"payload":        payload,
+	}
+	if diff := cmp.Diff(wantFields, ev.Fields()); diff != "" {
+		t.Errorf("Fields() mismatch (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(payload, ev.Payload()); diff != "" {
+		t.Errorf("Payload() mismatch (-want +got):\n%s", diff)
 	}
 }
 
@@ -126,17 +132,17 @@ func TestDecodeEventKeepsUnknownFieldsAndExactValues(t *testing.T) {
 		got  any
 		want any
 	}{
-		{"unknown string field", ev.Fields["traceId"], "abc"},
-		{"unknown object field", ev.Fields["extra"], map[string]any{"n": json.Number("1.0")}},
-		{"unknown boolean field", ev.Fields["flag"], false},
-		{"integer beyond float64 precision", ev.Payload["big"], json.Number("9007199254740993")},
-		{"long decimal", ev.Payload["dec"], json.Number("12345678901234567890.123456789")},
-		{"exponent", ev.Payload["neg"], json.Number("-0.5e-7")},
-		{"nested", ev.Payload["nested"], map[string]any{"list": []any{
+		{"unknown string field", ev.Fields()["traceId"], "abc"},
+		{"unknown object field", ev.Fields()["extra"], map[string]any{"n": json.Number("1.0")}},
+		{"unknown boolean field", ev.Fields()["flag"], false},
+		{"integer beyond float64 precision", ev.Payload()["big"], json.Number("9007199254740993")},
+		{"long decimal", ev.Payload()["dec"], json.Number("12345678901234567890.123456789")},
+		{"exponent", ev.Payload()["neg"], json.Number("-0.5e-7")},
+		{"nested", ev.Payload()["nested"], map[string]any{"list": []any{
 			json.Number("1"), "two", true, false, nil, map[string]any{"x": []any{}}, map[string]any{},
 		}}},
-		{"escapes", ev.Payload["esc"], "tab\there \"q\" \\ / é 😀 \u2028"},
-		{"raw UTF-8", ev.Payload["utf8"], "zoë 😀"},
+		{"escapes", ev.Payload()["esc"], "tab\there \"q\" \\ / é 😀 \u2028"},
+		{"raw UTF-8", ev.Payload()["utf8"], "zoë 😀"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,7 +176,7 @@ func TestDecodeEventAccepts(t *testing.T) {
 			func(e *Event) bool { return e.EventType == "ARTIST_FOLLOWED" }},
 		{"escaped tenant schema", testEventJSON(map[string]string{"tenantSchema": `"a\u005fb"`}), func(e *Event) bool { return e.TenantSchema == "a_b" }},
 		{"deep nesting within the limit", testEventJSON(map[string]string{"payload": `{"a":` + strings.Repeat("[", maxEventDepth-2) + strings.Repeat("]", maxEventDepth-2) + `}`}),
-			func(e *Event) bool { return e.Payload["a"] != nil }},
+			func(e *Event) bool { return e.Payload()["a"] != nil }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

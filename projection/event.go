@@ -4,11 +4,14 @@
 // loop that retries and dead-letters failures (SPEC §5).
 package projection
 
+import "github.com/causet/projection-worker/internal/jsonstrict"
+
 // Event is a decoded, validated projection event (SPEC §3).
 //
-// Fields holds the whole event object as a tree of map[string]any, []any,
-// string, bool, nil and encoding/json.Number (numbers keep their exact text;
-// they are never converted to float64 on decoding). Unknown fields are kept.
+// The whole event object is kept as read by the decoder (a
+// jsonstrict.Tree: numbers keep their exact text; they are never converted
+// to float64), unknown fields included; Fields and Payload return it as
+// map[string]any trees. Build an Event with DecodeEvent.
 type Event struct {
 	// Raw is the record value, verbatim.
 	Raw []byte
@@ -26,8 +29,27 @@ type Event struct {
 	// TS is the event time in epoch milliseconds, inside PostgreSQL's
 	// timestamptz range.
 	TS int64
-	// Fields is the whole event object.
-	Fields map[string]any
-	// Payload is Fields["payload"].
-	Payload map[string]any
+
+	tree    *jsonstrict.Tree // the event object, node 0
+	payload int32            // the payload object's node in tree
+}
+
+// Fields returns the whole event object as a tree of map[string]any, []any,
+// string, bool, nil and encoding/json.Number (the number's exact text),
+// built anew on each call; nil for an Event not made by DecodeEvent.
+func (ev *Event) Fields() map[string]any {
+	if ev.tree == nil {
+		return nil
+	}
+	m, _ := ev.tree.Any(0).(map[string]any)
+	return m
+}
+
+// Payload returns the payload object as Fields does.
+func (ev *Event) Payload() map[string]any {
+	if ev.tree == nil {
+		return nil
+	}
+	m, _ := ev.tree.Any(ev.payload).(map[string]any)
+	return m
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -82,8 +83,53 @@ func appendJSON(b []byte, v any) ([]byte, bool) {
 			}
 		}
 		return append(b, '}'), true
+	case *treeNode:
+		return appendTreeJSON(b, x.t, x.i), true
 	}
 	return b, false
+}
+
+// appendTreeJSON appends the JSON text of node i of t as appendJSON does
+// for the same value as map[string]any and []any.
+func appendTreeJSON(b []byte, t *jsonstrict.Tree, i int32) []byte {
+	n := &t.Nodes[i]
+	switch n.Kind {
+	case jsonstrict.ObjectNode:
+		var small [16]int32
+		members := small[:0]
+		for j, k := i+1, int32(0); k < n.Len; j, k = t.Nodes[j].End, k+1 {
+			members = append(members, j)
+		}
+		slices.SortFunc(members, func(x, y int32) int { return strings.Compare(t.Key(x), t.Key(y)) })
+		b = append(b, '{')
+		for k, j := range members {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, t.Key(j))
+			b = append(b, ':')
+			b = appendTreeJSON(b, t, j)
+		}
+		return append(b, '}')
+	case jsonstrict.ArrayNode:
+		b = append(b, '[')
+		for j, k := i+1, int32(0); k < n.Len; j, k = t.Nodes[j].End, k+1 {
+			if k > 0 {
+				b = append(b, ',')
+			}
+			b = appendTreeJSON(b, t, j)
+		}
+		return append(b, ']')
+	case jsonstrict.StringNode:
+		return appendJSONString(b, t.Text(i))
+	case jsonstrict.NumberNode:
+		return append(b, t.Text(i)...)
+	case jsonstrict.TrueNode:
+		return append(b, "true"...)
+	case jsonstrict.FalseNode:
+		return append(b, "false"...)
+	}
+	return append(b, "null"...)
 }
 
 // appendJSONString appends s as a JSON string the way encoding/json does

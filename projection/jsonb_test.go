@@ -56,6 +56,7 @@ func TestJSONBTextMatchesEncodingJSON(t *testing.T) {
 		if tree, err := jsonstrict.Parse([]byte(s)); err == nil {
 			checkJSONBText(t, tree)
 		}
+		checkTreeNodeJSONB(t, s)
 		checkJSONBText(t, s)
 		checkJSONBText(t, json.Number(s))
 		checkJSONBText(t, []any{s, map[string]any{s: json.Number(s)}})
@@ -77,9 +78,41 @@ func FuzzJSONBText(f *testing.F) {
 		if tree, err := jsonstrict.Parse([]byte(s)); err == nil {
 			checkJSONBText(t, tree)
 		}
+		checkTreeNodeJSONB(t, s)
 		checkJSONBText(t, s)
 		checkJSONBText(t, json.Number(s))
 	})
+}
+
+// checkTreeNodeJSONB checks that an object or array read in place from the
+// tree of the strict document doc (a *treeNode, as lookupPath returns it)
+// gets the JSON text and the jsonb check of the same value built as
+// map[string]any or []any.
+func checkTreeNodeJSONB(t *testing.T, doc string) {
+	t.Helper()
+	tree, err := jsonstrict.ParseTree([]byte(doc))
+	if err != nil {
+		return
+	}
+	for i := range int32(len(tree.Nodes)) {
+		if k := tree.Nodes[i].Kind; k != jsonstrict.ObjectNode && k != jsonstrict.ArrayNode {
+			continue
+		}
+		node, built := &treeNode{tree, i}, tree.Any(i)
+		got, err := jsonbText(node)
+		want, werr := jsonbText(built)
+		if got != want || (err == nil) != (werr == nil) {
+			t.Fatalf("node %d of %q: jsonbText = %q, %v; of the built value %q, %v", i, doc, got, err, want, werr)
+		}
+		// A map's first refusal depends on its iteration order: compare
+		// whether both refuse.
+		if r, rb := checkJSONB(node), checkJSONB(built); (r == "") != (rb == "") {
+			t.Fatalf("node %d of %q: checkJSONB = %q; of the built value %q", i, doc, r, rb)
+		}
+		if jt, jb := jsonType(node), jsonType(built); jt != jb {
+			t.Fatalf("node %d of %q: jsonType = %q; of the built value %q", i, doc, jt, jb)
+		}
+	}
 }
 
 // TestJSONBTextAllocations checks that the JSON text of an event's small
@@ -87,8 +120,15 @@ func FuzzJSONBText(f *testing.F) {
 // slice, no buffer.
 func TestJSONBTextAllocations(t *testing.T) {
 	ev := hotEvent(t, hotFollowed)
-	device := ev.Payload["device"]
-	if n := testing.AllocsPerRun(100, func() { _, _ = jsonbText(device) }); n != 1 {
-		t.Errorf("jsonbText of payload.device: %v allocations, want 1", n)
+	for name, device := range map[string]any{
+		"read in place": lookupPath(ev, []string{"payload", "device"}),
+		"built":         ev.Payload()["device"],
+	} {
+		if _, ok := device.(*treeNode); ok != (name == "read in place") {
+			t.Fatalf("%s: payload.device is a %T", name, device)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = jsonbText(device) }); n != 1 {
+			t.Errorf("jsonbText of payload.device %s: %v allocations, want 1", name, n)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -212,8 +213,25 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 			var err error
 			if v, err = evalDerive(c.prog, vars); err != nil {
-				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, deriveError(err, vars.payload)))
+				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, deriveError(err, ev.Payload())))
 			}
+		} else if s, number, ok := lookupText(ev, c.path); ok && c.kind != kindJSONB {
+			// checkValue and toParam of a string or json.Number, without
+			// boxing the value for them.
+			if number {
+				if r := checkNumber(c.kind, c.typ, s); r != "" {
+					return nil, p.valueError(c, json.Number(s), r)
+				}
+				param, err := numberParam(c.typ, s)
+				if err != nil {
+					return nil, p.permanent(fmt.Errorf("column %s: %w", c.name, err))
+				}
+				return param, nil
+			}
+			if r := checkString(c.kind, c.typ, s); r != "" {
+				return nil, p.valueError(c, s, r)
+			}
+			return s, nil
 		} else {
 			v = lookupPath(ev, c.path)
 		}

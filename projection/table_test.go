@@ -501,16 +501,30 @@ func TestApplyTimestampRange(t *testing.T) {
 	}
 }
 
+// eventOf returns the Event DecodeEvent makes of the event object fields
+// (encoded by encoding/json).
+func eventOf(tb testing.TB, fields map[string]any) *Event {
+	tb.Helper()
+	raw, err := json.Marshal(fields)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ev, err := DecodeEvent(raw)
+	if err != nil {
+		tb.Fatalf("DecodeEvent(%s): %v", raw, err)
+	}
+	return ev
+}
+
 // TestPlanRefusesInvalidTenantSchema checks that the SQL for a hostile
 // schema name is never built, even for a hand-made Event.
 func TestPlanRefusesInvalidTenantSchema(t *testing.T) {
 	_, tps := tblProjections(t)
 	p := tps["artist_followers"]
 	for _, schema := range []string{`acme"; DROP TABLE x; --`, "Acme", "", "a b", "1acme", strings.Repeat("a", 64), "acme\x00"} {
-		ev := &Event{
-			EventType: "ARTIST_FOLLOWED", EntityID: "e", ForkID: "f", TenantSchema: schema, SequenceNumber: 1,
-			Payload: map[string]any{"user_id": "u", "artist_id": "a", "points": json.Number("1"), "games": json.Number("1")},
-		}
+		// Hand-made: DecodeEvent refuses these names.
+		ev := tblEvent(t, "acme", "ARTIST_FOLLOWED", 1, 1719331200000, `{"user_id":"u","artist_id":"a","points":1,"games":1}`)
+		ev.TenantSchema = schema
 		st, err := p.Plan(ev)
 		if err == nil || !retry.IsPermanent(err) {
 			t.Errorf("Plan(schema %q) = %+v, %v; want a permanent error", schema, st, err)
@@ -643,14 +657,15 @@ func TestToParam(t *testing.T) {
 }
 
 func TestEvalDerive(t *testing.T) {
-	ev := &Event{
-		EventType: "E", EntityID: "e", ForkID: "f", TenantSchema: "s", IRVersion: "v1", SequenceNumber: 9007199254740993, TS: 5,
-		Fields: map[string]any{"extra": map[string]any{"region": "eu"}},
-		Payload: map[string]any{
+	ev := eventOf(t, map[string]any{
+		"eventType": "E", "entityId": "e", "forkId": "f", "tenantSchema": "s", "irVersion": "v1",
+		"sequenceNumber": json.Number("9007199254740993"), "ts": json.Number("5"),
+		"extra": map[string]any{"region": "eu"},
+		"payload": map[string]any{
 			"i": json.Number("7"), "f": json.Number("2.5"), "huge": json.Number("18446744073709551616"),
 			"s": "x", "b": true, "n": nil, "l": []any{json.Number("1"), "a"},
 		},
-	}
+	})
 	tests := []struct {
 		expr    string
 		want    any

@@ -3,6 +3,7 @@ package projection
 import (
 	"encoding/json"
 	"errors"
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"math"
 	"strconv"
 	"strings"
@@ -95,7 +96,7 @@ func kindOf(typ string) colKind {
 
 // jsonType names the JSON type of an event tree value.
 func jsonType(v any) string {
-	switch v.(type) {
+	switch x := v.(type) {
 	case nil:
 		return "null"
 	case bool:
@@ -107,6 +108,11 @@ func jsonType(v any) string {
 	case map[string]any:
 		return "object"
 	case []any:
+		return "array"
+	case *treeNode:
+		if x.t.Nodes[x.i].Kind == jsonstrict.ObjectNode {
+			return "object"
+		}
 		return "array"
 	case time.Time:
 		return "timestamp"
@@ -149,7 +155,7 @@ func checkValue(k colKind, typ string, v any) string {
 			return ""
 		}
 		return "a timestamp cannot be stored in " + article(typ) + " column"
-	case map[string]any, []any:
+	case map[string]any, []any, *treeNode:
 		if k == kindJSONB {
 			return checkJSONB(x)
 		}
@@ -557,6 +563,23 @@ func checkJSONB(v any) string {
 		for _, e := range x {
 			if r := checkJSONB(e); r != "" {
 				return r
+			}
+		}
+	case *treeNode:
+		t := x.t
+		for j := x.i; j < t.Nodes[x.i].End; j++ {
+			if strings.IndexByte(t.Key(j), 0) >= 0 && j != x.i {
+				return "a key with a NUL character (\\u0000) cannot be stored in a jsonb column"
+			}
+			switch t.Nodes[j].Kind {
+			case jsonstrict.StringNode:
+				if strings.IndexByte(t.Text(j), 0) >= 0 {
+					return "a string with a NUL character (\\u0000) cannot be stored in a jsonb column"
+				}
+			case jsonstrict.NumberNode:
+				if r := checkNumericText(t.Text(j), "numeric", t.Text(j)); r != "" {
+					return r
+				}
 			}
 		}
 	}

@@ -303,7 +303,12 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 		}, ColumnError{Projection: "kinds", Column: "first_tag", Source: "from payload.tags.0", JSONType: "null"}, "23502"},
 		{"invalid encoding names the parameter", func() *Event {
 			ev := tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1,"tags":["t"],"label":"x"}`)
-			ev.Payload["label"] = "a\xffb" // hand-built: DecodeEvent refuses invalid UTF-8
+			// DecodeEvent refuses invalid UTF-8: changed in the tree.
+			i, ok := ev.tree.Member(ev.payload, "label")
+			if !ok {
+				t.Fatal("no payload.label")
+			}
+			ev.tree.SetString(i, "a\xffb")
 			return ev
 		}, ColumnError{Projection: "kinds", Column: "label", Source: "from payload.label", JSONType: "string"}, "22021"},
 		// A hex literal Plan leaves to PostgreSQL: 15 refuses its syntax

@@ -3,23 +3,14 @@ package projection
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"strconv"
 	"time"
 )
 
-// eventPayload returns ev.Payload, or Fields["payload"] for a hand-built
-// Event without Payload.
-func eventPayload(ev *Event) map[string]any {
-	if ev.Payload != nil {
-		return ev.Payload
-	}
-	m, _ := ev.Fields["payload"].(map[string]any)
-	return m
-}
-
-// lookupPath returns the value at a from path, nil when absent. The typed
-// fields of ev are used for the top-level event fields; payload paths walk
-// objects by key and arrays by decimal index.
+// lookupPath returns the value at a from path, nil when absent: a string,
+// json.Number, bool, or for an object or array a *treeNode. The typed fields of ev are used for the top-level event
+// fields; payload paths walk objects by key and arrays by decimal index.
 func lookupPath(ev *Event, path []string) any {
 	switch path[0] {
 	case "eventType":
@@ -37,33 +28,87 @@ func lookupPath(ev *Event, path []string) any {
 	case "ts":
 		return json.Number(strconv.FormatInt(ev.TS, 10))
 	}
-	payload := eventPayload(ev)
-	if payload == nil {
+	t, i, ok := payloadNode(ev, path)
+	if !ok {
 		return nil
 	}
-	var cur any = payload
+	switch t.Nodes[i].Kind {
+	case jsonstrict.ObjectNode, jsonstrict.ArrayNode:
+		return &treeNode{t, i}
+	}
+	return t.Any(i)
+}
+
+// payloadNode returns the node of ev's tree at the payload path path
+// ("payload", "items", "0", ...), and false when there is none.
+func payloadNode(ev *Event, path []string) (*jsonstrict.Tree, int32, bool) {
+	t := ev.tree
+	if t == nil {
+		return nil, 0, false
+	}
+	i := ev.payload
 	for _, seg := range path[1:] {
-		switch x := cur.(type) {
-		case map[string]any:
-			var ok bool
-			if cur, ok = x[seg]; !ok {
-				return nil
+		var ok bool
+		switch t.Nodes[i].Kind {
+		case jsonstrict.ObjectNode:
+			i, ok = t.Member(i, seg)
+		case jsonstrict.ArrayNode:
+			e, err := strconv.Atoi(seg)
+			if err != nil {
+				return nil, 0, false
 			}
-		case []any:
-			i, err := strconv.Atoi(seg)
-			if err != nil || i < 0 || i >= len(x) {
-				return nil
-			}
-			cur = x[i]
-		default:
-			return nil
+			i, ok = t.Element(i, e)
+		}
+		if !ok {
+			return nil, 0, false
 		}
 	}
-	return cur
+	return t, i, true
+}
+
+// lookupText returns the text of the string or number at a from path and
+// whether it is a number; ok is false when the path holds another value or
+// none (lookupPath then tells which).
+func lookupText(ev *Event, path []string) (s string, number, ok bool) {
+	switch path[0] {
+	case "eventType":
+		return ev.EventType, false, true
+	case "entityId":
+		return ev.EntityID, false, true
+	case "forkId":
+		return ev.ForkID, false, true
+	case "tenantSchema":
+		return ev.TenantSchema, false, true
+	case "irVersion":
+		return ev.IRVersion, false, true
+	case "sequenceNumber":
+		return strconv.FormatInt(ev.SequenceNumber, 10), true, true
+	case "ts":
+		return strconv.FormatInt(ev.TS, 10), true, true
+	}
+	t, i, found := payloadNode(ev, path)
+	if !found {
+		return "", false, false
+	}
+	switch t.Nodes[i].Kind {
+	case jsonstrict.StringNode:
+		return t.Text(i), false, true
+	case jsonstrict.NumberNode:
+		return t.Text(i), true, true
+	}
+	return "", false, false
+}
+
+// treeNode is an object or array of an event's tree as a column value
+// (lookupPath): checked (checkJSONB) and written as JSON (appendJSON) from
+// the tree, never built as map[string]any or []any.
+type treeNode struct {
+	t *jsonstrict.Tree
+	i int32
 }
 
 // toParam converts an event tree value (nil, string, bool, json.Number,
-// time.Time, map[string]any, []any) to the text sent for a column of type
+// time.Time, map[string]any, []any, *treeNode) to the text sent for a column of type
 // typ, or nil for NULL.
 func toParam(typ string, v any) (any, error) {
 	if v == nil {
@@ -82,22 +127,30 @@ func toParam(typ string, v any) (any, error) {
 	case bool:
 		return strconv.FormatBool(x), nil
 	case json.Number:
-		if typ == "timestamptz" || typ == "date" {
-			ms, err := strconv.ParseInt(string(x), 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s from a number wants integer epoch milliseconds, got %s", typ, x)
-			}
-			return formatTime(time.UnixMilli(ms), typ == "date"), nil
-		}
-		return string(x), nil
+		return numberParam(typ, string(x))
 	case time.Time:
 		return formatTime(x, typ == "date"), nil
 	case map[string]any:
 		return nil, fmt.Errorf("a JSON object cannot be stored in a %s column (only jsonb)", typ)
 	case []any:
 		return nil, fmt.Errorf("a JSON array cannot be stored in a %s column (only jsonb)", typ)
+	case *treeNode:
+		return nil, fmt.Errorf("a JSON %s cannot be stored in a %s column (only jsonb)", jsonType(v), typ)
 	}
 	return nil, fmt.Errorf("unsupported value of type %T", v)
+}
+
+// numberParam is toParam of the JSON number text s for a column of type
+// typ other than jsonb.
+func numberParam(typ, s string) (any, error) {
+	if typ == "timestamptz" || typ == "date" {
+		ms, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s from a number wants integer epoch milliseconds, got %s", typ, s)
+		}
+		return formatTime(time.UnixMilli(ms), typ == "date"), nil
+	}
+	return s, nil
 }
 
 // formatTime renders t for PostgreSQL exactly: ISO 8601 in UTC with the

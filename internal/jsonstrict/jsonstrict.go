@@ -137,6 +137,7 @@ func (e *UTF8Error) Error() string {
 
 // Parse reads doc, once, into a tree of map[string]any (objects), []any
 // (arrays), string, json.Number (numbers, their exact text), bool and nil.
+// It is ParseTree's result as such values (Tree.Any).
 //
 //   - For a strict document it returns the tree and nil.
 //   - For a document that is JSON but not strict it returns the tree of
@@ -150,26 +151,39 @@ func (e *UTF8Error) Error() string {
 // The strings in the tree share one copy of doc, so keeping any of them
 // keeps that copy alive; doc itself is neither kept nor modified.
 func Parse(doc []byte) (any, error) {
+	t, err := ParseTree(doc)
+	if t == nil {
+		return nil, err
+	}
+	return t.Any(0), err
+}
+
+// ParseTree reads doc, once, into a Tree; its results are Parse's, with
+// the tree as nodes (nil for a document that is not JSON or not UTF-8).
+// Reading a document into nodes takes an allocation for the nodes (which
+// hold no pointers), one for the copy of doc and, when strings hold
+// escapes, one for their unescaped text, where Parse's maps and boxed
+// values take one or more per value.
+func ParseTree(doc []byte) (*Tree, error) {
 	if !utf8.Valid(doc) {
 		return nil, utf8Error(doc)
 	}
 	p := parser{src: doc, str: string(doc)}
-	root, err := p.parse()
-	if err != nil {
+	if err := p.parse(); err != nil {
 		return nil, err
 	}
+	t := &Tree{Nodes: p.nodes, src: p.str, esc: string(p.esc)}
 	if p.refused != nil {
-		return root, p.refused
+		return t, p.refused
 	}
-	return root, nil
+	return t, nil
 }
 
 // IsObject reports whether doc is a strict document (see Parse) whose value
 // is an object: what a dead letter may embed verbatim.
 func IsObject(doc []byte) bool {
-	v, err := Parse(doc)
-	_, ok := v.(map[string]any)
-	return err == nil && ok
+	t, err := ParseTree(doc)
+	return err == nil && t.Nodes[0].Kind == ObjectNode
 }
 
 func utf8Error(doc []byte) error {

@@ -22,25 +22,30 @@ const (
 	wantEOF               // nothing: the top-level value is complete
 )
 
-// rootObjectSize is the room made in the outermost object's map: the
-// members of a projection event (SPEC §3), the document Parse reads most.
-const rootObjectSize = 8
+// linearKeys is the member count up to which an object's keys are checked
+// for duplicates by comparing them with its earlier members' keys; beyond
+// it a map of the keys is built.
+const linearKeys = 16
 
-// frame is an object or array under construction.
+// frame is an object or array being read.
 type frame struct {
-	obj map[string]any // nil for an array
-	arr []any
-	key string // object: the key of the member being parsed
-	dup bool   // object: key appeared before in it
+	node int32 // the container's node
+	key  span  // object: the key of the member being read
+	dup  bool  // object: key appeared before in it
+	// keys maps an object's keys to their first member's node, once the
+	// object has more than linearKeys members.
+	keys map[string]int32
 }
 
 // parser builds the tree of one document from segmentio's tokenizer, which
 // lexes tokens but does not check the grammar between them: that is the
 // state machine in parse.
 type parser struct {
-	src []byte
-	str string // string(src): tokens are sliced from it without allocating
-	tok segjson.Tokenizer
+	src   []byte
+	str   string // string(src): the Tree's src
+	tok   segjson.Tokenizer
+	nodes []Node
+	esc   []byte // the Tree's esc: strings with escapes, unescaped
 	// refused is the first reason the document, although JSON, is not
 	// strict. The parse goes on past it, so that what can be read is kept.
 	refused *Refusal
@@ -53,75 +58,80 @@ func (p *parser) refuse(r *Refusal) {
 	}
 }
 
-func (p *parser) parse() (any, error) {
+// initialNodes is the room made for nodes before reading: about one node
+// per 12 bytes (a projection event of 435 bytes has 26), at most 256 so
+// that a document holding one large string does not reserve much more
+// than it needs.
+func initialNodes(n int) int { return min(n/12+4, 256) }
+
+func (p *parser) parse() error {
 	p.tok.Reset(p.src)
 	defer p.tok.Reset(nil) // returns the tokenizer's stack to its pool
+	p.nodes = make([]Node, 0, initialNodes(len(p.src)))
 	// stack holds the open containers, outermost first. It is a local
 	// variable (not a field) so that its first eight frames stay on the
 	// goroutine stack.
 	stack := make([]frame, 0, 8)
-	var root any
 	state := wantValue
 	for {
 		if !p.tok.Next() {
 			if p.tok.Err != nil || state != wantEOF {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
-			return root, nil
+			return nil
 		}
 		if state == wantEOF {
-			return nil, p.syntaxError()
+			return p.syntaxError()
 		}
-		var v any
+		var key span // the key of a value in an object
+		if top := len(stack) - 1; top >= 0 {
+			key = stack[top].key
+		}
 		switch p.tok.Delim {
 		case '{', '[':
 			if state != wantValue && state != wantValueOrEnd {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
 			if len(stack) == maxParseDepth {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
 			if len(stack) == MaxDepth {
-				p.refuse(&Refusal{Kind: TooDeep, Path: path(stack[:1], true), Offset: len(p.src) - p.tok.Remaining()})
+				p.refuse(&Refusal{Kind: TooDeep, Path: p.path(stack[:1], true), Offset: len(p.src) - p.tok.Remaining()})
 			}
+			stack = append(stack, frame{node: int32(len(p.nodes))})
 			if p.tok.Delim == '{' {
-				n := 0
-				if len(stack) == 0 {
-					n = rootObjectSize
-				}
-				stack = append(stack, frame{obj: make(map[string]any, n)})
+				p.nodes = append(p.nodes, Node{key: key, Kind: ObjectNode})
 				state = wantKeyOrEnd
 			} else {
-				stack = append(stack, frame{arr: make([]any, 0)})
+				p.nodes = append(p.nodes, Node{key: key, Kind: ArrayNode})
 				state = wantValueOrEnd
 			}
 			continue
 		case '}', ']':
 			top := len(stack) - 1
-			if top < 0 || (p.tok.Delim == '}') != (stack[top].obj != nil) {
-				return nil, p.syntaxError()
+			if top < 0 || (p.tok.Delim == '}') != (p.nodes[stack[top].node].Kind == ObjectNode) {
+				return p.syntaxError()
 			}
 			if state != wantCommaOrEnd && state != wantKeyOrEnd && state != wantValueOrEnd {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
-			if f := stack[top]; f.obj != nil {
-				v = f.obj
-			} else {
-				v = f.arr
-			}
+			i := stack[top].node
+			p.nodes[i].End = int32(len(p.nodes))
 			stack[top] = frame{}
 			stack = stack[:top]
+			state = p.complete(stack, i)
+			continue
 		case ':':
 			if state != wantColon {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
 			state = wantValue
 			continue
 		case ',':
 			if state != wantCommaOrEnd {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
-			if stack[len(stack)-1].obj != nil {
+			if p.nodes[stack[len(stack)-1].node].Kind == ObjectNode {
 				state = wantKey
 			} else {
 				state = wantValue
@@ -132,73 +142,139 @@ func (p *parser) parse() (any, error) {
 			off := len(p.src) - p.tok.Remaining() - len(raw)
 			if state == wantKeyOrEnd || state == wantKey {
 				if raw[0] != '"' {
-					return nil, p.syntaxError()
+					return p.syntaxError()
 				}
-				key, _ := p.unquote(stack, off, raw, false)
-				f := &stack[len(stack)-1]
-				_, f.dup = f.obj[key]
-				if f.dup {
-					object := path(stack, false)
-					p.refuse(&Refusal{Kind: DuplicateKey, Path: string(appendKey([]byte(object), key)), Object: object, Key: key})
-				}
-				f.key = key
+				k, _ := p.unquote(stack, off, raw, false)
+				p.member(stack, k)
 				state = wantColon
 				continue
 			}
 			if state != wantValue && state != wantValueOrEnd {
-				return nil, p.syntaxError()
+				return p.syntaxError()
 			}
+			n := Node{key: key, End: int32(len(p.nodes)) + 1}
 			switch raw[0] {
 			case '"':
-				if s, ok := p.unquote(stack, off, raw, true); ok {
-					v = s
+				var ok bool
+				if n.text, ok = p.unquote(stack, off, raw, true); ok {
+					n.Kind = StringNode
 				} else {
-					v = Unreadable{}
+					n.Kind = UnreadableNode
 				}
 			case 'n':
-				v = nil
+				n.Kind = NullNode
 			case 't':
-				v = true
+				n.Kind = TrueNode
 			case 'f':
-				v = false
+				n.Kind = FalseNode
 			default:
-				v = json.Number(p.str[off : off+len(raw)])
+				n.Kind, n.text = NumberNode, span{int32(off), int32(len(raw))}
 			}
+			p.nodes = append(p.nodes, n)
+			state = p.complete(stack, int32(len(p.nodes)-1))
 		default:
-			return nil, p.syntaxError()
+			return p.syntaxError()
 		}
-
-		// v is a complete value: a scalar or a closed container.
-		if len(stack) == 0 {
-			root = v
-			state = wantEOF
-			continue
-		}
-		f := &stack[len(stack)-1]
-		if f.obj != nil && f.dup {
-			f.obj[f.key] = Unreadable{} // neither value is the one
-		} else if f.obj != nil {
-			f.obj[f.key] = v
-		} else {
-			f.arr = append(f.arr, v)
-		}
-		state = wantCommaOrEnd
 	}
 }
 
-// unquote returns the string that the string token raw at byte offset off
-// stands for, and true. For an unpaired UTF-16 surrogate escape it records
+// member starts the member key of the innermost open object: it records
+// the key in the frame and, when the object had it before, the refusal,
+// with the first member of that key marked unreadable (neither value is
+// the one).
+func (p *parser) member(stack []frame, key span) {
+	f := &stack[len(stack)-1]
+	obj := &p.nodes[f.node]
+	first := int32(-1)
+	switch {
+	case f.keys != nil:
+		if j, ok := f.keys[p.text(key)]; ok {
+			first = j
+		}
+	case obj.Len < linearKeys:
+		for j, k := f.node+1, int32(0); k < obj.Len; j, k = p.nodes[j].End, k+1 {
+			if p.equal(p.nodes[j].key, key) {
+				first = j
+				break
+			}
+		}
+	default:
+		f.keys = make(map[string]int32, 2*linearKeys)
+		for j, k := f.node+1, int32(0); k < obj.Len; j, k = p.nodes[j].End, k+1 {
+			if _, ok := f.keys[p.text(p.nodes[j].key)]; !ok {
+				f.keys[p.text(p.nodes[j].key)] = j
+			}
+		}
+		if j, ok := f.keys[p.text(key)]; ok {
+			first = j
+		}
+	}
+	f.key, f.dup = key, first >= 0
+	if f.dup {
+		p.nodes[first].Kind = UnreadableNode
+		object := p.path(stack, false)
+		k := p.text(key)
+		p.refuse(&Refusal{Kind: DuplicateKey, Path: string(appendKey([]byte(object), k)), Object: object, Key: k})
+	}
+}
+
+// bytes returns the bytes of s, read so far.
+func (p *parser) bytes(s span) []byte {
+	if s.off >= 0 {
+		return p.src[s.off : s.off+s.n]
+	}
+	o := -s.off - 1
+	return p.esc[o : o+s.n]
+}
+
+// text returns the string of s: a slice of the document's copy, or a new
+// string for an unescaped one.
+func (p *parser) text(s span) string {
+	if s.off >= 0 {
+		return p.str[s.off : s.off+s.n]
+	}
+	return string(p.bytes(s))
+}
+
+// equal reports whether the strings of a and b are equal.
+func (p *parser) equal(a, b span) bool { return string(p.bytes(a)) == string(p.bytes(b)) }
+
+// complete takes the value at node i, just read, into its container (the
+// innermost open one, none for the outermost value) and returns the state
+// that follows.
+func (p *parser) complete(stack []frame, i int32) int {
+	if len(stack) == 0 {
+		return wantEOF
+	}
+	f := &stack[len(stack)-1]
+	c := &p.nodes[f.node]
+	if c.Kind == ObjectNode {
+		switch {
+		case f.dup:
+			p.nodes[i].Kind = UnreadableNode
+		case f.keys != nil:
+			f.keys[p.text(f.key)] = i
+		}
+	}
+	c.Len++
+	return wantCommaOrEnd
+}
+
+// unquote returns the span of the string that the string token raw at byte
+// offset off stands for, and true: within the document when it has no
+// escape, else in p.esc, unescaped. For an unpaired UTF-16 surrogate escape it records
 // the refusal (p.refuse) and returns false, with U+FFFD in its place.
 // isValue tells whether raw is a value (its path ends in its key or index)
 // or a key (its path is its object's).
-func (p *parser) unquote(stack []frame, off int, raw []byte, isValue bool) (string, bool) {
+func (p *parser) unquote(stack []frame, off int, raw []byte, isValue bool) (span, bool) {
 	inner := raw[1 : len(raw)-1]
 	if p.tok.Kind() == segjson.Unescaped || bytes.IndexByte(inner, '\\') < 0 {
-		return p.str[off+1 : off+len(raw)-1], true
+		return span{int32(off + 1), int32(len(inner))}, true
 	}
 	// The tokenizer has checked the escapes' syntax: a backslash is followed
 	// by one of "\/bfnrtu, and \u by four hex digits.
-	buf := make([]byte, 0, len(inner))
+	start := len(p.esc)
+	buf := p.esc
 	ok := true
 	for i := 0; i < len(inner); {
 		c := inner[i]
@@ -230,7 +306,7 @@ func (p *parser) unquote(stack []frame, off int, raw []byte, isValue bool) (stri
 						continue
 					}
 				}
-				p.refuse(&Refusal{Kind: UnpairedSurrogate, Path: path(stack, isValue),
+				p.refuse(&Refusal{Kind: UnpairedSurrogate, Path: p.path(stack, isValue),
 					Escape: string(inner[i-6 : i]), Offset: off + 1 + i - 5})
 				ok = false
 				buf = utf8.AppendRune(buf, utf8.RuneError)
@@ -243,7 +319,8 @@ func (p *parser) unquote(stack []frame, off int, raw []byte, isValue bool) (stri
 		}
 		i += 2
 	}
-	return string(buf), ok
+	p.esc = buf
+	return span{-int32(start) - 1, int32(len(buf) - start)}, ok
 }
 
 // parseHex4 decodes the four hex digits at the start of b.
@@ -266,7 +343,7 @@ func parseHex4(b []byte) rune {
 // path returns the JSON path of the position being parsed, given the open
 // containers: of the member or element in progress when withLast, else of
 // the innermost open container.
-func path(stack []frame, withLast bool) string {
+func (p *parser) path(stack []frame, withLast bool) string {
 	var b []byte
 	n := len(stack)
 	if !withLast {
@@ -274,11 +351,11 @@ func path(stack []frame, withLast bool) string {
 	}
 	for i := range n {
 		f := &stack[i]
-		if f.obj != nil {
-			b = appendKey(b, f.key)
+		if c := &p.nodes[f.node]; c.Kind == ObjectNode {
+			b = appendKey(b, p.text(f.key))
 		} else {
 			b = append(b, '[')
-			b = strconv.AppendInt(b, int64(len(f.arr)), 10)
+			b = strconv.AppendInt(b, int64(c.Len), 10)
 			b = append(b, ']')
 		}
 	}

@@ -50,14 +50,15 @@ func (a Audit) Apply(ctx context.Context, db projection.DB, ev *projection.Event
 }
 
 func (Audit) statement(ev *projection.Event) projection.Statement {
-	if ev.Payload["explode"] == true || ev.Payload["explode_plan"] == true {
+	payload := ev.Payload()
+	if payload["explode"] == true || payload["explode_plan"] == true {
 		panic(fmt.Sprintf("soak: poison rating of %s (sequence number %d)", ev.EntityID, ev.SequenceNumber))
 	}
-	user, _ := ev.Payload["user_id"].(string)
-	artist, _ := ev.Payload["artist_id"].(string)
+	user, _ := payload["user_id"].(string)
+	artist, _ := payload["artist_id"].(string)
 	t := pgx.Identifier{ev.TenantSchema, AuditTable}.Sanitize()
 	from := ""
-	if ev.Payload["slow"] == true {
+	if payload["slow"] == true {
 		// Longer than the soak database's statement_timeout: 57014 at
 		// every attempt.
 		from = " FROM pg_sleep(" + strconv.Itoa(int(SlowStatement/time.Second)) + ")"

@@ -1,0 +1,116 @@
+package jsonstrict
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// wideObject returns an object of n members "k0": 0 ... "k<n-1>": n-1, with
+// extra appended to its members.
+func wideObject(n int, extra string) string {
+	var b strings.Builder
+	b.WriteString(`{"w":{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%d":%d`, i, i)
+	}
+	b.WriteString(extra)
+	b.WriteString(`}}`)
+	return b.String()
+}
+
+// TestParseTreeFindsDuplicatesInWideObjects checks duplicate keys on both
+// sides of linearKeys, where the parser stops comparing keys and builds a
+// map of them, including a key written with escapes.
+func TestParseTreeFindsDuplicatesInWideObjects(t *testing.T) {
+	for _, n := range []int{linearKeys - 1, linearKeys, linearKeys + 1, 3 * linearKeys} {
+		for _, tt := range []struct{ name, extra, key string }{
+			{"first key again", `,"k0":"x"`, "k0"},
+			{"last key again", fmt.Sprintf(`,"k%d":"x"`, n-1), fmt.Sprintf("k%d", n-1)},
+			{"escaped key again", `,"\u006b1":{"deep":[1]}`, "k1"},
+		} {
+			t.Run(fmt.Sprintf("%d members/%s", n, tt.name), func(t *testing.T) {
+				tree, err := Parse([]byte(wideObject(n, tt.extra)))
+				var r *Refusal
+				if !errors.As(err, &r) || r.Kind != DuplicateKey || r.Key != tt.key || r.Object != "w" || r.Path != "w."+tt.key {
+					t.Fatalf("Parse error = %v (%+v), want duplicate key %q in w", err, r, tt.key)
+				}
+				w := tree.(map[string]any)["w"].(map[string]any)
+				if len(w) != n || w[tt.key] != (Unreadable{}) {
+					t.Errorf("w has %d keys, %q = %v; want %d keys and Unreadable", len(w), tt.key, w[tt.key], n)
+				}
+				if w["k2"] != json.Number("2") {
+					t.Errorf("k2 = %v, want 2", w["k2"])
+				}
+			})
+		}
+		t.Run(fmt.Sprintf("%d members/no duplicate", n), func(t *testing.T) {
+			tree, err := Parse([]byte(wideObject(n, `,"K0":0,"k0 ":0`)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := tree.(map[string]any)["w"].(map[string]any); len(w) != n+2 {
+				t.Errorf("w has %d keys, want %d", len(w), n+2)
+			}
+		})
+	}
+}
+
+// TestTreeReadsInPlace checks Member, Element, Key, Text and Any against
+// the document, with escaped and unescaped strings side by side.
+func TestTreeReadsInPlace(t *testing.T) {
+	doc := `{"a":{"x":"pl\u0061in","y\n":[10,"t\tab",{"z":null}]},"b":true,"c":-1.5e3,"d":[]}`
+	tree, err := ParseTree([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ok := tree.Member(0, "a")
+	if !ok || tree.Key(a) != "a" || tree.Nodes[a].Kind != ObjectNode || tree.Nodes[a].Len != 2 {
+		t.Fatalf("Member(0, a) = %d, %v", a, ok)
+	}
+	x, _ := tree.Member(a, "x")
+	if tree.Text(x) != "plain" || tree.Nodes[x].Kind != StringNode {
+		t.Errorf("a.x = %q (kind %d), want plain", tree.Text(x), tree.Nodes[x].Kind)
+	}
+	y, ok := tree.Member(a, "y\n")
+	if !ok || tree.Nodes[y].Kind != ArrayNode || tree.Nodes[y].Len != 3 {
+		t.Fatalf(`Member(a, "y\n") = %d, %v`, y, ok)
+	}
+	if e, ok := tree.Element(y, 1); !ok || tree.Text(e) != "t\tab" {
+		t.Errorf("a.y[1] = %q, %v", tree.Text(e), ok)
+	}
+	e2, _ := tree.Element(y, 2)
+	if z, ok := tree.Member(e2, "z"); !ok || tree.Nodes[z].Kind != NullNode {
+		t.Errorf("a.y[2].z = %d, %v", z, ok)
+	}
+	if _, ok := tree.Element(y, 3); ok {
+		t.Error("a.y[3] found")
+	}
+	if _, ok := tree.Member(y, "x"); ok {
+		t.Error("Member of an array found something")
+	}
+	if c, _ := tree.Member(0, "c"); tree.Text(c) != "-1.5e3" || tree.Nodes[c].Kind != NumberNode {
+		t.Errorf("c = %q, want the number's text", tree.Text(c))
+	}
+	if got := tree.Nodes[0].End; got != int32(len(tree.Nodes)) {
+		t.Errorf("root's End = %d, want %d", got, len(tree.Nodes))
+	}
+	want := map[string]any{
+		"a": map[string]any{"x": "plain", "y\n": []any{json.Number("10"), "t\tab", map[string]any{"z": nil}}},
+		"b": true, "c": json.Number("-1.5e3"), "d": []any{},
+	}
+	if diff := cmp.Diff(want, tree.Any(0)); diff != "" {
+		t.Errorf("Any(0) (-want +got):\n%s", diff)
+	}
+	tree.SetString(x, "a\xffb")
+	if tree.Text(x) != "a\xffb" || tree.Text(e2-1) != "t\tab" {
+		t.Errorf("after SetString: a.x = %q, a.y[1] = %q", tree.Text(x), tree.Text(e2-1))
+	}
+}
