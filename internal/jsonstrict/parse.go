@@ -58,11 +58,12 @@ func (p *parser) refuse(r *Refusal) {
 	}
 }
 
-// initialNodes is the room made for nodes before reading: about one node
-// per 12 bytes (a projection event of 435 bytes has 26), at most 256 so
-// that a document holding one large string does not reserve much more
-// than it needs.
-func initialNodes(n int) int { return min(n/12+4, 256) }
+// initialNodes is the room made for nodes before reading: one node per 16
+// bytes, and 4 (projection events take 19-24 bytes per node: the bench's
+// 433-byte events have 20-22), at most 256 so that a document holding one
+// large string does not reserve much more than it needs. A document of
+// denser nodes grows the slice as it is read.
+func initialNodes(n int) int { return min(n/16+4, 256) }
 
 func (p *parser) parse() error {
 	p.tok.Reset(p.src)
