@@ -229,10 +229,10 @@ func deriveVars(ev *Event) *deriveActivation {
 }
 
 // deriveActivation implements cel-go's interpreter.Activation: payload at
-// once, event (the top level of the event, with the typed fields
-// authoritative for hand-built Events) built on first use, since most
-// derives read only payload. Nested values are converted by treeAdapter
-// when read. An activation serves one Plan call at a time; it is not safe
+// once, as the event tree's object read in place (treeObject), and event
+// (the top level of the event, its typed fields authoritative) built on
+// first use, since most derives read only payload. Values are converted
+// when read (treeValue, treeAdapter). An activation serves one Plan call at a time; it is not safe
 // for concurrent use. TableProjection reuses them (reset), keeping the
 // event map's room.
 type deriveActivation struct {
