@@ -23,9 +23,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"math"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -253,7 +253,7 @@ func (a *deriveActivation) reset(ev *Event) {
 	case ev.tree == nil:
 		a.payload = types.NewStringInterfaceMap(treeAdapter{}, map[string]any{})
 	default:
-		a.obj = treeObject{t: ev.tree, i: ev.payload}
+		a.obj = treeObject{t: ev.tree, i: ev.payload, name: "payload"}
 		a.payload = &a.obj
 	}
 }
@@ -269,8 +269,9 @@ func (a *deriveActivation) ResolveName(name string) (any, bool) {
 				a.event = make(map[string]any, 16)
 			}
 			if t := ev.tree; t != nil {
+				root := &treeObject{t: t, name: "event"}
 				for j, k := int32(1), int32(0); k < t.Nodes[0].Len; j, k = t.Nodes[j].End, k+1 {
-					a.event[t.Key(j)] = treeValue(t, j)
+					a.event[t.Key(j)] = treeValue(t, j, root, t.Key(j))
 				}
 			}
 			a.event["eventType"] = ev.EventType
@@ -309,16 +310,29 @@ func (a treeAdapter) NativeToValue(v any) ref.Val {
 }
 
 // numberValue is the CEL value of the JSON number text s: int when it is
-// an integer that fits int64, else double; an error beyond float64's range.
+// an integer that fits int64, else double; an error (errNumberRange) when
+// it is beyond float64's range, or so close to 0 that it would read as 0
+// (1e-400), as PostgreSQL's double precision refuses both.
 func numberValue(s string) ref.Val {
 	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return types.Int(i)
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil { // beyond float64's range: not ±Inf, an error
+	if err != nil || (f == 0 && nonzeroMantissa(s)) { // not ±Inf or 0: an error
 		return types.WrapErr(errNumberRange)
 	}
 	return types.Double(f)
+}
+
+// nonzeroMantissa reports whether the JSON number s has a digit other than
+// 0 before its exponent.
+func nonzeroMantissa(s string) bool {
+	for i := 0; i < len(s) && s[i] != 'e' && s[i] != 'E'; i++ {
+		if s[i] >= '1' && s[i] <= '9' {
+			return true
+		}
+	}
+	return false
 }
 
 // evalDerive evaluates prg and returns its result as an event tree value
@@ -339,6 +353,8 @@ func evalDerive(prg *derivePrg, vars *deriveActivation) (any, error) {
 // fromCEL converts a CEL result to an event tree value.
 func fromCEL(v ref.Val) (any, error) {
 	switch x := v.(type) {
+	case *types.Err: // an element of a list or map: a number beyond range
+		return nil, x
 	case types.Null:
 		return nil, nil
 	case *types.Optional:
@@ -401,22 +417,27 @@ func fromCEL(v ref.Val) (any, error) {
 }
 
 // errNumberRange is the CEL error of a JSON number beyond float64's range
-// (1e400): CEL has no value for it, and ±Infinity would be a different
-// number.
-var errNumberRange = errors.New("number beyond the range of a CEL double (±1.8e308)")
+// (1e400), or nonzero and nearer 0 than its smallest (1e-400): CEL has no
+// value for it, and ±Infinity or 0 would be a different number.
+var errNumberRange = errors.New("number beyond the range of a CEL double (±1.8e308; nonzero nearer 0 than 4.9e-324)")
 
 // errNoSuchOverload is cel-go's error for a function or operator given
 // types it has no overload for (double + int); see isNoSuchOverload.
 var errNoSuchOverload = types.NoSuchOverloadErr().(error)
 
-// deriveError adds to a derive's evaluation error err the payload number
-// that explains it, if one does: a number beyond float64's range (1e400),
-// or, for a missing overload, an integer beyond int64 that CEL reads as a
-// double (99999999999999999999 + 1 is double + int).
-func deriveError(err error, payload map[string]any) error {
+// deriveError adds to a derive's evaluation error err the event's number
+// that explains it, if one does: a number beyond float64's range (1e400,
+// 1e-400), or, for a missing overload, an integer beyond int64 that CEL
+// reads as a double (99999999999999999999 + 1 is double + int). A number
+// read from an object names its own path already (numberRangeError);
+// otherwise (an element of a list, a call's arguments) the path is named
+// only when one number of the event matches, never a guess among several.
+func deriveError(err error, ev *Event) error {
+	var nre *numberRangeError
 	switch {
+	case errors.As(err, &nre):
 	case errors.Is(err, errNumberRange):
-		if path, n := findNumber(payload, "payload", beyondDouble); path != "" {
+		if path, n := onlyNumber(ev, beyondDouble); path != "" {
 			return fmt.Errorf("%s: %s: %w", path, quoteValue(n), err)
 		}
 	case isNoSuchOverload(err):
@@ -424,18 +445,35 @@ func deriveError(err error, payload map[string]any) error {
 		if errors.As(err, &oe) && !slices.Contains(oe.argTypes, "double") {
 			break // no double in the call: not an integer read as one
 		}
-		if path, n := findNumber(payload, "payload", beyondInt64); path != "" {
+		if path, n := onlyNumber(ev, beyondInt64); path != "" {
 			return fmt.Errorf("%w (%s is %s, an integer beyond int64, which CEL reads as a double)", err, path, shortenValue(n))
 		}
 	}
 	return err
 }
 
-// beyondDouble reports whether the JSON number n is beyond float64's range.
-func beyondDouble(n string) bool {
-	_, err := strconv.ParseFloat(n, 64)
-	return err != nil
+// onlyNumber returns the path and text of the number of ev for which match
+// reports true when there is exactly one, else "": payload's as
+// "payload...", the other members' as "event...".
+func onlyNumber(ev *Event, match func(string) bool) (string, string) {
+	var path, n string
+	found := 0
+	for k, v := range ev.Fields() {
+		p := "payload"
+		if k != "payload" {
+			p = string(jsonstrict.AppendKey([]byte("event"), k))
+		}
+		found += findNumbers(v, p, match, &path, &n)
+	}
+	if found != 1 {
+		return "", ""
+	}
+	return path, n
 }
+
+// beyondDouble reports whether the JSON number n is one CEL cannot read
+// (numberValue): beyond float64's range, or nonzero and read as 0.
+func beyondDouble(n string) bool { return types.IsError(numberValue(n)) }
 
 // beyondInt64 reports whether the JSON number n is an integer (no fraction,
 // no exponent) beyond int64's range.
@@ -447,31 +485,27 @@ func beyondInt64(n string) bool {
 	return err != nil
 }
 
-// findNumber returns the path and text of the first number in v for which
-// match reports true (object keys in sorted order), or "".
-func findNumber(v any, path string, match func(string) bool) (string, string) {
+// findNumbers counts the numbers in v for which match reports true, and
+// sets *path and *n to the last one's path (from path) and text.
+func findNumbers(v any, path string, match func(string) bool, foundPath, n *string) int {
 	switch x := v.(type) {
 	case json.Number:
 		if match(string(x)) {
-			return path, string(x)
+			*foundPath, *n = path, string(x)
+			return 1
 		}
 	case map[string]any:
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
+		found := 0
+		for k, e := range x {
+			found += findNumbers(e, string(jsonstrict.AppendKey([]byte(path), k)), match, foundPath, n)
 		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if p, n := findNumber(x[k], path+"."+k, match); p != "" {
-				return p, n
-			}
-		}
+		return found
 	case []any:
+		found := 0
 		for i, e := range x {
-			if p, n := findNumber(e, path+"["+strconv.Itoa(i)+"]", match); p != "" {
-				return p, n
-			}
+			found += findNumbers(e, path+"["+strconv.Itoa(i)+"]", match, foundPath, n)
 		}
+		return found
 	}
-	return "", ""
+	return 0
 }

@@ -2,7 +2,7 @@ package projection
 
 import (
 	"encoding/json"
-	"fmt"
+	"errors"
 	"strings"
 	"testing"
 
@@ -191,12 +191,72 @@ func TestDeriveReadsTheTreeAsCELMaps(t *testing.T) {
 			built := &deriveActivation{ev: ev, payload: types.NewStringInterfaceMap(treeAdapter{}, ev.Payload())}
 			got, err := evalDerive(prg, tree)
 			want, werr := evalDerive(prg, built)
-			if fmt.Sprint(err) != fmt.Sprint(werr) {
+			// A number out of range read from the tree names its path
+			// before the built map's error.
+			if (err == nil) != (werr == nil) || (err != nil && !strings.HasSuffix(err.Error(), werr.Error())) {
 				t.Fatalf("error %v; with the built map %v", err, werr)
+			}
+			if errors.Is(werr, errNumberRange) && !strings.HasPrefix(err.Error(), `payload.huge: "1e400": `) {
+				t.Errorf("error %v does not name payload.huge", err)
 			}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("result (-built map +tree):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestDeriveErrorNamesTheNumberItRead checks that a derive reading a
+// number CEL cannot hold (beyond float64, or nonzero and read as 0) names
+// that number's path, wherever it is, and never another number of the
+// event (new-user trial: double(payload.f) named payload.aa, which sorts
+// first; event.extra was named payload.big; a map holding one gave
+// "result of type error cannot be stored"; 1e-400 was read as 0).
+func TestDeriveErrorNamesTheNumberItRead(t *testing.T) {
+	tests := []struct {
+		name, expr, extra, payload string
+		want                       string // the error's start; "" when no path may be named
+	}{
+		{"the number read, not the first in key order", "double(payload.f)", "", `{"aa":1e400,"f":1e400}`, `payload.f: "1e400": `},
+		{"a top-level member", "string(event.extra)", `,"extra":1e400`, `{"big":1e400}`, `event.extra: "1e400": `},
+		{"nested, in a map returned", "payload.o", "", `{"o":{"k":"s","n":1e400}}`, `payload.o.n: "1e400": `},
+		{"a key that is not a plain name", "payload['a b'].n + 1.0", "", `{"a b":{"n":-2e308}}`, `payload["a b"].n: "-2e308": `},
+		{"nonzero read as 0", "double(payload.tiny) * 2.0", "", `{"tiny":1e-400}`, `payload.tiny: "1e-400": `},
+		{"in a list, the only one", "payload.l", "", `{"l":[1,1e400]}`, `payload.l[1]: "1e400": `},
+		{"in a list, one of two: no guess", "payload.l", "", `{"l":[1e400],"m":1e400}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev, err := DecodeEvent([]byte(`{"eventType":"E","entityId":"e","forkId":"f","tenantSchema":"s","irVersion":"",` +
+				`"sequenceNumber":1,"ts":2` + tt.extra + `,"payload":` + tt.payload + `}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			prg, err := compileDerive(tt.expr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = evalDerive(prg, deriveVars(ev))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			err = deriveError(err, ev)
+			if !errors.Is(err, errNumberRange) {
+				t.Fatalf("error %v is not errNumberRange", err)
+			}
+			if tt.want == "" {
+				if err.Error() != errNumberRange.Error() {
+					t.Errorf("error %q names a path", err)
+				}
+			} else if !strings.HasPrefix(err.Error(), tt.want) {
+				t.Errorf("error %q, want it to start with %q", err, tt.want)
+			}
+		})
+	}
+	// A number close to 0 that is 0, or that a double holds, is read.
+	for _, n := range []string{"0e-400", "-0.000e5", "4.9e-324", "1e-300"} {
+		if v := numberValue(n); types.IsError(v) {
+			t.Errorf("numberValue(%s) = %v", n, v)
+		}
 	}
 }

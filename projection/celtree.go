@@ -10,19 +10,23 @@ import (
 	"github.com/causet/projection-worker/internal/jsonstrict"
 )
 
-// treeValue returns node i of an event tree as a CEL value: an object as a
-// *treeObject, read in place; a string, bool or null as CEL's; a number
-// as treeAdapter converts a json.Number; an array as a list of the values
-// treeAdapter adapts, built anew.
-func treeValue(t *jsonstrict.Tree, i int32) ref.Val {
-	n := &t.Nodes[i]
-	switch n.Kind {
+// treeValue returns node i of an event tree, the member key of the object
+// parent, as a CEL value: an object as a *treeObject, read in place; a
+// string, bool or null as CEL's; a number as numberValue converts it, its
+// range error naming its path (numberRangeError); an array as a list of
+// the values treeAdapter adapts, built anew.
+func treeValue(t *jsonstrict.Tree, i int32, parent *treeObject, key string) ref.Val {
+	switch t.Nodes[i].Kind {
 	case jsonstrict.ObjectNode:
-		return &treeObject{t: t, i: i}
+		return &treeObject{t: t, i: i, parent: parent, key: key}
 	case jsonstrict.StringNode:
 		return types.String(t.Text(i))
 	case jsonstrict.NumberNode:
-		return numberValue(t.Text(i))
+		v := numberValue(t.Text(i))
+		if types.IsError(v) {
+			return types.WrapErr(&numberRangeError{path: parent.memberPath(key), text: t.Text(i)})
+		}
+		return v
 	case jsonstrict.TrueNode:
 		return types.True
 	case jsonstrict.FalseNode:
@@ -33,6 +37,16 @@ func treeValue(t *jsonstrict.Tree, i int32) ref.Val {
 	return treeAdapter{}.NativeToValue(t.Any(i))
 }
 
+// numberRangeError is errNumberRange for the number text at path.
+type numberRangeError struct{ path, text string }
+
+// Error returns `<path>: "<text>": ` and errNumberRange's text.
+func (e *numberRangeError) Error() string {
+	return e.path + ": " + quoteValue(e.text) + ": " + errNumberRange.Error()
+}
+
+func (e *numberRangeError) Unwrap() error { return errNumberRange }
+
 // treeObject is an object of an event tree as a CEL map (traits.Mapper)
 // with string keys. The lookups a derive makes most (a field, has(), an
 // optional field, size) read the tree in place; the other operations
@@ -42,7 +56,28 @@ func treeValue(t *jsonstrict.Tree, i int32) ref.Val {
 type treeObject struct {
 	t *jsonstrict.Tree
 	i int32
-	m traits.Mapper // built on first use
+	// The object is the member key of parent, or, with no parent, the
+	// variable name ("payload", "event").
+	parent *treeObject
+	key    string
+	name   string
+	m      traits.Mapper // built on first use
+}
+
+// memberPath returns the path of o's member key: "payload.points",
+// `event["a b"]`; key alone for a nil o.
+func (o *treeObject) memberPath(key string) string {
+	if o == nil {
+		return key
+	}
+	return string(jsonstrict.AppendKey(o.appendPath(nil), key))
+}
+
+func (o *treeObject) appendPath(b []byte) []byte {
+	if o.parent == nil {
+		return append(b, o.name...)
+	}
+	return jsonstrict.AppendKey(o.parent.appendPath(b), o.key)
 }
 
 // mapper returns the object as CEL's map of its map[string]any tree.
@@ -65,7 +100,7 @@ func (o *treeObject) Find(key ref.Val) (ref.Val, bool) {
 	if !ok {
 		return nil, false
 	}
-	return treeValue(o.t, j), true
+	return treeValue(o.t, j, o, string(k)), true
 }
 
 // Get returns the value of key, or CEL's error for a missing key.

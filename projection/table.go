@@ -213,7 +213,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 			var err error
 			if v, err = evalDerive(c.prog, vars); err != nil {
-				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, deriveError(err, ev.Payload())))
+				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, deriveError(err, ev)))
 			}
 		} else if s, number, ok := lookupText(ev, c.path); ok && c.kind != kindJSONB {
 			// checkValue and toParam of a string or json.Number, without

@@ -273,7 +273,7 @@ func TestDeriveNumberBeyondDouble(t *testing.T) {
 		if err == nil {
 			t.Fatalf("x = %s: Plan succeeded with args %v, want an error", x, st.Args)
 		}
-		want := fmt.Sprintf(`projection "p": derive d: payload.x: %q: number beyond the range of a CEL double (±1.8e308)`, x)
+		want := fmt.Sprintf(`projection "p": derive d: payload.x: %q: number beyond the range of a CEL double (±1.8e308; nonzero nearer 0 than 4.9e-324)`, x)
 		if !retry.IsPermanent(err) || !errors.Is(err, errNumberRange) || err.Error() != want {
 			t.Errorf("x = %s: error = %q (class %v), want permanent %q", x, err, retry.Classify(err), want)
 		}

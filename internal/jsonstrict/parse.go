@@ -215,7 +215,7 @@ func (p *parser) member(stack []frame, key span) {
 		p.nodes[first].Kind = UnreadableNode
 		object := p.path(stack, false)
 		k := p.text(key)
-		p.refuse(&Refusal{Kind: DuplicateKey, Path: string(appendKey([]byte(object), k)), Object: object, Key: k})
+		p.refuse(&Refusal{Kind: DuplicateKey, Path: string(AppendKey([]byte(object), k)), Object: object, Key: k})
 	}
 }
 
@@ -353,7 +353,7 @@ func (p *parser) path(stack []frame, withLast bool) string {
 	for i := range n {
 		f := &stack[i]
 		if c := &p.nodes[f.node]; c.Kind == ObjectNode {
-			b = appendKey(b, p.text(f.key))
+			b = AppendKey(b, p.text(f.key))
 		} else {
 			b = append(b, '[')
 			b = strconv.AppendInt(b, int64(c.Len), 10)
@@ -363,9 +363,10 @@ func (p *parser) path(stack []frame, withLast bool) string {
 	return string(b)
 }
 
-// appendKey appends key to the path b: ".key" (no dot at the start) for a
-// plain name, else `["key"]`.
-func appendKey(b []byte, key string) []byte {
+// AppendKey appends key to the JSON path b, as Refusal's paths are
+// written: ".key" (no dot at the start) for a plain name
+// ([A-Za-z0-9_-]+), else `["key"]` (Go-quoted).
+func AppendKey(b []byte, key string) []byte {
 	plain := key != ""
 	for i := 0; i < len(key) && plain; i++ {
 		c := key[i]
