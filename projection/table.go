@@ -215,7 +215,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			if v, err = evalDerive(c.prog, vars); err != nil {
 				return nil, p.permanent(fmt.Errorf("derive %s: %w", c.name, deriveError(err, ev)))
 			}
-		} else if s, number, ok := lookupText(ev, c.path); ok && c.kind != kindJSONB {
+		} else if s, number, ok := c.text(ev); ok {
 			// checkValue and toParam of a string or json.Number, without
 			// boxing the value for them.
 			if number {
@@ -283,6 +283,15 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 		args = append(args, seq, p.def.Table)
 		return Statement{SQL: p.delete.build(ev.TenantSchema), Args: args, Op: OpDelete}, nil
 	}
+}
+
+// text returns lookupText of c's from path, except for a jsonb column
+// (ok false): its string or number becomes JSON text (toParam).
+func (c *column) text(ev *Event) (s string, number, ok bool) {
+	if c.kind == kindJSONB {
+		return "", false, false
+	}
+	return lookupText(ev, c.path)
 }
 
 func (p *TableProjection) permanent(err error) error {

@@ -3,30 +3,22 @@ package projection
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/causet/projection-worker/internal/jsonstrict"
 	"strconv"
 	"time"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
 )
 
 // lookupPath returns the value at a from path, nil when absent: a string,
-// json.Number, bool, or for an object or array a *treeNode. The typed fields of ev are used for the top-level event
-// fields; payload paths walk objects by key and arrays by decimal index.
+// json.Number or bool, or for an object or array a *treeNode. The typed
+// fields of ev are used for the top-level event fields; payload paths walk
+// objects by key and arrays by decimal index.
 func lookupPath(ev *Event, path []string) any {
-	switch path[0] {
-	case "eventType":
-		return ev.EventType
-	case "entityId":
-		return ev.EntityID
-	case "forkId":
-		return ev.ForkID
-	case "tenantSchema":
-		return ev.TenantSchema
-	case "irVersion":
-		return ev.IRVersion
-	case "sequenceNumber":
-		return json.Number(strconv.FormatInt(ev.SequenceNumber, 10))
-	case "ts":
-		return json.Number(strconv.FormatInt(ev.TS, 10))
+	if s, number, ok := lookupText(ev, path); ok {
+		if number {
+			return json.Number(s)
+		}
+		return s
 	}
 	t, i, ok := payloadNode(ev, path)
 	if !ok {
@@ -36,7 +28,7 @@ func lookupPath(ev *Event, path []string) any {
 	case jsonstrict.ObjectNode, jsonstrict.ArrayNode:
 		return &treeNode{t, i}
 	}
-	return t.Any(i)
+	return t.Any(i) // a bool or nil
 }
 
 // payloadNode returns the node of ev's tree at the payload path path
@@ -68,7 +60,7 @@ func payloadNode(ev *Event, path []string) (*jsonstrict.Tree, int32, bool) {
 
 // lookupText returns the text of the string or number at a from path and
 // whether it is a number; ok is false when the path holds another value or
-// none (lookupPath then tells which).
+// none.
 func lookupText(ev *Event, path []string) (s string, number, ok bool) {
 	switch path[0] {
 	case "eventType":
