@@ -365,7 +365,7 @@ func (pc *partition) applyTogether(ctx context.Context, pairs []pair) ([]pair, [
 // error about one column of a table projection's row names it
 // (*ColumnError).
 func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailure {
-	err = w.statementError(ctx, p.h, p.d.ev, err)
+	err = w.statementError(ctx, p.h, p.d.ev, p.stmt.Args, err)
 	w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(err))
 	span := w.tr.pairFailed(p.span, p.d, p.h.Name(), err)
 	return pairFailure{d: p.d, h: p.h, firstAt: time.Now(), stack: callStack{pcs: callers(2)}, err: err, span: span}

@@ -24,7 +24,7 @@ import (
 type copyGroup struct {
 	p      *TableProjection
 	schema string
-	rows   map[string]int // primary key (appendKeyText) → index into pairs of the newest
+	rows   map[string]int // primary key (appendKeyText) → index into pairs of the newest, while the groups are formed
 	pairs  []pair         // one per primary key
 	n      int            // upserts in the group, before deduplication
 	all    []pair         // every upsert of the group, in batch order
@@ -47,8 +47,9 @@ func copyGroups(planned []pair, minRows int) ([]*copyGroup, []pair) {
 	return groups, rest
 }
 
-// copyGroupsChecked is copyGroups that also returns apart, in suspects,
-// every upsert of a primary key that has a suspect upsert: one that check
+// copyGroupsChecked is copyGroups that also returns apart, in suspects
+// (group by group), every upsert of a primary key that has a suspect
+// upsert: one that check
 // (when not nil) says the table would refuse (rowCheck.refuses). check is
 // called once per group of at least minRows upserts, with the group's table
 // projection and tenant schema; it returns nil when nothing is known. The
@@ -102,6 +103,7 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 		}
 	}
 	var suspect map[*copyGroup]map[string]bool // primary keys (appendKeyText) left to statements
+	var suspects []pair
 	for _, g := range order {
 		if check == nil || g.n < minRows {
 			continue
@@ -112,17 +114,9 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 					suspect = map[*copyGroup]map[string]bool{}
 				}
 				suspect[g] = keys
-				*g = *g.without(keys)
+				suspects = append(suspects, g.without(keys)...)
 			}
 		}
-	}
-	// suspectKey reports whether upsert pr of g is of a suspect key.
-	suspectKey := func(g *copyGroup, pr pair) bool {
-		if suspect[g] == nil {
-			return false
-		}
-		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
-		return suspect[g][string(key)]
 	}
 	var out []*copyGroup
 	small := map[*copyGroup]bool{}
@@ -133,21 +127,22 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 			out = append(out, g)
 		}
 	}
-	if len(small) == 0 && len(suspect) == 0 {
-		return out, rest, nil
+	if len(small) == 0 {
+		return out, rest, suspects
 	}
-	// Small groups go back to the statement path, suspect keys apart, in
-	// batch order.
+	// Small groups go back to the statement path, less their suspect keys
+	// (in suspects already), in batch order.
 	rest = rest[:0]
-	var suspects []pair
 	for i, pr := range planned {
 		if g := in[i]; g != nil {
-			if suspectKey(g, pr) {
-				suspects = append(suspects, pr)
-				continue
-			}
 			if !small[g] {
-				continue // in a COPY group
+				continue // in a COPY group, or suspect
+			}
+			if suspect[g] != nil {
+				key = appendKeyText(key[:0], g.p, pr.stmt.Args)
+				if suspect[g][string(key)] {
+					continue
+				}
 			}
 		}
 		rest = append(rest, pr)
@@ -162,7 +157,8 @@ func newCopyGroup(p *TableProjection, schema string) *copyGroup {
 
 // add adds the upsert pr of the row with primary key k (appendKeyText) to
 // g, in batch order: it replaces the pair of the same key unless that one is
-// newer. It keeps a copy of k.
+// newer. It keeps a copy of k. It is called only while the groups are
+// formed (copyGroupsChecked): without drops the key index.
 func (g *copyGroup) add(pr pair, k []byte) {
 	g.n++
 	g.all = append(g.all, pr)

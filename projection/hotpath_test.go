@@ -170,6 +170,29 @@ func BenchmarkHotCopy(b *testing.B) {
 		}
 		per(b)
 	})
+	b.Run("group checked 1pct suspect", func(b *testing.B) {
+		// As make bench's poison scenarios: 1 % of the upserts (every
+		// hundredth of each group) refused by the table's CHECK
+		// constraints, so that each group loses its suspect keys.
+		check := func(g *copyGroup) *rowCheck {
+			rc := &rowCheck{refusedRows: map[int]bool{}}
+			for i := 0; i < len(g.all); i += 100 {
+				rc.refusedRows[i] = true
+			}
+			return rc
+		}
+		want := 0
+		for _, g := range func() []*copyGroup { gs, _ := copyGroups(planned, 32); return gs }() {
+			want += (len(g.all) + 99) / 100
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if groups, _, suspects := copyGroupsChecked(planned, 32, check); len(groups) != 3 || len(suspects) != want {
+				b.Fatalf("copyGroupsChecked: %d groups, %d suspects, want %d", len(groups), len(suspects), want)
+			}
+		}
+		per(b)
+	})
 	b.Run("encode pgcopy", func(b *testing.B) {
 		// What the worker does (copyFrom, package pgcopy), into io.Discard.
 		groups, _ := copyGroups(planned, 32)

@@ -67,7 +67,7 @@ func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res [
 	for k, r := range w.execTogether(ctx, "retry statements", planned) {
 		if r.made && r.err != nil {
 			p := planned[k]
-			r.err = w.statementError(ctx, p.h, p.d.ev, r.err)
+			r.err = w.statementError(ctx, p.h, p.d.ev, p.stmt.Args, r.err)
 			w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(r.err))
 		}
 		res[idx[k]] = r
@@ -116,16 +116,16 @@ func (w *Worker) execTogether(ctx context.Context, name string, planned []pair) 
 	return res
 }
 
-// statementError is the failure of pair (h, ev) whose statement PostgreSQL
-// refused, as the pair's dead letter reads it: a *ColumnError when the
+// statementError is the failure of pair (h, ev) whose statement, planned
+// with arguments args (Statement.Args), PostgreSQL refused, as the pair's dead letter reads it: a *ColumnError when the
 // error is about one column of a table projection's row, wrapped as
 // "apply <event type> to <projection>: ...". A class 42 error on a table
 // also drops the table from the catalog cache (tableCatalog.forgetOn).
-func (w *Worker) statementError(ctx context.Context, h Handler, ev *Event, err error) error {
+func (w *Worker) statementError(ctx context.Context, h Handler, ev *Event, args []any, err error) error {
 	if tp, ok := h.(*TableProjection); ok {
 		w.catalog.forgetOn(tp, ev.TenantSchema, err)
 		err = tp.columnError(ev, err)
-		err = w.catalogColumnError(ctx, tp, ev, err)
+		err = w.catalogColumnError(ctx, tp, ev, args, err)
 	}
 	return fmt.Errorf("apply %s to %s: %w", ev.EventType, h.Name(), err)
 }
@@ -134,11 +134,12 @@ func (w *Worker) statementError(ctx context.Context, h Handler, ev *Event, err e
 // upsert that names no column (`smallint out of range`, `numeric field
 // overflow`: the table's type is narrower than the definition's), as a
 // *ColumnError when the table's columns as the catalog has them refuse the
-// value of exactly one column of the row; else err unchanged. The catalog
+// value of exactly one column of the row (args, the upsert's planned
+// arguments); else err unchanged. The catalog
 // is read here when the cache has no live entry for the table (a table no
 // COPY group has read, or one read more than catalogTTL ago): at most once
 // per table and TTL, and only on such a failure.
-func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev *Event, err error) error {
+func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev *Event, args []any, err error) error {
 	var ce *ColumnError
 	if !strings.HasPrefix(retry.SQLState(err), "22") || errors.As(err, &ce) || tp.def.Events[ev.EventType] != OpUpsert {
 		return err
@@ -147,11 +148,7 @@ func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev
 	if rc == nil {
 		return err
 	}
-	st, perr := tp.Plan(ev)
-	if perr != nil {
-		return err
-	}
-	if ci := rc.refusing(st.Args); ci >= 0 {
+	if ci := rc.refusing(args); ci >= 0 {
 		return tp.newColumnError(ev, ci, err)
 	}
 	return err
