@@ -157,13 +157,19 @@ func (v *checkedValue[T]) Set(in string) error {
 
 func (v *checkedValue[T]) IsBoolFlag() bool { return v.boolFlag }
 
+// parseInt reads a decimal integer, with an optional sign: "0x20",
+// "1_000" and "010" (which Go's base prefixes would read as 32, 1000 and
+// 8) are refused, not read otherwise than an operator means them.
 func parseInt(in string) (int, error) {
-	n, err := strconv.ParseInt(in, 0, strconv.IntSize)
+	n, err := strconv.ParseInt(in, 10, strconv.IntSize)
 	if errors.Is(err, strconv.ErrRange) {
 		return 0, errors.New("out of range for an integer")
 	}
 	if err != nil {
-		return 0, errors.New("not an integer")
+		return 0, errors.New("not an integer: write it in decimal digits, e.g. 500")
+	}
+	if len(in) > 1 && (in[0] == '0' || len(in) > 2 && (in[0] == '+' || in[0] == '-') && in[1] == '0') {
+		return 0, errors.New("not an integer: write it in decimal digits without a leading 0, e.g. 500")
 	}
 	return int(n), nil
 }
