@@ -107,7 +107,10 @@ var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
 
 // startRecord starts the span of d (its record decoded into d.ev, nil when
 // invalid), the child of the trace context in the record's headers; nil
-// when t is nil.
+// when t is nil. base is the partition's partitionAttrs: the record's own
+// attributes are appended in its spare capacity, which the SDK copies, so
+// that no slice is made per record; base must be used by one goroutine at
+// a time (its partition's).
 func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span {
 	if t == nil {
 		return nil
@@ -123,9 +126,7 @@ func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span 
 	// to, so that endRecord of an applied record adds no attribute (a
 	// second SetAttributes copies them all): only a span processor's
 	// OnStart could see it before the record is applied.
-	attrs := make([]attribute.KeyValue, 0, len(base)+5)
-	attrs = append(attrs, base...)
-	attrs = append(attrs, semconv.MessagingKafkaOffset(int(rec.Offset)), AttrOutcome.String(outcomeApplied))
+	attrs := append(base, semconv.MessagingKafkaOffset(int(rec.Offset)), AttrOutcome.String(outcomeApplied))
 	if len(rec.Key) > 0 {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
 	}
@@ -133,16 +134,22 @@ func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span 
 		attrs = append(attrs, AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType))
 	}
 	span.SetAttributes(attrs...)
+	clear(attrs[len(base):]) // hold no record's key or tenant
 	return span
 }
 
+// recordAttrs is how many attributes startRecord appends to a partition's
+// (partitionAttrs' spare capacity).
+const recordAttrs = 5
+
 // partitionAttrs are the attributes every record span of partition shares
-// (startRecord's base): nil when t is nil.
+// (startRecord's base), with room for the record's own: nil when t is nil.
 func (t *tracing) partitionAttrs(partition int32) []attribute.KeyValue {
 	if t == nil {
 		return nil
 	}
-	return append(t.common[:len(t.common):len(t.common)], semconv.MessagingDestinationPartitionID(strconv.Itoa(int(partition))))
+	attrs := make([]attribute.KeyValue, 0, len(t.common)+1+recordAttrs)
+	return append(append(attrs, t.common...), semconv.MessagingDestinationPartitionID(strconv.Itoa(int(partition))))
 }
 
 // startPair starts the span of the pair (d, projection), the child of the
