@@ -10,11 +10,13 @@ const (
 	// OutcomeReplayed: republished and acknowledged, then recorded in the
 	// ledger (in a dry run: would be republished).
 	OutcomeReplayed OutcomeKind = "replayed"
-	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent), or the
-	// skip was recorded (Skip).
+	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent; Skip:
+	// the first decision kept, Outcome.Decided), or the skip was recorded
+	// (Skip).
 	OutcomeSkipped OutcomeKind = "skipped"
-	// OutcomeAlreadyReplayed: the ledger says "replayed" and
-	// IncludeReplayed is off; not sent.
+	// OutcomeAlreadyReplayed: the ledger says "replayed" (Retry: and
+	// IncludeReplayed is off), so it was not sent (Retry) or not marked
+	// skipped (Skip).
 	OutcomeAlreadyReplayed OutcomeKind = "already-replayed"
 	// OutcomeRefused: not sent because the event was replayed MaxReplays
 	// times already (without Force), or because originalEvent is null.
@@ -29,6 +31,9 @@ type Outcome struct {
 	Kind  OutcomeKind
 	// DryRun is set when nothing was sent or recorded.
 	DryRun bool
+	// Decided is set when the ledger's earlier decision stands: a skipped
+	// outcome that this run neither recorded nor would record.
+	Decided bool
 	// Topic and Partition are where the event was (or would be, or failed
 	// to be) republished; Partition is -1 when nothing was to be sent.
 	Topic     string

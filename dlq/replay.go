@@ -300,7 +300,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		}
 		switch {
 		case decided && d.Action == ActionSkipped:
-			o.Kind, o.Reason = OutcomeSkipped, fmt.Sprintf("skipped by %s: %s", d.Actor, d.Reason)
+			o.Kind, o.Decided, o.Reason = OutcomeSkipped, true, fmt.Sprintf("skipped by %s: %s", d.Actor, d.Reason)
 		case decided && d.Action == ActionReplayed && !cfg.IncludeReplayed:
 			o.Kind = OutcomeAlreadyReplayed
 			o.Reason = fmt.Sprintf("replayed at %s by %s (run %s)", d.AtTime().UTC().Format(time.RFC3339), d.Actor, d.RunID)
@@ -362,8 +362,13 @@ func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
 
 // Skip records a "skipped" decision (Actor, Reason, RunID) in the ledger for
 // every selected dead letter, so Retry never sends it; in a dry run it only
-// reports them. Reason and Actor are required. Ledger write failures are
-// counted in Result.Failed; Skip returns an error only when it cannot run.
+// reports them. A dead letter the ledger already has a decision for keeps
+// it, so that the ledger never loses who decided what: one replayed
+// already is counted as already-replayed (its event was sent; skipping it
+// now would hide that), one skipped already is counted as skipped with the
+// first decision's actor and reason. Reason and Actor are required. Ledger
+// write failures are counted in Result.Failed; Skip returns an error only
+// when it cannot run.
 func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 	cfg := &r.cfg
 	res := Result{Action: OutcomeSkipped, DryRun: cfg.DryRun}
@@ -400,6 +405,19 @@ func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 	}
 	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: cfg.Logger}, func(e *Entry) error {
 		res.Matched++
+		if d, decided := r.ledger.Lookup(e.Coordinates()); decided {
+			o := Outcome{Entry: e, DryRun: cfg.DryRun, Partition: -1, Decided: true}
+			switch d.Action {
+			case ActionReplayed:
+				o.Kind = OutcomeAlreadyReplayed
+				o.Reason = fmt.Sprintf("replayed at %s by %s (run %s); not skipped", d.AtTime().UTC().Format(time.RFC3339), d.Actor, d.RunID)
+			default:
+				o.Kind = OutcomeSkipped
+				o.Reason = fmt.Sprintf("skipped by %s: %s", d.Actor, d.Reason)
+			}
+			emit(o)
+			return nil
+		}
 		if cfg.DryRun {
 			emit(Outcome{Entry: e, Kind: OutcomeSkipped, DryRun: true, Partition: -1, Reason: cfg.Reason})
 			return nil

@@ -334,6 +334,59 @@ func TestSkipThenRetryAllSendsNothingForTheSkippedEntry(t *testing.T) {
 	}
 }
 
+// TestSkipKeepsTheLedgersEarlierDecision (new-user trial): skipping a dead
+// letter that was replayed already counts it as already-replayed and
+// leaves the ledger saying replayed; a second skip keeps the first one's
+// actor and reason; dry runs of retry and skip call an entry skipped
+// before "already skipped", not "would skip".
+func TestSkipKeepsTheLedgersEarlierDecision(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	r := runCmd(t, f.env, "retry", "--fork-id", "production")
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=2 skipped=0 already-replayed=0 refused=0 failed=0" {
+		t.Fatalf("retry: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCmd(t, f.env, "skip", "--all", "--reason", "bad upstream data", "--actor", "alice")
+	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=1 already-replayed=2 refused=0 failed=0" {
+		t.Fatalf("skip after the replay: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCmd(t, f.env, "skip", "--all", "--reason", "again", "--actor", "bob")
+	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=1 already-replayed=2 refused=0 failed=0" {
+		t.Fatalf("second skip: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCmd(t, f.env, "list", "--all", "--output", "json")
+	var replayed, skipped int
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var m struct {
+			Ledger *struct{ Action, Actor, Reason string } `json:"ledger"`
+		}
+		if err := json.Unmarshal([]byte(line), &m); err != nil || m.Ledger == nil {
+			t.Fatalf("list line %q: %v, or no ledger decision", line, err)
+		}
+		switch d := *m.Ledger; {
+		case d.Action == "replayed" && d.Reason == "":
+			replayed++
+		case d == struct{ Action, Actor, Reason string }{"skipped", "alice", "bad upstream data"}:
+			skipped++
+		default:
+			t.Errorf("ledger decision %+v", d)
+		}
+	}
+	if replayed != 2 || skipped != 1 {
+		t.Errorf("ledger: %d replayed and %d skipped, want 2 and 1\n%s", replayed, skipped, r.stdout)
+	}
+	for _, cmd := range [][]string{
+		{"retry", "--all", "--include-replayed", "--force", "--dry-run"},
+		{"skip", "--all", "--reason", "r", "--actor", "carol", "--dry-run"},
+	} {
+		r = runCmd(t, f.env, cmd...)
+		if !strings.Contains(r.stdout, "already skipped ") || strings.Contains(r.stdout, "would skip") ||
+			!strings.Contains(r.stdout, "skipped by alice: bad upstream data") {
+			t.Errorf("%s: the skipped entry is not said already skipped by alice:\n%s", cmd[0], r.stdout)
+		}
+	}
+}
+
 func TestDryRunSendsNothing(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
 	at := f.seed(t)

@@ -26,7 +26,10 @@ import (
 func outcomeLine(o dlq.Outcome) string {
 	var b strings.Builder
 	verb := string(o.Kind)
-	if o.DryRun {
+	switch {
+	case o.Kind == dlq.OutcomeSkipped && o.Decided:
+		verb = "already skipped" // the ledger's decision, not this run's
+	case o.DryRun:
 		switch o.Kind {
 		case dlq.OutcomeReplayed:
 			verb = "would replay"
