@@ -178,6 +178,8 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "run database url password redacted", args: []string{"run", "--brokers", noKafka, "--database-url", "postgres://u:s3cretpw@h:notaport/db", "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL", "invalid port"}},
 		{name: "run brokers without port", args: runArgs("--brokers", "nohostport"), wantCode: 2, wantStderr: []string{"--brokers", `"nohostport" is not host:port`}},
+		{name: "run broker port out of range", args: runArgs("--brokers", "127.0.0.1:9092,127.0.0.1:99999"), wantCode: 2, wantStderr: []string{"--brokers", `"127.0.0.1:99999": the port must be a number from 1 to 65535`}},
+		{name: "run broker port not a number", args: runArgs("--brokers", "kafka:http"), wantCode: 2, wantStderr: []string{"--brokers", `"kafka:http": the port must be a number from 1 to 65535`}},
 		{name: "run projections file missing", args: runArgs("--projections", "/nonexistent/projections.yaml"),
 			wantCode: 2, wantStderr: []string{"/nonexistent/projections.yaml", "no such file"}},
 		{name: "validate example", args: []string{"validate", "--projections", exampleProjections},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,8 +63,12 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 		if b = strings.TrimSpace(b); b == "" {
 			continue
 		}
-		if _, _, err := net.SplitHostPort(b); err != nil {
+		_, port, err := net.SplitHostPort(b)
+		if err != nil {
 			return nil, flagenv.Usagef("--brokers: %q is not host:port", b)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, flagenv.Usagef("--brokers: %q: the port must be a number from 1 to 65535", b)
 		}
 		brokers = append(brokers, b)
 	}
