@@ -493,7 +493,8 @@ func isHex(c byte) bool {
 const rfc3339Space = "2006-01-02 15:04:05.999999999Z07:00"
 
 // checkTimeText checks a string for a timestamptz or date column: an RFC
-// 3339 timestamp ('T', 't' or space between date and time), for date also
+// 3339 timestamp ('T', 't' or space between date and time; 'Z' or 'z' for
+// UTC), for date also
 // a full-date (2024-06-25), or infinity and -infinity. Other spellings
 // PostgreSQL reads ("yesterday", "June 25") are refused: the definitions
 // format takes RFC 3339.
@@ -501,6 +502,14 @@ func checkTimeText(k colKind, typ, s string) string {
 	t := pgTrim(s)
 	if strings.EqualFold(t, "infinity") || strings.EqualFold(t, "-infinity") || strings.EqualFold(t, "+infinity") {
 		return ""
+	}
+	// RFC 3339 (section 5.6) allows a lowercase t and z, as PostgreSQL
+	// reads them; Go's layout wants T and Z.
+	if len(t) > 10 && t[10] == 't' {
+		t = t[:10] + "T" + t[11:]
+	}
+	if n := len(t); n > 10 && t[n-1] == 'z' {
+		t = t[:n-1] + "Z"
 	}
 	var tm time.Time
 	var err error

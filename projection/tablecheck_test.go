@@ -136,6 +136,13 @@ func checkValueTests() []checkValueTest {
 		{"timestamptz", n("1.5"), "timestamptz from a number wants integer epoch milliseconds, got 1.5"},
 		{"timestamptz", "2024-06-25T16:00:00.5+02:00", ""},
 		{"timestamptz", "2024-06-25 16:00:00Z", ""},
+		// RFC 3339's lowercase t and z, which PostgreSQL reads too
+		// (new-user trial: refused).
+		{"timestamptz", "2024-06-25t14:00:00z", ""},
+		{"timestamptz", "2024-06-25 14:00:00.5z", ""},
+		{"timestamptz", "2024-06-30t23:59:60z", ""},
+		{"date", "2024-06-25t23:00:00-05:00", ""},
+		{"timestamptz", "2024-06-25t25:00:00z", `invalid input syntax for type timestamptz: "2024-06-25t25:00:00z" (want RFC 3339, such as 2024-06-25T16:00:00Z)`},
 		{"timestamptz", "infinity", ""},
 		// A leap second, which RFC 3339 allows and PostgreSQL reads as the
 		// next minute (new-user trial: refused); second 61 is not a time.
