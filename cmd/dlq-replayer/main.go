@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 		fmt.Fprintf(stderr, "dlq-replayer %s: %v\n", cmd, err)
 		return 2
 	}
-	err = s.execute(ctx, cmd, stdout, stderr)
+	err = fs.WithEnv(s.execute(ctx, cmd, stdout, stderr))
 	var ue *flagenv.UsageError
 	switch {
 	case err == nil:

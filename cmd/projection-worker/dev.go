@@ -33,9 +33,6 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if err := s.checkRun(); err != nil { // before Kafka and PostgreSQL start (exit status 2)
-		return err
-	}
 	log, err := s.logger(stderr)
 	if err != nil {
 		return err
@@ -133,7 +130,10 @@ func parseDev(args []string, stderr io.Writer) (settings, int, error) {
 		return s, 0, err
 	}
 	if kafkaPort < -1 || kafkaPort > 65535 {
-		return s, 0, flagenv.Usagef("--kafka-port must be a port (0-65535, or -1 for any free port), got %d", kafkaPort)
+		return s, 0, fs.WithEnv(flagenv.Usagef("--kafka-port must be a port (0-65535, or -1 for any free port), got %d", kafkaPort))
+	}
+	if err := s.checkRun(); err != nil { // before Kafka and PostgreSQL start (exit status 2)
+		return s, 0, fs.WithEnv(err)
 	}
 	return s, kafkaPort, nil
 }

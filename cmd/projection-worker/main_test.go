@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -294,6 +295,37 @@ func TestVersionPrintsOneLine(t *testing.T) {
 	}
 	if lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n"); len(lines) != 1 || strings.TrimSpace(lines[0]) == "" {
 		t.Errorf("version printed %q, want one non-empty line", r.stdout)
+	}
+}
+
+// TestRunNamesTheEnvironmentVariableOfABadSetting (new-user trial): a
+// setting out of range given by its environment variable (as the
+// Kubernetes ConfigMap gives every setting) is refused with a message
+// naming the variable as well as the flag, as a parse error does.
+func TestRunNamesTheEnvironmentVariableOfABadSetting(t *testing.T) {
+	clearSettingsEnv(t)
+	noKafka := closedAddr(t)
+	noDB := "postgres://postgres:postgres@" + closedAddr(t) + "/postgres?sslmode=disable"
+	var s settings
+	env := runFlags(&s, io.Discard).Env()
+	for _, tt := range []struct{ flag, value string }{
+		{"max-batch-records", "0"}, {"max-poll-records", "0"}, {"copy-min-rows", "0"}, {"partitions", "0"},
+		{"shutdown-grace", "0s"}, {"breaker-threshold", "0"}, {"dlq-write-timeout", "0s"},
+		{"metrics-max-tenants", "-1"}, {"trace-queue-size", "0"}, {"failure-log-interval", "0s"},
+		{"kafka-start-timeout", "-1s"}, {"max-retrying", "0"},
+	} {
+		t.Run(tt.flag, func(t *testing.T) {
+			name := env[tt.flag]
+			if name == "" {
+				t.Fatalf("--%s has no environment variable", tt.flag)
+			}
+			t.Setenv(name, tt.value)
+			r := runCmd(t, 30*time.Second, "run", "--brokers", noKafka, "--database-url", noDB,
+				"--projections", exampleProjections, "--http-addr", "")
+			if want := "--" + tt.flag + " (" + name + ")"; r.code != 2 || !strings.Contains(r.stderr, want) {
+				t.Errorf("%s=%s: exit %d, want 2 and a message naming %s\n%s", name, tt.value, r.code, want, r)
+			}
+		})
 	}
 }
 

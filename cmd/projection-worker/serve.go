@@ -25,11 +25,13 @@ import (
 	"github.com/causet/projection-worker/projection"
 )
 
-func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
+func runWorker(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	var s settings
-	if err := parseFlags(runFlags(&s, stderr), args); err != nil {
-		return err
+	fs := runFlags(&s, stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err // names the variable when the value came from it
 	}
+	defer func() { err = fs.WithEnv(err) }()
 	if err := s.requireDatabase(); err != nil {
 		return err
 	}

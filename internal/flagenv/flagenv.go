@@ -77,6 +77,33 @@ func (s *Set) bind(name, env string) {
 	f.Usage += " (env " + env + ")"
 }
 
+// WithEnv returns err naming the environment variable of the flag it is
+// about: when err is a *UsageError whose message begins with "--name"
+// (then a space or ':'), name a flag of s with an environment variable
+// ENV, and the message does not name ENV already, "--name" becomes
+// "--name (ENV)". A value set in the environment (a Kubernetes ConfigMap)
+// is then found by the name its owner wrote. Any other error is returned
+// as it is.
+func (s *Set) WithEnv(err error) error {
+	var ue *UsageError
+	if !errors.As(err, &ue) {
+		return err
+	}
+	msg := ue.Error()
+	if !strings.HasPrefix(msg, "--") {
+		return err
+	}
+	end := strings.IndexAny(msg, " :=")
+	if end < 0 {
+		end = len(msg)
+	}
+	env := s.env[msg[2:end]]
+	if env == "" || strings.Contains(msg, env) {
+		return err
+	}
+	return &UsageError{fmt.Errorf("%s (%s)%s", msg[:end], env, msg[end:])}
+}
+
 // Env returns the environment variable of every flag that has one, by flag
 // name (a copy). The deployment tests check the manifests' variables
 // against it.

@@ -132,3 +132,35 @@ func TestParseErrorPrintsNothingAndHelpPrintsTheUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestWithEnvNamesTheVariable: a usage error about a flag with an
+// environment variable gets the variable after the flag, once; other
+// errors and flags without a variable are left as they are.
+func TestWithEnvNamesTheVariable(t *testing.T) {
+	var s settings
+	fs := New("test", io.Discard)
+	fs.Int(&s.retries, "max-retries", "MAX_RETRIES", 5, "retries")
+	fs.Int(&s.retries, "no-env", "", 5, "retries")
+	plain := errors.New("--max-retries must be >= 0")
+	for _, tt := range []struct {
+		err  error
+		want string
+	}{
+		{Usagef("--max-retries must be >= 0, got -1"), "--max-retries (MAX_RETRIES) must be >= 0, got -1"},
+		{Usagef("--max-retries: not an integer"), "--max-retries (MAX_RETRIES): not an integer"},
+		{Usagef("--max-retries (MAX_RETRIES) must be >= 0"), "--max-retries (MAX_RETRIES) must be >= 0"},
+		{Usagef("--no-env must be >= 0"), "--no-env must be >= 0"},
+		{Usagef("--unknown must be >= 0"), "--unknown must be >= 0"},
+		{Usagef("an error about --max-retries"), "an error about --max-retries"},
+		{plain, plain.Error()},
+	} {
+		got := fs.WithEnv(tt.err)
+		if got.Error() != tt.want {
+			t.Errorf("WithEnv(%q) = %q, want %q", tt.err, got, tt.want)
+		}
+		var ue *UsageError
+		if errors.As(tt.err, &ue) != errors.As(got, &ue) {
+			t.Errorf("WithEnv(%q) changed whether it is a usage error", tt.err)
+		}
+	}
+}
