@@ -95,6 +95,11 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: unknown key "form" (want one of derive, from, notNull, type) (line 7)`,
 			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: neither from nor derive is set; set exactly one`,
 		}},
+		// New-user trial: validated, then every event dead-lettered.
+		{"number_into_uuid.yaml", []string{
+			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.at: from: ts is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint or text`,
+			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.version: from: sequenceNumber is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint or text`,
+		}},
 		{"from_and_derive.yaml", []string{
 			`testdata/defs/from_and_derive.yaml: projection "artist_followers": columns.score: both from and derive are set; set exactly one`,
 		}},

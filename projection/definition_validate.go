@@ -143,6 +143,10 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 		case col.From != "":
 			if err := checkFromPath(col.From); err != nil {
 				cfail("from", "%v", err)
+			} else if (col.From == "sequenceNumber" || col.From == "ts") && col.Type != "" && kindOf(col.Type) == kindUUID {
+				// Always an integer (SPEC section 3), which no uuid
+				// takes: every event would be dead-lettered.
+				cfail("from", "%s is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint or text", col.From)
 			}
 		default:
 			if _, ok := d.programs[col.Derive]; !ok {
