@@ -97,8 +97,8 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 		}},
 		// New-user trial: validated, then every event dead-lettered.
 		{"number_into_uuid.yaml", []string{
-			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.at: from: ts is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint or text`,
-			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.version: from: sequenceNumber is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint or text`,
+			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.at: from: ts is a JSON number, which a uuid column never takes (docs/definitions.md); use timestamptz (the event time) or bigint`,
+			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.version: from: sequenceNumber is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint`,
 		}},
 		{"from_and_derive.yaml", []string{
 			`testdata/defs/from_and_derive.yaml: projection "artist_followers": columns.score: both from and derive are set; set exactly one`,

@@ -146,7 +146,11 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 			} else if (col.From == "sequenceNumber" || col.From == "ts") && col.Type != "" && kindOf(col.Type) == kindUUID {
 				// Always an integer (SPEC section 3), which no uuid
 				// takes: every event would be dead-lettered.
-				cfail("from", "%s is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint or text", col.From)
+				fix := "bigint"
+				if col.From == "ts" {
+					fix = "timestamptz (the event time) or bigint"
+				}
+				cfail("from", "%s is a JSON number, which a uuid column never takes (docs/definitions.md); use %s", col.From, fix)
 			}
 		default:
 			if _, ok := d.programs[col.Derive]; !ok {
