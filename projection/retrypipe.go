@@ -117,10 +117,11 @@ func (w *Worker) execTogether(ctx context.Context, name string, planned []pair) 
 }
 
 // statementError is the failure of pair (h, ev) whose statement, planned
-// with arguments args (Statement.Args), PostgreSQL refused, as the pair's dead letter reads it: a *ColumnError when the
-// error is about one column of a table projection's row, wrapped as
-// "apply <event type> to <projection>: ...". A class 42 error on a table
-// also drops the table from the catalog cache (tableCatalog.forgetOn).
+// with arguments args (Statement.Args), PostgreSQL refused, as the pair's
+// dead letter reads it: a *ColumnError when the error is about one column
+// of a table projection's row, wrapped as "apply <event type> to
+// <projection>: ...". A class 42 error on a table also drops the table
+// from the catalog cache (tableCatalog.forgetOn).
 func (w *Worker) statementError(ctx context.Context, h Handler, ev *Event, args []any, err error) error {
 	if tp, ok := h.(*TableProjection); ok {
 		w.catalog.forgetOn(tp, ev.TenantSchema, err)
@@ -135,10 +136,10 @@ func (w *Worker) statementError(ctx context.Context, h Handler, ev *Event, args 
 // overflow`: the table's type is narrower than the definition's), as a
 // *ColumnError when the table's columns as the catalog has them refuse the
 // value of exactly one column of the row (args, the upsert's planned
-// arguments); else err unchanged. The catalog
-// is read here when the cache has no live entry for the table (a table no
-// COPY group has read, or one read more than catalogTTL ago): at most once
-// per table and TTL, and only on such a failure.
+// arguments); else err unchanged. The catalog is read here when the cache
+// has no live entry for the table (a table no COPY group has read, or one
+// read more than catalogTTL ago): at most once per table and TTL, and only
+// on such a failure.
 func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev *Event, args []any, err error) error {
 	var ce *ColumnError
 	if !strings.HasPrefix(retry.SQLState(err), "22") || errors.As(err, &ce) || tp.def.Events[ev.EventType] != OpUpsert {

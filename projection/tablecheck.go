@@ -494,10 +494,9 @@ const rfc3339Space = "2006-01-02 15:04:05.999999999Z07:00"
 
 // checkTimeText checks a string for a timestamptz or date column: an RFC
 // 3339 timestamp ('T', 't' or space between date and time; 'Z' or 'z' for
-// UTC), for date also
-// a full-date (2024-06-25), or infinity and -infinity. Other spellings
-// PostgreSQL reads ("yesterday", "June 25") are refused: the definitions
-// format takes RFC 3339.
+// UTC), for date also a full-date (2024-06-25), or infinity and -infinity.
+// Other spellings PostgreSQL reads ("yesterday", "June 25") are refused:
+// the definitions format takes RFC 3339.
 func checkTimeText(k colKind, typ, s string) string {
 	t := pgTrim(s)
 	if strings.EqualFold(t, "infinity") || strings.EqualFold(t, "-infinity") || strings.EqualFold(t, "+infinity") {
