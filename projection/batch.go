@@ -148,7 +148,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		groups, rest, suspects = pc.formCopyGroups(ctx, planned)
 		var refused []pairFailure
 		var err error
-		if rest, refused, err = pc.applyCopyGroups(ctx, groups, rest, planned); err != nil {
+		if rest, suspects, refused, err = pc.applyCopyGroups(ctx, groups, rest, suspects, planned); err != nil {
 			return err
 		}
 		failures = append(failures, refused...)
@@ -179,25 +179,29 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 
 // applyCopyGroups applies groups with COPY in one transaction (execCopy)
 // and returns the pairs left for statements: rest, plus the pairs of the
-// ranges that isolating a failed group left to statements, and the pairs
-// whose rows PostgreSQL refused, as failures. An error that is not one
-// group's (begin, commit) or an infrastructure error sends every planned
-// pair to statements (nothing was committed), which wait for the database
-// or find the failing pairs. It returns a non-nil error only when ctx is
-// done.
-func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, planned []pair) ([]pair, []pairFailure, error) {
+// ranges that isolating a failed group left to statements; suspects, plus
+// the upserts that a group's check took out (copyGroup.checkedOut); and
+// the pairs whose rows PostgreSQL refused, as failures. An error that is
+// not one group's (begin, commit) or an infrastructure error sends every
+// planned pair to statements (nothing was committed; suspects are among
+// them), which wait for the database or find the failing pairs. It
+// returns a non-nil error only when ctx is done.
+func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, rest, suspects, planned []pair) ([]pair, []pair, []pairFailure, error) {
 	if len(groups) == 0 {
-		return rest, nil, nil
+		return rest, suspects, nil, nil
 	}
 	left, failures, err := pc.execCopy(ctx, groups)
 	switch {
 	case err == nil:
-		return append(rest, left...), failures, nil
+		for _, g := range groups {
+			suspects = append(suspects, g.checkedOut...)
+		}
+		return append(rest, left...), suspects, failures, nil
 	case ctx.Err() != nil:
-		return nil, nil, ctx.Err()
+		return nil, nil, nil, ctx.Err()
 	}
 	pc.w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
-	return planned, nil, nil
+	return planned, nil, nil, nil
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"iter"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,10 +32,19 @@ type copyGroup struct {
 	// wholeRefused: PostgreSQL is known to refuse a row of the group as a
 	// whole (rowError), so isolateGroup starts from its parts.
 	wholeRefused bool
-	// checked: the table's CHECK constraints were evaluated on the rows
-	// (partition.precheck), and the rows they refuse left the group, so
-	// it is copied even after a refused group; checkRefused: some did.
-	checked, checkRefused bool
+	// check is the table's CHECK constraints as one predicate on a row
+	// src of the temporary table (checkPredicate), set by formCopyGroups
+	// for a group whose last group had a row refused (refusedMarks) when
+	// the constraints read only the projection's columns: copyRows then
+	// deletes the rows it refuses from the temporary table before the
+	// upsert, in the same round trip, so that the group is copied, not
+	// isolated. "": no check.
+	check string
+	// checkedOut is every upsert of the primary keys whose rows check
+	// refused, in batch order, taken out of the group by execCopy: once
+	// its transaction committed, left to their statements
+	// (applySuspects), as copyGroupsChecked's suspects.
+	checkedOut []pair
 }
 
 // copyGroups splits planned into groups applied with COPY and the pairs left
@@ -234,24 +244,30 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results := make([]copyResult, 0, len(groups))
-	refused := map[*copyGroup]bool{} // the isolated groups: whether a row was refused
+	refused := map[*copyGroup]bool{} // the isolated and checked groups: whether a row was refused
 	for _, g := range groups {
 		cause := "last group refused"
-		g.wholeRefused = pc.refusedGroups.has(g) && !g.checked
+		g.wholeRefused = pc.refusedGroups.has(g) && g.check == ""
 		if !g.wholeRefused {
-			affected, gerr := copyRows(ctx, tx, g)
+			affected, out, gerr := copyRows(ctx, tx, g)
 			switch {
 			case gerr == nil:
+				if g.check != "" {
+					// Checked while marked: marked as long as the check
+					// finds rows the table refuses. Every upsert of their
+					// keys leaves the group for its statement.
+					refused[g] = len(out) > 0
+					if len(out) > 0 {
+						g.checkedOut = g.without(g.keysOf(out))
+						w.log.Debug("upserts the table would refuse left to statements", "partition", pc.partition,
+							"projection", g.p.Name(), "tenant_schema", g.schema, "upserts", len(g.checkedOut))
+					}
+				}
 				res := copyResult{g: g, n: g.n, affected: affected}
 				if w.tr.spansEveryPair() {
 					res.pairs = g.all
 				}
 				results = append(results, res)
-				if g.checked {
-					// Checked while marked: marked as long as the check
-					// finds rows the table refuses.
-					refused[g] = g.checkRefused
-				}
 				continue
 			case ctx.Err() != nil || retry.IsInfrastructure(gerr) || errors.Is(gerr, errSavepoint):
 				return nil, nil, gerr
@@ -458,7 +474,7 @@ func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, 
 // temporary table, which it creates if needed, numbered by index in
 // rangeColumn, and returns the table's name.
 func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup) (string, error) {
-	tmp := g.p.copyTable() + "_r"
+	tmp := g.p.numberedTable()
 	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
 		return "", err
 	}
@@ -668,32 +684,55 @@ func copyParts(size, minRows int) int {
 
 // copyRows applies g inside a savepoint: it creates its projection's
 // temporary table if needed, copies g's rows into it, upserts them into
-// the table and empties the temporary table, in three round trips. It
-// returns the rows the upsert changed. When the COPY or the upsert fails,
-// it rolls back to the savepoint (the temporary table is empty again) and
-// returns that error; an error setting or rolling back to the savepoint
-// wraps errSavepoint.
-func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
+// the table and empties the temporary table, in three round trips. With
+// g.check, the rows are numbered (the numbered temporary table of
+// copyNumbered, by index into g.pairs) and, in the upsert's round trip,
+// the rows the check refuses are deleted from the temporary table first
+// and returned in out (indexes into g.pairs, ascending). It returns the
+// rows the upsert changed. When the COPY or the upsert fails, it rolls
+// back to the savepoint (the temporary table is empty again) and returns
+// that error; an error setting or rolling back to the savepoint wraps
+// errSavepoint.
+func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (affected int64, out []int, err error) {
+	numbered := g.check != ""
 	tmp := g.p.copyTable()
+	if numbered {
+		tmp = g.p.numberedTable()
+	}
 	// No arguments: one round trip in the simple protocol, both statements.
-	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, false)+"; "+copySavepoint); err != nil {
-		return 0, fmt.Errorf("%w: %w", errSavepoint, err)
+	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, numbered)+"; "+copySavepoint); err != nil {
+		return 0, nil, fmt.Errorf("%w: %w", errSavepoint, err)
 	}
 	var tag pgconn.CommandTag
-	err := copyFrom(ctx, tx, g.p, tmp, g.pairs, false)
+	err = copyFrom(ctx, tx, g.p, tmp, g.pairs, numbered)
 	if err == nil {
-		// The upsert, the release and the emptying in one round trip.
-		// DELETE, not TRUNCATE: TRUNCATE gives the table a new file, and so
-		// a catalog update, at every batch.
+		// The check, the upsert, the release and the emptying in one
+		// round trip. DELETE, not TRUNCATE: TRUNCATE gives the table a
+		// new file, and so a catalog update, at every batch.
 		b := &pgx.Batch{}
+		if numbered {
+			b.Queue(checkDeleteSQL(tmp, g.check))
+		}
 		b.Queue(g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize(), ""), g.p.def.Table)
 		b.Queue("RELEASE " + copySavepoint)
 		b.Queue("DELETE FROM " + pgx.Identifier{tmp}.Sanitize())
 		br := tx.SendBatch(ctx, b)
-		if tag, err = br.Exec(); err == nil {
-			for range 2 {
-				if _, err = br.Exec(); err != nil {
-					break
+		if numbered {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				var rn int64
+				_, err = pgx.ForEachRow(rows, []any{&rn}, func() error {
+					out = append(out, int(rn))
+					return nil
+				})
+			}
+		}
+		if err == nil {
+			if tag, err = br.Exec(); err == nil {
+				for range 2 {
+					if _, err = br.Exec(); err != nil {
+						break
+					}
 				}
 			}
 		}
@@ -702,15 +741,23 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (int64, error) {
 		}
 	}
 	if err == nil {
-		return tag.RowsAffected(), nil
+		slices.Sort(out)
+		return tag.RowsAffected(), out, nil
 	}
 	if ctx.Err() != nil || retry.IsInfrastructure(err) {
-		return 0, err
+		return 0, nil, err
 	}
 	if _, rbErr := tx.Exec(ctx, "ROLLBACK TO "+copySavepoint); rbErr != nil {
-		return 0, fmt.Errorf("%w: %w (after %w)", errSavepoint, rbErr, err)
+		return 0, nil, fmt.Errorf("%w: %w (after %w)", errSavepoint, rbErr, err)
 	}
-	return 0, err
+	return 0, nil, err
+}
+
+// checkDeleteSQL deletes from the numbered temporary table tmp the rows
+// that check (checkPredicate, on src) refuses, false rather than NULL as
+// PostgreSQL's CHECK, and returns their numbers.
+func checkDeleteSQL(tmp, check string) string {
+	return "DELETE FROM " + pgx.Identifier{tmp}.Sanitize() + " src WHERE " + check + " IS FALSE RETURNING src." + rangeColumn
 }
 
 // copyFrom copies pairs, upserts of p, into the temporary table tmp: each
@@ -765,6 +812,10 @@ func (p *TableProjection) copyTable() string {
 	_, _ = h.Write([]byte(p.def.Table))
 	return "_causet_copy_" + strconv.FormatUint(uint64(h.Sum32()), 16)
 }
+
+// numberedTable returns the name of the projection's numbered temporary
+// table (copyNumbered, copyRows with a check).
+func (p *TableProjection) numberedTable() string { return p.copyTable() + "_r" }
 
 // copyCreateSQL creates the temporary table: every column text, as Plan's
 // parameters are, emptied at commit; numbered adds rangeColumn (bigint)

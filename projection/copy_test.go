@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"os"
 	"strconv"
@@ -281,7 +282,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := copyRows(ctx, warm, clean); err != nil {
+	if _, _, err := copyRows(ctx, warm, clean); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := warm.Exec(ctx, ratings.copyCreateSQL(ratings.copyTable()+"_r", true)); err != nil {
@@ -297,8 +298,38 @@ func BenchmarkIsolateGroup(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Run("copy-clean", func(b *testing.B) {
-		inTx(b, func(tx pgx.Tx) error { _, err := copyRows(ctx, tx, clean); return err })
+		inTx(b, func(tx pgx.Tx) error { _, _, err := copyRows(ctx, tx, clean); return err })
 	})
+	// A group whose last group had a row refused, with the table's CHECK
+	// constraints as the catalog has them (copyGroup.check): copyRows
+	// deletes the rows they refuse from its temporary table before the
+	// upsert, in the same round trip.
+	cat := newTableCatalog(pool, slog.New(slog.DiscardHandler))
+	cols := cat.columns(ctx, schema, "artist_ratings") // reads the checks too
+	check := ratings.checkPredicate(cat.checks(schema, "artist_ratings"), cols)
+	if check == "" {
+		b.Fatal("no CHECK constraint of artist_ratings read from the catalog")
+	}
+	for _, v := range []struct {
+		name    string
+		g       *copyGroup
+		refused int
+	}{
+		{"copy-checked/clean", clean, 0},
+		{"copy-checked/5-refused", poisoned, 5},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			g := *v.g
+			g.check = check
+			inTx(b, func(tx pgx.Tx) error {
+				_, out, err := copyRows(ctx, tx, &g)
+				if err == nil && len(out) != v.refused {
+					err = fmt.Errorf("%d rows refused, want %d", len(out), v.refused)
+				}
+				return err
+			})
+		})
+	}
 	for _, v := range []struct {
 		name      string
 		g         *copyGroup

@@ -47,7 +47,7 @@ type catalogQuerier interface {
 // table) as PostgreSQL's catalog has them, so that copyGroupsChecked leaves to
 // statements the upserts that the table would refuse although the
 // definition's column type takes them (a table stricter than its
-// definition), and its CHECK constraints (partition.precheck). An entry is
+// definition), and its CHECK constraints (copyGroup.check). An entry is
 // read with two queries (catalogColumnsSQL, then catalogChecksSQL for a
 // table that exists) the first time a table has a COPY group, kept for catalogTTL, and dropped
 // when an apply on the table fails with a class 42 error (forgetOn). A
@@ -263,9 +263,6 @@ func parseCatalogType(typ string) catalogColumn {
 type rowCheck struct {
 	cols    []colCheck
 	suspect int // upserts found suspect (counted by suspectKeys)
-	// refusedRows are the upserts of the group (indexes into its all)
-	// that the table's CHECK constraints refuse (partition.precheck).
-	refusedRows map[int]bool
 }
 
 // colCheck is one column of a rowCheck.
@@ -508,8 +505,8 @@ func tooLong(s string, n int) bool {
 func (rc *rowCheck) suspectKeys(g *copyGroup) map[string]bool {
 	var keys map[string]bool
 	var key []byte
-	for i, pr := range g.all {
-		if !rc.refusedRows[i] && !rc.refuses(pr.stmt.Args) {
+	for _, pr := range g.all {
+		if !rc.refuses(pr.stmt.Args) {
 			continue
 		}
 		rc.suspect++
@@ -555,67 +552,33 @@ func (g *copyGroup) without(keys map[string]bool) (removed []pair) {
 	return removed
 }
 
-// precheck evaluates the CHECK constraints of g's table (as the catalog
-// cache has them, with cols its columns) on every upsert of g, in one
-// query, each column cast to the table's type, and returns the upserts
-// (indexes into g.all) that a constraint refuses (false, not NULL), and
-// true. It returns false when there is nothing to evaluate (no CHECK, or
-// none that reads only the projection's columns) or the query failed (a
-// value the table's type refuses, an expression that does not apply):
-// then nothing is known, and the group goes as before. The upserts rc
-// already calls suspect are sent as NULLs (their casts could fail).
-func (pc *partition) precheck(ctx context.Context, g *copyGroup, cols map[string]catalogColumn, rc *rowCheck) (map[int]bool, bool) {
-	w := pc.w
-	sql, colIdx := g.p.precheckSQL(w.catalog.checks(g.schema, g.p.def.Table), cols)
-	if sql == "" || w.catalog.db == nil {
-		return nil, false
+// keysOf returns the primary keys (appendKeyText) of g.pairs[i] for each
+// i of idx.
+func (g *copyGroup) keysOf(idx []int) map[string]bool {
+	keys := make(map[string]bool, len(idx))
+	var key []byte
+	for _, i := range idx {
+		key = appendKeyText(key[:0], g.p, g.pairs[i].stmt.Args)
+		keys[string(key)] = true
 	}
-	args := make([]any, len(colIdx))
-	for k, ci := range colIdx {
-		vals := make([]*string, len(g.all))
-		for i, pr := range g.all {
-			if rc != nil && rc.refuses(pr.stmt.Args) {
-				continue // suspect already, and its cast could fail the query: NULL, which no CHECK refuses
-			}
-			if s, ok := pr.stmt.Args[ci].(string); ok {
-				vals[i] = &s
-			}
-		}
-		args[k] = vals
-	}
-	rows, err := w.catalog.db.Query(ctx, sql, args...)
-	if err != nil {
-		w.log.Debug("check constraints not evaluated before the copy", "partition", pc.partition,
-			"projection", g.p.Name(), "tenant_schema", g.schema, "error", err)
-		return nil, false
-	}
-	refused := map[int]bool{}
-	var i int
-	if _, err := pgx.ForEachRow(rows, []any{&i}, func() error {
-		refused[i] = true
-		return nil
-	}); err != nil {
-		w.log.Debug("check constraints not evaluated before the copy", "partition", pc.partition,
-			"projection", g.p.Name(), "tenant_schema", g.schema, "error", err)
-		return nil, false
-	}
-	return refused, true
+	return keys
 }
 
-// precheckSQL returns the query that evaluates checks, the table's CHECK
-// constraints, on upserts given as one text array per column read (their
-// indexes into p's columns, in colIdx), each cast to the table's type
-// (cols), and returns the 0-based index of each upsert a constraint
-// refuses; "" when no constraint reads only p's columns of known type.
-// The expressions are the catalog's own (pg_get_expr), not the wire's.
-func (p *TableProjection) precheckSQL(checks []catalogCheck, cols map[string]catalogColumn) (string, []int) {
+// checkPredicate returns checks, the table's CHECK constraints, as one
+// boolean expression on a row src of the temporary table (every column
+// text), each column the constraints read cast to the table's type
+// (cols) and named as the table names it: "" when no constraint reads
+// only p's columns of the table. Like a CHECK, it refuses a row when it is
+// false, not NULL; a cast that fails fails the statement. The expressions
+// are the catalog's own (pg_get_expr), not the wire's.
+func (p *TableProjection) checkPredicate(checks []catalogCheck, cols map[string]catalogColumn) string {
 	var exprs []string
-	used := map[string]int{} // column name -> index into p.cols
+	used := map[string]bool{}
 	for _, ck := range checks {
 		ok := len(ck.cols) > 0
 		for _, name := range ck.cols {
-			i := slices.IndexFunc(p.cols, func(c column) bool { return c.name == name })
-			if _, inTable := cols[name]; i < 0 || !inTable {
+			_, inTable := cols[name]
+			if !inTable || !slices.ContainsFunc(p.cols, func(c column) bool { return c.name == name }) {
 				ok = false
 				break
 			}
@@ -624,26 +587,18 @@ func (p *TableProjection) precheckSQL(checks []catalogCheck, cols map[string]cat
 			continue
 		}
 		for _, name := range ck.cols {
-			used[name] = slices.IndexFunc(p.cols, func(c column) bool { return c.name == name })
+			used[name] = true
 		}
 		exprs = append(exprs, "("+ck.expr+")")
 	}
 	if len(exprs) == 0 {
-		return "", nil
+		return ""
 	}
-	names := slices.Sorted(maps.Keys(used))
-	var arrays, vcols, casts []string
-	colIdx := make([]int, len(names))
-	for k, name := range names {
-		colIdx[k] = used[name]
-		v := "_causet_v" + strconv.Itoa(k+1)
-		arrays = append(arrays, "$"+strconv.Itoa(k+1)+"::text[]")
-		vcols = append(vcols, v)
-		casts = append(casts, "v."+v+"::"+cols[name].typ+" AS "+pgx.Identifier{name}.Sanitize())
+	var casts []string
+	for _, name := range slices.Sorted(maps.Keys(used)) {
+		casts = append(casts, "src."+ident(name)+"::"+cols[name].typ+" AS "+ident(name))
 	}
-	return "SELECT v._causet_n - 1 FROM unnest(" + strings.Join(arrays, ", ") + ") WITH ORDINALITY AS v(" +
-		strings.Join(vcols, ", ") + ", _causet_n) WHERE (SELECT " + strings.Join(exprs, " AND ") +
-		" FROM (SELECT " + strings.Join(casts, ", ") + ") AS _causet_chk) IS FALSE", colIdx
+	return "(SELECT " + strings.Join(exprs, " AND ") + " FROM (SELECT " + strings.Join(casts, ", ") + ") AS _causet_chk)"
 }
 
 // formCopyGroups is copyGroupsChecked with the worker's catalog: the tables
@@ -663,15 +618,10 @@ func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*cop
 		if pc.refusedGroups.has(g) {
 			// A row of the last group of this table was refused: the
 			// table's CHECK constraints are evaluated on this one's rows
-			// first, so that the rows they refuse leave the group and
-			// the group is copied, not isolated.
-			if refused, ok := pc.precheck(ctx, g, cols, rc); ok {
-				if rc == nil {
-					rc = &rowCheck{}
-				}
-				rc.refusedRows = refused
-				g.checked, g.checkRefused = true, len(refused) > 0
-			}
+			// in its COPY transaction (copyRows), so that the rows they
+			// refuse leave the group and the group is copied, not
+			// isolated.
+			g.check = g.p.checkPredicate(w.catalog.checks(g.schema, g.p.def.Table), cols)
 		}
 		if rc != nil {
 			seen = append(seen, checked{g.p, g.schema, rc})

@@ -533,3 +533,58 @@ func TestWorkerDeferredConstraintRefusesOnlyItsPair(t *testing.T) {
 	ratingsWave(t, r, 1, 60, wantDead, func(i int) bool { return i == 17 })
 	checkRefusedRatings(t, r, wantDead, 60)
 }
+
+// TestWorkerCommitRefusedAppliesASuspectOnce: when the COMMIT of a
+// batch's COPY transaction is refused (a deferred constraint trigger), the
+// batch's pairs go to statements, the upserts the catalog calls suspect
+// among them; they are not also applied as suspects. Before, a suspect
+// was applied twice, and a refused one dead-lettered twice (a duplicate
+// dead letter for one pair).
+func TestWorkerCommitRefusedAppliesASuspectOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 2})
+	table := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	exec(t, r.pool, "ALTER TABLE "+table+" ALTER COLUMN stars TYPE smallint") // stricter than the definition's integer
+	fn := pgx.Identifier{r.tenant, "refuse_at_commit"}.Sanitize()
+	exec(t, r.pool, "CREATE FUNCTION "+fn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "+
+		"IF NEW.stars = 99 THEN RAISE EXCEPTION 'stars 99 refused at commit' USING ERRCODE = 'check_violation'; END IF; "+
+		"RETURN NULL; END $$")
+	exec(t, r.pool, "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT OR UPDATE ON "+table+
+		" DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+	logs := r.startLogged(func(c *projection.Config) {
+		c.CopyMinRows = 4
+		c.Retry.MaxRetries = 0
+		c.Breaker.Threshold = -1
+	})
+	const n = 60
+	var keys, values []string
+	for i := range n {
+		user := fmt.Sprintf("user-%d", i)
+		stars := i % 10
+		switch {
+		case i%20 == 7:
+			stars = 99 // refused at COMMIT (23514)
+		case i%20 == 13:
+			stars = 40000 // out of range for smallint: a suspect (22003)
+		}
+		keys = append(keys, user)
+		values = append(values, r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
+	if logSum(logs, logSuspect, "upserts") == 0 {
+		t.Fatal("no upsert was left to statements as suspect: the test no longer shows what it should")
+	}
+	want := map[string]int{}
+	for i := 7; i < n; i += 20 {
+		want[fmt.Sprintf("user-%d@1", i)] = 1
+		want[fmt.Sprintf("user-%d@1", i+6)] = 1
+	}
+	dls := r.deadLetters()
+	if diff := cmp.Diff(want, deadLetteredUsers(t, dls)); diff != "" {
+		t.Errorf("dead letters, one per refused pair (-want +got):\n%s", diff)
+	}
+	if got := len(r.ratings()); got != n-len(want) {
+		t.Errorf("artist_ratings holds %d rows, want %d", got, n-len(want))
+	}
+}
