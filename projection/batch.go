@@ -87,7 +87,15 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		d.span = w.tr.startRecord(d, pc.spanAttrs)
 	}
 
-	var planned, single []pair
+	var single []pair
+	// Sized as the last batch's, with a quarter more for a batch of other
+	// event types.
+	planned := make([]pair, 0, len(recs)*max(pc.pairsPerRecord, 16)*5/64+8)
+	defer func() {
+		if len(recs) > 0 {
+			pc.pairsPerRecord = len(planned) * 16 / len(recs)
+		}
+	}()
 	var failures []pairFailure
 	for i := range batch {
 		d := &batch[i]

@@ -44,6 +44,9 @@ type partition struct {
 	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
 	// refusedGroups marks the COPY groups to isolate at once (execCopy).
 	refusedGroups refusedMarks
+	// pairsPerRecord is planned pairs per record of the last batch, in
+	// 1/16: the next batch's planned slice is sized from it, not grown.
+	pairsPerRecord int
 	// retriedAtRelease holds, once the partition is released, the retries
 	// its waiting pairs had made, for the hand-off (newHandoff).
 	retriedAtRelease map[pairKey]int
