@@ -265,9 +265,11 @@ func (m *Metrics) observeApplyN(ctx context.Context, attrs metric.MeasurementOpt
 	if m.applyLatency == nil {
 		return
 	}
-	attrs = m.bounded(attrs)
+	// One options slice for the n calls: passing attrs alone would make
+	// one per call (the variadic slice escapes).
+	opts, v := []metric.RecordOption{m.bounded(attrs)}, d.Seconds()
 	for range n {
-		m.applyLatency.Record(ctx, d.Seconds(), attrs)
+		m.applyLatency.Record(ctx, v, opts...)
 	}
 }
 
