@@ -226,11 +226,14 @@ func upsertKey(tp *TableProjection, pr pair) string {
 // (PostgreSQL refused a row, or its statement) is rolled back to it alone
 // and then isolated in the same transaction (isolateGroup), starting from
 // its parts when PostgreSQL refused a row of it (rowError). A group whose
-// (table projection, tenant schema) had a row refused in its last group
-// (refusedMarks) skips the doomed first attempt: it is isolated from its
-// parts at once, copied once. After the commit, each isolated group sets
-// its mark when a row was refused and clears it otherwise, so that a clean
-// stream takes copyRows again after one batch. An error that is not one
+// (table projection, tenant schema) had a row refused in its last groups
+// (refusedMarks) is copied with the table's CHECK constraints evaluated
+// (copyGroup.check) or, when none can be, skips the doomed first attempt:
+// it is isolated from its parts at once, copied once. After the commit,
+// each isolated or checked group sets its mark when a row was refused; a
+// clean one clears it (refusedMarks.set: a checked one after
+// checkedMarkGroups in a row), so that a clean stream takes plain
+// copyRows again. An error that is not one
 // group's (begin, commit, a savepoint, an isolation's COPY, an
 // infrastructure error) is returned: nothing was applied.
 func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []pair, failures []pairFailure, err error) {
@@ -349,24 +352,41 @@ type copyGroupKey struct {
 }
 
 // refusedMarks holds, for one partition, the (table projection, tenant
-// schema) pairs whose last COPY group had a row refused by PostgreSQL
-// (execCopy): at most maxRefusedMarks (setting one more drops another),
+// schema) pairs whose last COPY groups had a row refused by PostgreSQL
+// (execCopy), each with the clean groups still to come before its mark is
+// cleared: at most maxRefusedMarks (setting one more drops another),
 // owned by the partition's goroutine and dropped with the partition on
 // revoke. The zero value (nil) is empty.
-type refusedMarks map[copyGroupKey]struct{}
+type refusedMarks map[copyGroupKey]int
 
-// has reports whether g's last group had a row refused.
+// checkedMarkGroups is how many groups in a row must come through with
+// no row refused, their CHECK constraints evaluated (copyGroup.check),
+// before a mark is cleared: evaluating them costs PostgreSQL about what
+// the group's COPY does, while a group copied plainly that a refused row
+// fails is isolated, at about twice (BenchmarkIsolateGroup). With one
+// refused row in a hundred and groups of 300, one group in twenty has
+// none; clearing the mark then cost an isolation at the next group.
+const checkedMarkGroups = 16
+
+// has reports whether g's last groups had a row refused.
 func (m refusedMarks) has(g *copyGroup) bool {
 	_, ok := m[copyGroupKey{g.p, g.schema}]
 	return ok
 }
 
-// set marks g (refused) or clears its mark, and returns m (allocated on
-// the first mark).
+// set marks g when refused, for checkedMarkGroups clean groups; a clean
+// group counts one of those when its CHECK constraints were evaluated
+// (g.check) and clears the mark at once otherwise (an isolated group: no
+// constraint could be evaluated). It returns m (allocated on the first
+// mark).
 func (m refusedMarks) set(g *copyGroup, refused bool) refusedMarks {
 	k := copyGroupKey{g.p, g.schema}
 	if !refused {
-		delete(m, k)
+		if left, ok := m[k]; ok && g.check != "" && left > 1 {
+			m[k] = left - 1
+		} else {
+			delete(m, k)
+		}
 		return m
 	}
 	if m == nil {
@@ -378,7 +398,7 @@ func (m refusedMarks) set(g *copyGroup, refused bool) refusedMarks {
 			break
 		}
 	}
-	m[k] = struct{}{}
+	m[k] = checkedMarkGroups
 	return m
 }
 

@@ -217,6 +217,34 @@ func TestRefusedMarksAreBounded(t *testing.T) {
 	}
 }
 
+// TestRefusedMarkOutlastsCheckedCleanGroups: a mark whose groups have
+// their CHECK constraints evaluated is cleared after checkedMarkGroups
+// clean groups in a row, not at the first (with one refused row in a
+// hundred, one group of 300 in twenty has none, and the group after it
+// was then copied plainly, failed and was isolated); a refused row in
+// between starts the count again.
+func TestRefusedMarkOutlastsCheckedCleanGroups(t *testing.T) {
+	tp := hotProjections(t, hotDefinitions[0].path)[0]
+	g := newCopyGroup(tp, "tenant_a")
+	g.check = "(SELECT true)"
+	m := refusedMarks{}.set(g, true)
+	for i := range checkedMarkGroups - 1 {
+		if m = m.set(g, false); !m.has(g) {
+			t.Fatalf("mark cleared after %d clean checked groups, want %d", i+1, checkedMarkGroups)
+		}
+	}
+	m = m.set(g, true) // refused again: the count starts again
+	for range checkedMarkGroups - 1 {
+		m = m.set(g, false)
+	}
+	if !m.has(g) {
+		t.Fatal("a refused group did not start the count again")
+	}
+	if m = m.set(g, false); m.has(g) {
+		t.Errorf("mark kept after %d clean checked groups in a row", checkedMarkGroups)
+	}
+}
+
 // BenchmarkIsolateGroup measures isolateSQL on a COPY group of 300
 // artist_ratings upserts (the benchmark's definitions) of which 5, spread
 // out, break a CHECK constraint (23514), against copyRows of the same
