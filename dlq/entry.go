@@ -148,9 +148,7 @@ func readHeaders(hs []kgo.RecordHeader) headerValues {
 		case HeaderOriginalOmitted:
 			hv.omitted = string(h.Value)
 		case HeaderReplayCount:
-			if n, err := strconv.Atoi(string(h.Value)); err == nil && n > 0 {
-				hv.replayCount = n
-			}
+			hv.replayCount, _ = ParseReplayCount(h.Value)
 		}
 	}
 	return hv

@@ -88,6 +88,32 @@ const (
 	HeaderReplayFirstFailedAt = "causet.replay.first-failed-at" // epoch ms, decimal
 )
 
+// MaxReplayCount is the largest replay count a header may carry
+// (causet.replay.count, causet.dlq.replay-count): ParseReplayCount reads
+// any other value as absent, so that a count can always be incremented.
+const MaxReplayCount = 1_000_000
+
+// ParseReplayCount reads a replay-count header's value: a decimal from 1
+// to MaxReplayCount, digits only. It returns 0 and false for anything
+// else (empty, a sign, zero, not decimal, larger), which the worker and
+// the replayer read as no replay (a first failure).
+func ParseReplayCount(v []byte) (int, bool) {
+	if len(v) == 0 || len(v) > 7 || v[0] == '0' {
+		return 0, false
+	}
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n > MaxReplayCount {
+		return 0, false
+	}
+	return n, true
+}
+
 // Message is the JSON value of a dead-letter record: exactly the documented
 // fields of SPEC §6, validated by schemas/projection-dlq.v1.schema.json.
 type Message struct {

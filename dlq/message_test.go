@@ -38,3 +38,18 @@ func TestMessageMarshalJSON(t *testing.T) {
 		}
 	})
 }
+
+// TestParseReplayCount: a replay count is a decimal from 1 to
+// MaxReplayCount, digits only; anything else is no replay.
+func TestParseReplayCount(t *testing.T) {
+	for v, want := range map[string]int{"1": 1, "2": 2, "999999": 999999, "1000000": MaxReplayCount} {
+		if n, ok := ParseReplayCount([]byte(v)); !ok || n != want {
+			t.Errorf("ParseReplayCount(%q) = %d, %v, want %d, true", v, n, ok, want)
+		}
+	}
+	for _, v := range []string{"", "0", "00", "007", "-1", "+1", " 1", "1 ", "1.0", "1e3", "abc", "1000001", "9223372036854775807", "99999999999999999999999"} {
+		if n, ok := ParseReplayCount([]byte(v)); ok || n != 0 {
+			t.Errorf("ParseReplayCount(%q) = %d, %v, want 0, false", v, n, ok)
+		}
+	}
+}

@@ -108,6 +108,11 @@ func validTopicName(t string) error {
 	return nil
 }
 
+// ErrInvalidDeadLetter is wrapped by NewRecord's error for a DeadLetter
+// that is not one (no source record or error, a negative count): a bug
+// of its caller, not of Kafka.
+var ErrInvalidDeadLetter = errors.New("invalid dead letter")
+
 // NewRecord builds the dead-letter record for dl (SPEC §6), stamped with
 // now (FailedAt and the record timestamp; pass time.Now()).
 //
@@ -168,8 +173,10 @@ func validTopicName(t string) error {
 // topic. If the record is still too large (a key or headers larger than
 // the limit), it returns an error wrapping ErrTooLarge.
 //
-// It also returns an error when cfg is invalid, dl.Source or dl.Err is nil,
-// dl.Retries or dl.ReplayCount is negative, or now is zero.
+// It also returns an error when cfg is invalid, and one wrapping
+// ErrInvalidDeadLetter when dl.Source or dl.Err is nil, dl.Retries or
+// dl.ReplayCount is negative, dl.ReplayCount is above MaxReplayCount, or
+// now is zero.
 func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -177,15 +184,15 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	}
 	switch {
 	case dl.Source == nil:
-		return nil, errors.New("dead letter has no source record")
+		return nil, fmt.Errorf("%w: no source record", ErrInvalidDeadLetter)
 	case dl.Err == nil:
-		return nil, fmt.Errorf("dead letter for %s: no error", sourceName(dl.Source))
+		return nil, fmt.Errorf("%w for %s: no error", ErrInvalidDeadLetter, sourceName(dl.Source))
 	case dl.Retries < 0:
-		return nil, fmt.Errorf("dead letter for %s: negative retry count %d", sourceName(dl.Source), dl.Retries)
-	case dl.ReplayCount < 0:
-		return nil, fmt.Errorf("dead letter for %s: negative replay count %d", sourceName(dl.Source), dl.ReplayCount)
+		return nil, fmt.Errorf("%w for %s: negative retry count %d", ErrInvalidDeadLetter, sourceName(dl.Source), dl.Retries)
+	case dl.ReplayCount < 0 || dl.ReplayCount > MaxReplayCount:
+		return nil, fmt.Errorf("%w for %s: replay count %d not in 0..%d", ErrInvalidDeadLetter, sourceName(dl.Source), dl.ReplayCount, MaxReplayCount)
 	case now.IsZero():
-		return nil, fmt.Errorf("dead letter for %s: zero time", sourceName(dl.Source))
+		return nil, fmt.Errorf("%w for %s: zero time", ErrInvalidDeadLetter, sourceName(dl.Source))
 	}
 
 	src := dl.Source

@@ -317,6 +317,7 @@ func TestNewRecordRefusesBadInput(t *testing.T) {
 		{"nil error", func(dl *DeadLetter) { dl.Err = nil }, RecordConfig{}, testNow},
 		{"negative retries", func(dl *DeadLetter) { dl.Retries = -1 }, RecordConfig{}, testNow},
 		{"negative replay count", func(dl *DeadLetter) { dl.ReplayCount = -1 }, RecordConfig{}, testNow},
+		{"replay count above the maximum", func(dl *DeadLetter) { dl.ReplayCount = MaxReplayCount + 1 }, RecordConfig{}, testNow},
 		{"zero now", func(*DeadLetter) {}, RecordConfig{}, time.Time{}},
 		{"bad topic", func(*DeadLetter) {}, RecordConfig{Topic: "dlq topic"}, testNow},
 		{"max bytes too small", func(*DeadLetter) {}, RecordConfig{MaxBytes: 100}, testNow},
@@ -325,8 +326,12 @@ func TestNewRecordRefusesBadInput(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dl := testDeadLetter([]byte(testEvent))
 			tt.modify(&dl)
-			if rec, err := NewRecord(dl, tt.cfg, tt.now); err == nil {
-				t.Errorf("NewRecord returned %v, want an error", rec)
+			rec, err := NewRecord(dl, tt.cfg, tt.now)
+			if err == nil {
+				t.Fatalf("NewRecord returned %v, want an error", rec)
+			}
+			if invalid := tt.cfg == (RecordConfig{}); errors.Is(err, ErrInvalidDeadLetter) != invalid {
+				t.Errorf("NewRecord: %v; wraps ErrInvalidDeadLetter: %v, want %v (a bad DeadLetter, not a bad config)", err, !invalid, invalid)
 			}
 		})
 	}

@@ -53,7 +53,7 @@ func ReplayRecord(e *Entry, topic string, partition int32) *kgo.Record {
 	}
 	hs = append(hs,
 		kgo.RecordHeader{Key: HeaderReplaySource, Value: []byte(e.Coordinates().String())},
-		kgo.RecordHeader{Key: HeaderReplayCountOut, Value: strconv.AppendInt(nil, int64(e.ReplayCount)+1, 10)},
+		kgo.RecordHeader{Key: HeaderReplayCountOut, Value: strconv.AppendInt(nil, int64(min(e.ReplayCount+1, MaxReplayCount)), 10)},
 		kgo.RecordHeader{Key: HeaderReplayFirstFailedAt, Value: strconv.AppendInt(nil, first, 10)},
 	)
 	return &kgo.Record{

@@ -24,9 +24,10 @@ func readReplayInfo(rec *kgo.Record) replayInfo {
 		case dlq.HeaderReplayProjection:
 			ri.projection = string(h.Value)
 		case dlq.HeaderReplayCountOut:
-			ri.count, _ = strconv.Atoi(string(h.Value))
+			ri.count, _ = dlq.ParseReplayCount(h.Value) // unreadable: a first failure
 		case dlq.HeaderReplayFirstFailedAt:
-			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+			ri.firstFailedAt = time.Time{}
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil && ms > 0 {
 				ri.firstFailedAt = time.UnixMilli(ms)
 			}
 		}

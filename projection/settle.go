@@ -334,6 +334,8 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 		switch {
 		case errors.Is(err, dlq.ErrTooLarge):
 			hint = "raise the dead-letter topic's max.message.bytes (or --dlq-max-bytes) and restart the worker: the limit is read at start"
+		case errors.Is(err, dlq.ErrInvalidDeadLetter):
+			hint = "the worker built a dead letter that is not one (a bug: report this line); the partition waits, so nothing is lost"
 		case errors.Is(err, dlq.ErrAttemptTimeout):
 			hint = "Kafka does not acknowledge dead letters in time: check the dead-letter topic's partition leaders and brokers (--dlq-write-timeout)"
 		}

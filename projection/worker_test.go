@@ -723,6 +723,51 @@ func TestWorkerReplayedEventAppliesOnlyToNamedProjection(t *testing.T) {
 	}
 }
 
+// TestWorkerReadsUnreadableReplayHeadersAsAFirstFailure: a replay count
+// that is not a decimal from 1 to dlq.MaxReplayCount (negative, zero,
+// beyond int64, with a sign or a leading zero) is read as no replay, as
+// docs/events.md says; the event is dead-lettered with replay count 0
+// and its partition goes on. Given twice, a header's last value counts.
+// Before, a negative count (or one that overflowed on replay) made a dead
+// letter that NewRecord refused, and the partition waited forever
+// (new-user trial).
+func TestWorkerReadsUnreadableReplayHeadersAsAFirstFailure(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil)
+	start := time.Now().UnixMilli()
+	counts := [][]string{{"-1"}, {"0"}, {"+2"}, {"007"}, {"abc"}, {"99999999999999999999999"}, {"1000001"}, {"3", "-1"}}
+	for i, cs := range counts {
+		user := fmt.Sprintf("user-%d", i)
+		var hs []kgo.RecordHeader
+		for _, c := range cs {
+			hs = append(hs, kgo.RecordHeader{Key: dlq.HeaderReplayCountOut, Value: []byte(c)})
+		}
+		hs = append(hs, kgo.RecordHeader{Key: dlq.HeaderReplayFirstFailedAt, Value: []byte("-5")})
+		// No stars: refused by the planner (a permanent error), dead-lettered at once.
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a"}`, user))), hs...)
+		r.produce(user, []byte(r.follow(user, "artist-1", 2))) // after it, on its partition
+	}
+	// The projection header twice: the last one counts.
+	r.produce("user-x", []byte(r.follow("user-x", "artist-1", 1)),
+		kgo.RecordHeader{Key: dlq.HeaderReplayProjection, Value: []byte("user_follows")},
+		kgo.RecordHeader{Key: dlq.HeaderReplayProjection, Value: []byte("artist_followers")})
+	r.waitCommitted(testTimeout)
+	if a, u := r.count("artist_followers"), r.count("user_follows"); a != len(counts)+1 || u != len(counts) {
+		t.Errorf("rows artist_followers=%d user_follows=%d, want %d and %d", a, u, len(counts)+1, len(counts))
+	}
+	dls := r.deadLetters()
+	if len(dls) != len(counts) {
+		t.Fatalf("dead letters = %d, want %d", len(dls), len(counts))
+	}
+	for _, d := range dls {
+		if got := d.headers[dlq.HeaderReplayCount]; got != "0" || d.msg.FirstFailedAt < start {
+			t.Errorf("%s: replay-count %q, firstFailedAt %d, want 0 and a first failure in this test (from %d)",
+				deadLetterUser(t, d), got, d.msg.FirstFailedAt, start)
+		}
+	}
+}
+
 // TestWorkerDatabaseOutagePausesWithoutDeadLetters stops PostgreSQL while
 // events arrive: by default nothing is dead-lettered, the worker reports
 // not-ready, and every event is applied once the database is back.
