@@ -49,15 +49,7 @@ func TestRetryReadsAnOmittedOriginalAgain(t *testing.T) {
 	if res.Replayed != 1 || len(outs) != 1 {
 		t.Fatalf("result %s, outcomes %+v; want the omitted original replayed", res, outs)
 	}
-	var replayed *kgo.Record
-	for _, r := range readTopic(t, b, f.events) {
-		if _, ok := headerValue(r.Headers, dlq.HeaderReplaySource); ok {
-			replayed = r
-		}
-	}
-	if replayed == nil || !bytes.Equal(replayed.Value, big) {
-		t.Fatalf("replayed record %v, want the original's %d bytes", replayed, len(big))
-	}
+	checkReplayedValue(t, b, f.events, big)
 	// Replayed again on purpose: read again too, not refused as if the
 	// original had not been JSON (found by a new user).
 	res, outs = f.retry(dlq.ReplayConfig{Actor: "alice", IncludeReplayed: true, DryRun: true})
@@ -80,5 +72,54 @@ func TestRetryReadsAnOmittedOriginalAgain(t *testing.T) {
 		if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "no longer in the topic") {
 			t.Errorf("refused with %q, want it to say the original is no longer in the topic", o.Reason)
 		}
+	}
+}
+
+// TestRetryReplaysAnEventLargerThanKgosDefaultBatch: an event larger
+// than kgo's default producer batch limit (1,000,012 bytes), which the
+// events topic takes (its max.message.bytes raised), is replayed: the
+// replayer produces with the topic's limit. Before, every such replay
+// failed with MESSAGE_TOO_LARGE before it reached the broker (new-user
+// trial: a 1.5 MB and a 5 MB event).
+func TestRetryReplaysAnEventLargerThanKgosDefaultBatch(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	adm := kadm.NewClient(f.cl)
+	if _, err := adm.AlterTopicConfigs(testCtx(t), []kadm.AlterConfig{{Name: "max.message.bytes", Value: kadm.StringPtr("4194304")}}, f.events); err != nil {
+		t.Fatal(err)
+	}
+	big := []byte(`{"eventType":"ARTIST_FOLLOWED","entityId":"user-1","forkId":"production","tenantSchema":"acme_prod","irVersion":"v1","sequenceNumber":1,"ts":1719331200000,"payload":{"blob":"` +
+		strings.Repeat("x", 1_500_000) + `"}}`)
+	big4 := b.Client(t, kgo.ProducerLinger(0), kgo.ProducerBatchMaxBytes(4<<20))
+	src, err := big4.ProduceSync(testCtx(t), &kgo.Record{Topic: f.events, Key: []byte("user-1"), Value: big}).First()
+	if err != nil {
+		t.Fatalf("produce the %d-byte event: %v", len(big), err)
+	}
+	rec, err := dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
+		EventType: "ARTIST_FOLLOWED", Class: retry.Projection, Err: pgErr("42P01", `relation "x" does not exist`), Retries: 5},
+		dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test"}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.produce(rec)
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
+	if res.Replayed != 1 || len(outs) != 1 {
+		t.Fatalf("result %s, outcomes %+v; want the large event replayed", res, outs)
+	}
+	checkReplayedValue(t, b, f.events, big)
+}
+
+// checkReplayedValue checks that the last record of topic with a replay
+// source header holds want.
+func checkReplayedValue(t *testing.T, b *kafkatest.Broker, topic string, want []byte) {
+	t.Helper()
+	var replayed *kgo.Record
+	for _, r := range readTopic(t, b, topic) {
+		if _, ok := headerValue(r.Headers, dlq.HeaderReplaySource); ok {
+			replayed = r
+		}
+	}
+	if replayed == nil || !bytes.Equal(replayed.Value, want) {
+		t.Fatalf("replayed record %v, want the original's %d bytes", replayed, len(want))
 	}
 }

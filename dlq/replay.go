@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	ratelimit "golang.org/x/time/rate"
 
@@ -207,7 +208,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	log := cfg.Logger
 	res := Result{Action: OutcomeReplayed, DryRun: cfg.DryRun}
 
-	nparts, err := partitionCount(ctx, r.opts, cfg.EventsTopic)
+	nparts, maxBytes, err := eventsTopicLimits(ctx, r.opts, cfg.EventsTopic)
 	if err != nil {
 		return res, err
 	}
@@ -221,6 +222,10 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		}, r.opts...),
 			kgo.RecordPartitioner(kgo.ManualPartitioner()),
 			kgo.RequiredAcks(kgo.AllISRAcks()),
+			// An event as large as the events topic takes (kgo's default
+			// batch limit, 1,000,012 bytes, refused larger ones before
+			// they reached the broker).
+			kgo.ProducerBatchMaxBytes(max(maxBytes, defaultProducerBatchMaxBytes)),
 		)...)
 		if err != nil {
 			return res, fmt.Errorf("kafka client: %w", err)
@@ -268,8 +273,13 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		now := cfg.Now().UnixMilli()
 		for _, p := range pending {
 			if err := prodErrs[p.rec]; err != nil {
+				reason := "produce to the events topic failed; not recorded in the ledger"
+				if errors.Is(err, kerr.MessageTooLarge) {
+					reason = fmt.Sprintf("the event (%d bytes) is larger than the events topic %s takes (max.message.bytes %s): raise it, then run again; not recorded in the ledger",
+						len(p.rec.Value), cfg.EventsTopic, limitText(maxBytes))
+				}
 				emit(Outcome{Entry: p.e, Kind: OutcomeFailed, Topic: cfg.EventsTopic, Partition: p.rec.Partition,
-					FromHeader: p.fromHeader, Reason: "produce to the events topic failed; not recorded in the ledger", Err: err})
+					FromHeader: p.fromHeader, Reason: reason, Err: err})
 				continue
 			}
 			acked = append(acked, p)
@@ -438,16 +448,24 @@ func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 	return res, nil
 }
 
-// partitionCount returns the current partition count of topic.
-func partitionCount(ctx context.Context, opts []kgo.Opt, topic string) (int32, error) {
+// defaultProducerBatchMaxBytes is kgo's default ProducerBatchMaxBytes.
+const defaultProducerBatchMaxBytes = 1_000_012
+
+// eventsTopicLimits returns the partition count of the events topic and
+// its max.message.bytes (DescribeConfigs), 0 when that cannot be read (no
+// permission to describe it): the replayer then produces with kgo's
+// default batch limit. It returns an error when the topic does not exist
+// or cannot be listed.
+func eventsTopicLimits(ctx context.Context, opts []kgo.Opt, topic string) (int32, int32, error) {
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return 0, fmt.Errorf("kafka client: %w", err)
+		return 0, 0, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
-	tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	adm := kadm.NewClient(cl)
+	tds, err := adm.ListTopics(ctx, topic)
 	if err != nil {
-		return 0, fmt.Errorf("describe events topic %s: %w", topic, err)
+		return 0, 0, fmt.Errorf("describe events topic %s: %w", topic, err)
 	}
 	td, ok := tds[topic]
 	if !ok || td.Err != nil || len(td.Partitions) == 0 {
@@ -456,9 +474,29 @@ func partitionCount(ctx context.Context, opts []kgo.Opt, topic string) (int32, e
 		} else {
 			err = ErrTopicNotFound
 		}
-		return 0, fmt.Errorf("describe events topic %s: %w", topic, err)
+		return 0, 0, fmt.Errorf("describe events topic %s: %w", topic, err)
 	}
-	return int32(len(td.Partitions)), nil
+	var maxBytes int32
+	if rcs, err := adm.DescribeTopicConfigs(ctx, topic); err == nil {
+		if rc, err := rcs.On(topic, nil); err == nil && rc.Err == nil {
+			for _, c := range rc.Configs {
+				if c.Key == "max.message.bytes" && c.Value != nil {
+					if n, err := strconv.ParseInt(*c.Value, 10, 32); err == nil && n > 0 {
+						maxBytes = int32(n)
+					}
+				}
+			}
+		}
+	}
+	return int32(len(td.Partitions)), maxBytes, nil
+}
+
+// limitText is a max.message.bytes as read (0: unknown).
+func limitText(n int32) string {
+	if n <= 0 {
+		return "unknown"
+	}
+	return strconv.Itoa(int(n))
 }
 
 // newLimiter returns the limiter pacing replays to rate per second, one
