@@ -140,8 +140,16 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 	var ln net.Listener
-	if _, _, err := net.SplitHostPort(s.httpAddr); s.httpAddr != "" && err != nil {
-		return flagenv.Usagef("--http-addr %q: %v", s.httpAddr, err)
+	if s.httpAddr != "" {
+		_, port, err := net.SplitHostPort(s.httpAddr)
+		if err == nil {
+			// A port out of range is the command line's fault, not the
+			// machine's (exit 2, not 1 as for an address in use).
+			_, err = net.LookupPort("tcp", port)
+		}
+		if err != nil {
+			return flagenv.Usagef("--http-addr %q: %v", s.httpAddr, err)
+		}
 	}
 	if s.httpAddr != "" {
 		if ln, err = net.Listen("tcp", s.httpAddr); err != nil {
