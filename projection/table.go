@@ -70,6 +70,9 @@ type TableProjection struct {
 	upsert sqlTemplate
 	delete sqlTemplate
 	vars   sync.Pool // of *deriveActivation, reset
+	// table is def.Table as an argument, boxed once (a Statement's last
+	// argument: boxing it per plan cost an allocation).
+	table any
 }
 
 // column is a column with its value source resolved.
@@ -117,6 +120,7 @@ func NewTableProjections(d *Definitions) ([]*TableProjection, error) {
 		}
 		p.upsert = p.upsertSQL()
 		p.delete = p.deleteSQL()
+		p.table = pd.Table
 		out = append(out, p)
 	}
 	return out, nil
@@ -266,7 +270,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 				return Statement{}, p.nullKey(i)
 			}
 		}
-		args = append(args, seq, p.def.Table)
+		args = append(args, seq, p.table)
 		return Statement{SQL: p.upsert.build(ev.TenantSchema), Args: args, Op: OpUpsert}, nil
 	default: // OpDelete
 		args := make([]any, 0, len(p.pk)+2)
@@ -280,7 +284,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 			args = append(args, v)
 		}
-		args = append(args, seq, p.def.Table)
+		args = append(args, seq, p.table)
 		return Statement{SQL: p.delete.build(ev.TenantSchema), Args: args, Op: OpDelete}, nil
 	}
 }
