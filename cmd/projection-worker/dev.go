@@ -60,7 +60,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer pool.Close()
-	if err := devstack.PrepareTenants(ctx, pool, defs); err != nil {
+	if err := devstack.PrepareTenants(ctx, pool, defs, stack.Throwaway()); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "dev: migrated %s and %s (staging without followed_at); %s left unmigrated\n",

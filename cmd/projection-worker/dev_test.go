@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/causet/projection-worker/internal/devstack"
 	"github.com/causet/projection-worker/internal/pgtest"
 )
@@ -149,5 +151,41 @@ func TestDevExampleLinesAccountForEveryEvent(t *testing.T) {
 	}
 	if !slices.Contains(lines, "a follow then an unfollow: deleted, tombstone kept (2 events)") {
 		t.Errorf("lines %q lack the follow-then-unfollow case with its 2 events", lines)
+	}
+}
+
+// TestDevLeavesAnExampleSchemaItDidNotMake: with DATABASE_URL, dev stops
+// before changing anything when the database holds an example tenant
+// schema that dev did not make (a user's own data under that name), and
+// says which; before, it dropped acme_concertapp_legacy and a column of
+// acme_concertapp_staging in whatever database it was given (new-user
+// trial).
+func TestDevLeavesAnExampleSchemaItDidNotMake(t *testing.T) {
+	clearSettingsEnv(t)
+	db := pgtest.StartOwn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA acme_concertapp_legacy; CREATE TABLE acme_concertapp_legacy.important (id int); INSERT INTO acme_concertapp_legacy.important VALUES (1), (2)"); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr syncBuffer
+	code := run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--database-url", db.URL(),
+		"--projections", exampleProjections}, &stdout, &stderr)
+	if code == 0 || !strings.Contains(stderr.String(), "acme_concertapp_legacy, which dev did not make") {
+		t.Errorf("dev exited %d, want an error naming acme_concertapp_legacy\nstderr:\n%s", code, stderr.String())
+	}
+	check := context.Background() // ctx may be done if dev ran until its deadline
+	var n int
+	if err := pool.QueryRow(check, "SELECT count(*) FROM acme_concertapp_legacy.important").Scan(&n); err != nil || n != 2 {
+		t.Errorf("the user's table after dev: %d rows, %v; want its 2 rows", n, err)
+	}
+	var staging bool
+	if err := pool.QueryRow(check, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'acme_concertapp_staging')").Scan(&staging); err != nil || staging {
+		t.Errorf("dev made the staging schema (%v, %v) before stopping, want nothing changed", staging, err)
 	}
 }

@@ -7,8 +7,10 @@ package devstack
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -95,14 +97,48 @@ func (s *Stack) Close() error {
 	return nil
 }
 
+// Throwaway reports whether the stack's PostgreSQL is its own throwaway
+// cluster (DATABASE_URL was not set).
+func (s *Stack) Throwaway() bool { return s.pg != nil }
+
+// exampleMark is the comment PrepareTenants sets on the example tenant
+// schemas it makes, so that a later run changes and drops only those
+// (an SQL literal as it is: no quote in it).
+const exampleMark = "made by projection-worker dev (make run): changed and dropped by it"
+
 // PrepareTenants migrates the production and staging tenants, drops
 // followed_at from staging's artist_followers (so its events fail with
 // `column "followed_at" ... does not exist`) and leaves the legacy tenant
-// unmigrated (`relation ... does not exist`).
-func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions) error {
-	for _, t := range []string{TenantProduction, TenantStaging} {
+// unmigrated (`relation ... does not exist`), dropping it if an earlier
+// run left it. Unless throwaway (the stack's own cluster), it first
+// checks that every example tenant schema that exists was made by an
+// earlier run (exampleMark) and returns an error naming the others:
+// a database given by DATABASE_URL may hold a schema of that name with
+// data of its own, which the changes above would destroy.
+func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions, throwaway bool) error {
+	tenants := []string{TenantProduction, TenantStaging, TenantLegacy}
+	if !throwaway {
+		rows, err := pool.Query(ctx, `SELECT nspname FROM pg_catalog.pg_namespace
+			WHERE nspname = ANY($1) AND pg_catalog.obj_description(oid, 'pg_namespace') IS DISTINCT FROM $2 ORDER BY nspname`,
+			tenants, exampleMark)
+		if err != nil {
+			return fmt.Errorf("look up the example tenant schemas: %w", err)
+		}
+		foreign, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("look up the example tenant schemas: %w", err)
+		}
+		if len(foreign) > 0 {
+			return fmt.Errorf("DATABASE_URL's database has schema %s, which dev did not make: dev migrates, changes (a column of %s is dropped) and drops (%s) its example tenant schemas, so it stops here; unset DATABASE_URL for a throwaway PostgreSQL, or use a database without them",
+				strings.Join(foreign, ", "), TenantStaging, TenantLegacy)
+		}
+	}
+	for _, t := range tenants[:2] {
 		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
 			return fmt.Errorf("migrate %s: %w", t, err)
+		}
+		if _, err := pool.Exec(ctx, "COMMENT ON SCHEMA "+pgx.Identifier{t}.Sanitize()+" IS '"+exampleMark+"'"); err != nil {
+			return fmt.Errorf("mark %s as the example's: %w", t, err)
 		}
 	}
 	if _, err := pool.Exec(ctx, `ALTER TABLE acme_concertapp_staging.artist_followers DROP COLUMN IF EXISTS followed_at`); err != nil {
