@@ -48,8 +48,9 @@ type Config struct {
 	// OnInfraError is InfraPause (default) or InfraDeadLetter.
 	OnInfraError InfraMode
 	// InfraRetry paces the waits while the database is unavailable under
-	// InfraPause; its MaxRetries is ignored (no limit). Default 500 ms, ×2,
-	// 30 s cap, jitter 0.5.
+	// InfraPause; its MaxRetries is ignored (no limit). Default
+	// DefaultDatabaseWait: 500 ms, ×2, 10 s cap, jitter 0.5, so that a
+	// partition resumes within 15 s of the database answering.
 	InfraRetry retry.Policy
 	// MaxPollRecords bounds the records taken from the client per poll.
 	// Default 10000.
@@ -150,7 +151,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if c.InfraRetry == (retry.Policy{}) {
-		c.InfraRetry = retry.Policy{Initial: 500 * time.Millisecond, Multiplier: 2, MaxInterval: 30 * time.Second, Jitter: 0.5}
+		c.InfraRetry = DefaultDatabaseWait()
 	}
 	if err := c.InfraRetry.Validate(); err != nil {
 		return fmt.Errorf("infra retry: %w", err)
@@ -211,4 +212,14 @@ func (c *Config) Validate() error {
 		c.Metrics = &Metrics{}
 	}
 	return nil
+}
+
+// DefaultDatabaseWait is Config.InfraRetry's default: while the database
+// is unavailable a paused partition tries again after 500 ms, doubling up
+// to 10 s, each wait ±50 % (jitter), with no limit on the attempts.
+// The cap bounds how long a partition stays paused after the database
+// answers again: at most 1.5 × 10 s (it was 30 s, and partitions resumed
+// up to 45 s late; new-user trial).
+func DefaultDatabaseWait() retry.Policy {
+	return retry.Policy{Initial: 500 * time.Millisecond, Multiplier: 2, MaxInterval: 10 * time.Second, Jitter: 0.5}
 }

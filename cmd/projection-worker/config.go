@@ -41,6 +41,7 @@ type settings struct {
 	maxRetries         int
 	retryInitial       time.Duration
 	retryMax           time.Duration
+	dbWaitMax          time.Duration
 	onInfraError       string
 	shutdownGrace      time.Duration
 	httpAddr           string
@@ -112,6 +113,8 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.maxRetries, "max-retries", "MAX_RETRIES", def.MaxRetries, "retries of a failing (event, projection) pair before it is dead-lettered")
 	fs.Duration(&s.retryInitial, "retry-initial", "RETRY_INITIAL", def.Initial, "first retry wait (doubles each retry, with jitter)")
 	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait")
+	fs.Duration(&s.dbWaitMax, "database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL", projection.DefaultDatabaseWait().MaxInterval,
+		"longest wait between a paused partition's attempts while the database is unavailable (--on-infra-error pause): it resumes within 1.5× this of the database answering")
 	fs.String(&s.onInfraError, "on-infra-error", "ON_INFRA_ERROR", string(projection.InfraPause), "when the database is unavailable: pause (wait, not ready) or dlq (retry, then dead-letter)")
 	fs.Duration(&s.shutdownGrace, "shutdown-grace", "SHUTDOWN_GRACE", projection.DefaultShutdownGrace, "time allowed after SIGTERM to commit and leave the group")
 	fs.String(&s.httpAddr, "http-addr", "HTTP_ADDR", ":8080", "address of /healthz, /readyz and /metrics (empty: no HTTP server)")
@@ -223,6 +226,19 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 			flag = "--retry-max-interval (RETRY_MAX_INTERVAL)"
 		}
 		return p, flagenv.Usagef("%s: %v", flag, err)
+	}
+	return p, nil
+}
+
+// databaseWait returns the policy of a paused partition's attempts
+// (projection.DefaultDatabaseWait with --database-wait-max-interval), or a
+// usage error.
+func (s *settings) databaseWait() (retry.Policy, error) {
+	p := projection.DefaultDatabaseWait()
+	p.MaxInterval = s.dbWaitMax
+	p.Initial = min(p.Initial, p.MaxInterval)
+	if err := p.Validate(); err != nil {
+		return p, flagenv.Usagef("--database-wait-max-interval (DATABASE_WAIT_MAX_INTERVAL): %v", err)
 	}
 	return p, nil
 }

@@ -120,6 +120,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	if err != nil {
 		return err
 	}
+	dbWait, err := s.databaseWait()
+	if err != nil {
+		return err
+	}
 	kopts, err := s.kafka.Opts()
 	if err != nil {
 		return err
@@ -239,6 +243,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		Topic:              s.topic,
 		Group:              s.group,
 		Retry:              policy,
+		InfraRetry:         dbWait,
 		OnInfraError:       projection.InfraMode(s.onInfraError),
 		MaxPollRecords:     s.maxPollRecords,
 		MaxBatchRecords:    s.maxBatch,
