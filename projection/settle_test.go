@@ -65,3 +65,17 @@ func TestDeadLetterCarriesWhatTheDecoderLearnt(t *testing.T) {
 		})
 	}
 }
+
+// TestFetchErrorAttrsNameAPartitionOnlyForItsErrors: a client's own poll
+// error (topic "") is logged without topic and partition; before, the
+// group's join failure was logged with "partition":0, which misled a log
+// query by partition (new-user trial).
+func TestFetchErrorAttrsNameAPartitionOnlyForItsErrors(t *testing.T) {
+	err := errors.New("boom")
+	if got := fetchErrorAttrs("", 0, err); len(got) != 2 || got[0] != "error" {
+		t.Errorf("client error: %v, want the error alone", got)
+	}
+	if got := fetchErrorAttrs("events", 3, err); len(got) != 6 || got[1] != "events" || got[3] != int32(3) {
+		t.Errorf("partition error: %v, want topic events, partition 3 and the error", got)
+	}
+}

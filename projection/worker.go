@@ -248,10 +248,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.mu.Unlock()
 			if !joined {
-				w.log.Error("consumer group not joined", "group", w.cfg.Group, "topic", topic, "partition", p, "error", err)
+				w.log.Error("consumer group not joined", append([]any{"group", w.cfg.Group}, fetchErrorAttrs(topic, p, err)...)...)
 				return
 			}
-			w.log.Error("fetch failed", "topic", topic, "partition", p, "error", err)
+			w.log.Error("fetch failed", fetchErrorAttrs(topic, p, err)...)
 		})
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) == 0 {
@@ -414,7 +414,17 @@ func (w *Worker) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	w.joined = false
 	w.mu.Unlock()
 	w.stop(lost[w.cfg.Topic])
-	w.log.Warn("partitions lost", "topic", w.cfg.Topic, "partitions", lost[w.cfg.Topic])
+	w.log.Warn("partitions lost", "topic", w.cfg.Topic, "partitions", append([]int32{}, lost[w.cfg.Topic]...))
+}
+
+// fetchErrorAttrs are the log attributes of an error of a poll: the topic
+// and partition only when the error is one partition's (franz-go gives a
+// client's own error, such as failing to join the group, with topic "").
+func fetchErrorAttrs(topic string, partition int32, err error) []any {
+	if topic == "" {
+		return []any{"error", err}
+	}
+	return []any{"topic", topic, "partition", partition, "error", err}
 }
 
 // stop stops the goroutines of partitions ps, waiting for them at most the
