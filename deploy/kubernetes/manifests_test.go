@@ -131,44 +131,66 @@ func TestKustomizationsBuild(t *testing.T) {
 	}
 }
 
-// TestCPUAutoscalerComponent: the hpa-cpu component, added to the base,
-// replaces the ScaledObject with a HorizontalPodAutoscaler of the worker's
-// Deployment, capped like it.
+// TestCPUAutoscalerComponent: the hpa-cpu component, added to the base or
+// to the example overlay (as its comment says), replaces the ScaledObject
+// and the KEDA TriggerAuthentication with a HorizontalPodAutoscaler of the
+// worker's Deployment, capped at the events topic's partitions, as the
+// ScaledObject is. Before, with the overlay, the HPA stayed at the base's
+// 8 of the overlay's 12 partitions and the TriggerAuthentication stayed,
+// which a cluster without KEDA refuses (new-user trial).
 func TestCPUAutoscalerComponent(t *testing.T) {
-	tmp := t.TempDir()
-	// kustomize takes relative paths only.
-	rel := func(sub string) string {
-		p, err := filepath.Rel(tmp, filepath.Join(dir(t), sub))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	k := "resources: [" + rel("base") + "]\ncomponents: [" + rel("hpa-cpu") + "]\n"
-	if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploytest.Build(tmp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(objs.ScaledObjects) != 0 || len(objs.HPAs) != 1 {
-		t.Fatalf("base + hpa-cpu: %d ScaledObjects and %d HorizontalPodAutoscalers, want 0 and 1", len(objs.ScaledObjects), len(objs.HPAs))
-	}
-	hpa, d := objs.HPAs[0], objs.Deployments[0]
-	if ref := hpa.Spec.ScaleTargetRef; ref.Kind != "Deployment" || ref.Name != d.Name || ref.APIVersion != "apps/v1" {
-		t.Errorf("HPA scales %s %s %s, want apps/v1 Deployment %s", ref.APIVersion, ref.Kind, ref.Name, d.Name)
-	}
-	if max := int(hpa.Spec.MaxReplicas); max > partitions(t, objs) {
-		t.Errorf("HPA maxReplicas %d > EVENTS_PARTITIONS %d: the extra pods would get no partition", max, partitions(t, objs))
-	}
-	for _, m := range hpa.Spec.Metrics {
-		if m.Resource == nil || m.Resource.Name != corev1.ResourceCPU {
-			t.Errorf("HPA metric %+v, want CPU only", m)
-		}
-	}
-	if d.Spec.Template.Spec.Containers[0].Resources.Requests.Cpu().IsZero() {
-		t.Error("a CPU HPA needs a CPU request on the worker")
+	for _, on := range []string{"base", "overlays/example"} {
+		t.Run(on, func(t *testing.T) {
+			// A copy of the manifests where the overlay (a kustomization
+			// beside it, for the base) takes the component as the
+			// overlay's comment says.
+			tmp := t.TempDir()
+			if err := os.CopyFS(tmp, os.DirFS(dir(t))); err != nil {
+				t.Fatal(err)
+			}
+			k := filepath.Join(tmp, "with-hpa", "kustomization.yaml")
+			content := "resources: [../base]\ncomponents: [../hpa-cpu]\n"
+			if on != "base" {
+				k = filepath.Join(tmp, on, "kustomization.yaml")
+				b, err := os.ReadFile(k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				content = strings.Replace(string(b), "# components:\n#   - ../../hpa-cpu\n", "components:\n  - ../../hpa-cpu\n", 1)
+				if content == string(b) {
+					t.Fatalf("%s has no commented-out hpa-cpu component to take", k)
+				}
+			}
+			if err := os.MkdirAll(filepath.Dir(k), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(k, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			objs, err := deploytest.Build(filepath.Dir(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(objs.ScaledObjects) != 0 || len(objs.TriggerAuthentications) != 0 || len(objs.HPAs) != 1 {
+				t.Fatalf("%s + hpa-cpu: %d ScaledObjects, %d TriggerAuthentications and %d HorizontalPodAutoscalers, want 0, 0 and 1",
+					on, len(objs.ScaledObjects), len(objs.TriggerAuthentications), len(objs.HPAs))
+			}
+			hpa, d := objs.HPAs[0], objs.Deployments[0]
+			if ref := hpa.Spec.ScaleTargetRef; ref.Kind != "Deployment" || ref.Name != d.Name || ref.APIVersion != "apps/v1" {
+				t.Errorf("HPA scales %s %s %s, want apps/v1 Deployment %s", ref.APIVersion, ref.Kind, ref.Name, d.Name)
+			}
+			if max := int(hpa.Spec.MaxReplicas); max != partitions(t, objs) {
+				t.Errorf("HPA maxReplicas %d, want EVENTS_PARTITIONS %d: more pods would get no partition, fewer would leave partitions to share", max, partitions(t, objs))
+			}
+			for _, m := range hpa.Spec.Metrics {
+				if m.Resource == nil || m.Resource.Name != corev1.ResourceCPU {
+					t.Errorf("HPA metric %+v, want CPU only", m)
+				}
+			}
+			if d.Spec.Template.Spec.Containers[0].Resources.Requests.Cpu().IsZero() {
+				t.Error("a CPU HPA needs a CPU request on the worker")
+			}
+		})
 	}
 }
 
