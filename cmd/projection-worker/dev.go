@@ -82,7 +82,13 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			fmt.Fprintf(stdout, "dev:   - %s\n", line)
 		}
 		fmt.Fprintf(stdout, "dev: read the dead letters with:\n  kcat -b %s -t %s -C -o beginning -e -f '%%k %%h %%s\\n'\n", stack.Brokers, s.dlqTopic)
-		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n", s.databaseURL, devstack.TenantProduction)
+		// DATABASE_URL's password is not printed (psql reads it from
+		// PGPASSWORD or asks); the throwaway server's URL has none.
+		dbURL := s.databaseURL
+		if !stack.Throwaway() {
+			dbURL = s.redactor().String(dbURL)
+		}
+		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n", dbURL, devstack.TenantProduction)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -27,12 +27,16 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 	// A fresh server of the test's own, as make run's throwaway one: the
 	// example tenants have fixed names.
 	db := pgtest.StartOwn(t)
+	// A password the server does not ask for (trust authentication): as a
+	// DATABASE_URL's, it must not be printed.
+	const password = "s3cret-dev-pw"
+	dbURL := strings.Replace(db.URL(), "postgres@", "postgres:"+password+"@", 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stdout, stderr syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--database-url", db.URL(),
+		done <- run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--database-url", dbURL,
 			"--projections", exampleProjections, "--retry-initial", "5ms", "--retry-max-interval", "20ms"}, &stdout, &stderr)
 	}()
 	// The SPEC example and friends, and six dead letters: 42703, a null
@@ -49,6 +53,9 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), want) {
 		t.Fatalf("dev never printed %q\nstdout:\n%s\nstderr:\n%s", want, stdout.String(), stderr.String())
+	}
+	if strings.Contains(stdout.String()+stderr.String(), password) {
+		t.Errorf("dev printed DATABASE_URL's password (new-user trial: in its psql hint)\nstdout:\n%s", stdout.String())
 	}
 	// The README says this line means it is ready.
 	if ready := fmt.Sprintf("dev: produced %d example events:", len(devstack.Examples(time.Now()))); !strings.Contains(stdout.String(), ready) {
