@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -112,6 +115,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	red := s.redactor()
 	log = slog.New(red.Handler(log.Handler()))
 	defer func() { err = red.Error(err) }()
+	setMemoryLimit(log, memlimit.FromCgroup)
 	defs, handlers, err := loadProjections(s.projections)
 	if err != nil {
 		return err
@@ -475,4 +479,22 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 	})
 	mux.Handle("GET /metrics", tel.metricsHandler())
 	return mux
+}
+
+// setMemoryLimit sets Go's soft memory limit to 90 % of the container's
+// (the cgroup's memory limit, read by github.com/KimMachineGun/automemlimit),
+// so that the GC works harder as the heap nears it, with room left for
+// what is not heap, before the container is OOM-killed. GOMEMLIMIT set, or
+// AUTOMEMLIMIT=off, leaves Go's limit alone; AUTOMEMLIMIT=<ratio in (0,1]>
+// changes the 90 %. Without a limit (no cgroup, or none set) nothing
+// changes. It logs the limit it set at INFO, a failure to read it at DEBUG.
+// provider gives the container's limit (memlimit.FromCgroup).
+func setMemoryLimit(log *slog.Logger, provider memlimit.Provider) {
+	limit, err := memlimit.Set(memlimit.WithProvider(provider))
+	switch {
+	case err != nil:
+		log.Debug("Go memory limit not set from the container's", "error", err)
+	case os.Getenv("GOMEMLIMIT") == "" && os.Getenv("AUTOMEMLIMIT") != "off" && limit < math.MaxInt64:
+		log.Info("Go memory limit set from the container's", "bytes", limit)
+	}
 }

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+	"testing"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+)
+
+// TestSetMemoryLimitLeavesAnExplicitSetting: with GOMEMLIMIT or
+// AUTOMEMLIMIT=off in the environment, run's memory limit is Go's own
+// (the one GOMEMLIMIT gave at start), not 90 % of the container's, and
+// nothing is logged at INFO.
+func TestSetMemoryLimitLeavesAnExplicitSetting(t *testing.T) {
+	for _, env := range [][2]string{{"GOMEMLIMIT", "123MiB"}, {"AUTOMEMLIMIT", "off"}} {
+		t.Run(env[0], func(t *testing.T) {
+			t.Setenv(env[0], env[1])
+			before := debug.SetMemoryLimit(-1)
+			defer debug.SetMemoryLimit(before)
+			var buf bytes.Buffer
+			setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30))
+			if after := debug.SetMemoryLimit(-1); after != before {
+				t.Errorf("%s=%s: memory limit %d, want it left at %d", env[0], env[1], after, before)
+			}
+			if strings.Contains(buf.String(), "memory limit set") {
+				t.Errorf("%s=%s: logged %q", env[0], env[1], buf.String())
+			}
+		})
+	}
+}
+
+// TestSetMemoryLimitTakesNinetyPercentOfTheContainers: a container limit
+// of 1 GiB gives Go a soft limit of 90 % of it, logged at INFO; and
+// AUTOMEMLIMIT changes the ratio.
+func TestSetMemoryLimitTakesNinetyPercentOfTheContainers(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	os.Unsetenv("GOMEMLIMIT")
+	for _, tt := range []struct {
+		ratio string
+		want  int64
+	}{{"", 1 << 30 * 9 / 10}, {"0.5", 1 << 29}} {
+		t.Run("AUTOMEMLIMIT="+tt.ratio, func(t *testing.T) {
+			t.Setenv("AUTOMEMLIMIT", tt.ratio) // restored after the test
+			if tt.ratio == "" {
+				os.Unsetenv("AUTOMEMLIMIT")
+			}
+			before := debug.SetMemoryLimit(-1)
+			defer debug.SetMemoryLimit(before)
+			var buf bytes.Buffer
+			setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30))
+			if got := debug.SetMemoryLimit(-1); got != tt.want {
+				t.Errorf("memory limit %d, want %d", got, tt.want)
+			}
+			if !strings.Contains(buf.String(), "Go memory limit set from the container's") {
+				t.Errorf("logged %q, want the limit at INFO", buf.String())
+			}
+		})
+	}
+}
