@@ -117,10 +117,17 @@ func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span 
 	}
 	rec := d.rec
 	ctx := t.prop.Extract(context.Background(), kotel.NewRecordCarrier(rec))
-	d.taken = time.Now()
-	_, span := t.tracer.Start(ctx, t.processName, consumerKind, trace.WithTimestamp(d.taken))
+	// The span starts at the SDK's clock, not at a timestamp option
+	// (which cost an allocation per record, sampled or not); the record's
+	// pair spans start when it did (d.taken).
+	_, span := t.tracer.Start(ctx, t.processName, consumerKind)
 	if !span.IsRecording() {
-		return span // not sampled: no attributes to build
+		return span // not sampled: no attributes to build, no pair span
+	}
+	if ro, ok := span.(interface{ StartTime() time.Time }); ok { // the SDK's spans (sdktrace.ReadOnlySpan)
+		d.taken = ro.StartTime()
+	} else {
+		d.taken = time.Now()
 	}
 	// The outcome is set now as applied, what nearly every record comes
 	// to, so that endRecord of an applied record adds no attribute (a

@@ -48,3 +48,27 @@ func BenchmarkHotRecordSpan(b *testing.B) {
 	b.StopTimer()
 	_ = tp.Shutdown(context.Background())
 }
+
+// BenchmarkHotRecordSpanSampledOut measures what tracing costs a record
+// that the sampler leaves out, as 99 % of them at the production setting
+// (parentbased_traceidratio 0.01): a record without trace headers, a
+// sampler that samples none.
+//
+//	go test ./projection -run '^$' -bench 'HotRecordSpanSampledOut' -benchmem
+func BenchmarkHotRecordSpanSampledOut(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0))))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tr := newTracing(Config{TracerProvider: tp, Topic: "causet.projection-events.v1", Group: "projection-worker"})
+	ev := hotEvent(b, hotFollowed)
+	rec := &kgo.Record{Topic: "causet.projection-events.v1", Partition: 3, Key: []byte("user-0012345"), Value: ev.Raw}
+	base := tr.partitionAttrs(rec.Partition)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		rec.Offset = int64(i)
+		d := &decoded{rec: rec, ev: ev}
+		if d.span = tr.startRecord(d, base); d.span.IsRecording() {
+			b.Fatal("a span was sampled")
+		}
+		endRecord(d.span, outcomeApplied, "")
+	}
+}
