@@ -234,6 +234,9 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 // (projection.DefaultDatabaseWait with --database-wait-max-interval), or a
 // usage error.
 func (s *settings) databaseWait() (retry.Policy, error) {
+	if s.dbWaitMax <= 0 {
+		return retry.Policy{}, flagenv.Usagef("--database-wait-max-interval (DATABASE_WAIT_MAX_INTERVAL) must be a positive duration (the longest wait between attempts), got %s", s.dbWaitMax)
+	}
 	p := projection.DefaultDatabaseWait()
 	p.MaxInterval = s.dbWaitMax
 	p.Initial = min(p.Initial, p.MaxInterval)

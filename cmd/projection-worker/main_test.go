@@ -180,7 +180,7 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"DATABASE_URL", "invalid port"}},
 		{name: "run brokers without port", args: runArgs("--brokers", "nohostport"), wantCode: 2, wantStderr: []string{"--brokers", `"nohostport" is not host:port`}},
 		{name: "run broker port out of range", args: runArgs("--brokers", "127.0.0.1:9092,127.0.0.1:99999"), wantCode: 2, wantStderr: []string{"--brokers", `"127.0.0.1:99999": the port must be a number from 1 to 65535`}},
-		{name: "run database wait not positive", args: runArgs("--database-wait-max-interval", "0s"), wantCode: 2, wantStderr: []string{"--database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL"}},
+		{name: "run database wait not positive", args: runArgs("--database-wait-max-interval", "0s"), wantCode: 2, wantStderr: []string{"--database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL", "must be a positive duration"}},
 		{name: "run http addr port out of range", args: runArgs("--http-addr", "127.0.0.1:99999"), wantCode: 2, wantStderr: []string{"--http-addr", "HTTP_ADDR", "invalid port"}},
 		{name: "run broker port not a number", args: runArgs("--brokers", "kafka:http"), wantCode: 2, wantStderr: []string{"--brokers", `"kafka:http": the port must be a number from 1 to 65535`}},
 		{name: "run projections file missing", args: runArgs("--projections", "/nonexistent/projections.yaml"),
