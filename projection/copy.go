@@ -248,11 +248,12 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results := make([]copyResult, 0, len(groups))
 	refused := map[*copyGroup]bool{} // the isolated and checked groups: whether a row was refused
+	filled := tempTables{}
 	for _, g := range groups {
 		cause := "last group refused"
 		g.wholeRefused = pc.refusedGroups.has(g) && g.check == ""
 		if !g.wholeRefused {
-			affected, out, gerr := copyRows(ctx, tx, g)
+			affected, out, gerr := copyRows(ctx, tx, g, filled)
 			switch {
 			case gerr == nil:
 				if g.check != "" {
@@ -283,7 +284,7 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 			w.log.Debug("copy group failed; applying it again on its own", "partition", pc.partition, "projection", g.p.Name(),
 				"tenant_schema", g.schema, "rows", g.n, "error", gerr)
 		}
-		res, l, f, err := pc.isolateGroup(ctx, tx, g, cause)
+		res, l, f, err := pc.isolateGroup(ctx, tx, g, cause, filled)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -300,6 +301,26 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	}
 	w.copyApplied(ctx, results, start)
 	return left, failures, nil
+}
+
+// tempTables records the temporary tables (by name) a transaction has
+// filled. ON COMMIT DELETE ROWS empties them when it ends; one filled
+// before in the same transaction (a group of the same projection for
+// another tenant schema, a group isolated after its check) is emptied
+// before it is filled again. Emptying it after every group instead cost
+// PostgreSQL a deleted row per upsert: about 0.37 µs of CPU per row
+// (psql, 300 transactions of 500 rows, 3 alternated runs).
+type tempTables map[string]bool
+
+// fill returns the statement that empties tmp, "; DELETE FROM tmp", when
+// tmp was filled before in the transaction (or t is nil: not known), else
+// "", and records tmp as filled.
+func (t tempTables) fill(tmp string) string {
+	if t != nil && !t[tmp] {
+		t[tmp] = true
+		return ""
+	}
+	return "; DELETE FROM " + pgx.Identifier{tmp}.Sanitize()
 }
 
 // errSavepoint marks a failure to set or roll back to a COPY group's
@@ -455,10 +476,10 @@ func groupsSize(groups []*copyGroup) int {
 // superseded in a range that fails is upserted again with its part, never
 // skipped. An infrastructure error, or any error outside a range's
 // subtransaction (the COPY, the report), is returned: tx cannot go on.
-func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, cause string) (res copyResult, left []pair, failures []pairFailure, err error) {
+func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, cause string, filled tempTables) (res copyResult, left []pair, failures []pairFailure, err error) {
 	w := pc.w
 	res.g = g
-	tmp, err := copyNumbered(ctx, tx, g)
+	tmp, err := copyNumbered(ctx, tx, g, filled)
 	if err != nil {
 		return res, nil, nil, err
 	}
@@ -491,11 +512,12 @@ func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, 
 }
 
 // copyNumbered copies every upsert of g (copyGroup.all) into g's numbered
-// temporary table, which it creates if needed, numbered by index in
-// rangeColumn, and returns the table's name.
-func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup) (string, error) {
+// temporary table, which it creates if needed (and empties, when filled
+// says it was filled before in tx), numbered by index in rangeColumn, and
+// returns the table's name.
+func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup, filled tempTables) (string, error) {
 	tmp := g.p.numberedTable()
-	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)); err != nil {
+	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, true)+filled.fill(tmp)); err != nil {
 		return "", err
 	}
 	return tmp, copyFrom(ctx, tx, g.p, tmp, g.all, true)
@@ -703,8 +725,9 @@ func copyParts(size, minRows int) int {
 }
 
 // copyRows applies g inside a savepoint: it creates its projection's
-// temporary table if needed, copies g's rows into it, upserts them into
-// the table and empties the temporary table, in three round trips. With
+// temporary table if needed (and empties it, when filled says it was
+// filled before in tx), copies g's rows into it and upserts them into the
+// table, in three round trips. With
 // g.check, the rows are numbered (the numbered temporary table of
 // copyNumbered, by index into g.pairs) and, in the upsert's round trip,
 // the rows the check refuses are deleted from the temporary table first
@@ -713,29 +736,26 @@ func copyParts(size, minRows int) int {
 // back to the savepoint (the temporary table is empty again) and returns
 // that error; an error setting or rolling back to the savepoint wraps
 // errSavepoint.
-func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (affected int64, out []int, err error) {
+func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup, filled tempTables) (affected int64, out []int, err error) {
 	numbered := g.check != ""
 	tmp := g.p.copyTable()
 	if numbered {
 		tmp = g.p.numberedTable()
 	}
-	// No arguments: one round trip in the simple protocol, both statements.
-	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, numbered)+"; "+copySavepoint); err != nil {
+	// No arguments: one round trip in the simple protocol, every statement.
+	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, numbered)+filled.fill(tmp)+"; "+copySavepoint); err != nil {
 		return 0, nil, fmt.Errorf("%w: %w", errSavepoint, err)
 	}
 	var tag pgconn.CommandTag
 	err = copyFrom(ctx, tx, g.p, tmp, g.pairs, numbered)
 	if err == nil {
-		// The check, the upsert, the release and the emptying in one
-		// round trip. DELETE, not TRUNCATE: TRUNCATE gives the table a
-		// new file, and so a catalog update, at every batch.
+		// The check, the upsert and the release in one round trip.
 		b := &pgx.Batch{}
 		if numbered {
 			b.Queue(checkDeleteSQL(tmp, g.check))
 		}
 		b.Queue(g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize(), ""), g.p.def.Table)
 		b.Queue("RELEASE " + copySavepoint)
-		b.Queue("DELETE FROM " + pgx.Identifier{tmp}.Sanitize())
 		br := tx.SendBatch(ctx, b)
 		if numbered {
 			var rows pgx.Rows
@@ -749,11 +769,7 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup) (affected int64, out
 		}
 		if err == nil {
 			if tag, err = br.Exec(); err == nil {
-				for range 2 {
-					if _, err = br.Exec(); err != nil {
-						break
-					}
-				}
+				_, err = br.Exec()
 			}
 		}
 		if cerr := br.Close(); err == nil {

@@ -168,7 +168,7 @@ func TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			tmp, err := copyNumbered(ctx, tx, ratingsGroup(t, ratings, schema, n, nil, nil))
+			tmp, err := copyNumbered(ctx, tx, ratingsGroup(t, ratings, schema, n, nil, nil), tempTables{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -310,7 +310,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, _, err := copyRows(ctx, warm, clean); err != nil {
+	if _, _, err := copyRows(ctx, warm, clean, nil); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := warm.Exec(ctx, ratings.copyCreateSQL(ratings.copyTable()+"_r", true)); err != nil {
@@ -326,7 +326,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Run("copy-clean", func(b *testing.B) {
-		inTx(b, func(tx pgx.Tx) error { _, _, err := copyRows(ctx, tx, clean); return err })
+		inTx(b, func(tx pgx.Tx) error { _, _, err := copyRows(ctx, tx, clean, tempTables{}); return err })
 	})
 	// A group whose last group had a row refused, with the table's CHECK
 	// constraints as the catalog has them (copyGroup.check): copyRows
@@ -350,7 +350,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 			g := *v.g
 			g.check = check
 			inTx(b, func(tx pgx.Tx) error {
-				_, out, err := copyRows(ctx, tx, &g)
+				_, out, err := copyRows(ctx, tx, &g, tempTables{})
 				if err == nil && len(out) != v.refused {
 					err = fmt.Errorf("%d rows refused, want %d", len(out), v.refused)
 				}
@@ -371,7 +371,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			inTx(b, func(tx pgx.Tx) error {
-				tmp, err := copyNumbered(ctx, tx, v.g)
+				tmp, err := copyNumbered(ctx, tx, v.g, tempTables{})
 				if err != nil {
 					return err
 				}
@@ -518,7 +518,7 @@ func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			tmp, err := copyNumbered(ctx, tx, g)
+			tmp, err := copyNumbered(ctx, tx, g, tempTables{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1127,7 +1127,7 @@ func applyByCopy(t *testing.T, pool *pgxpool.Pool, p *TableProjection, ev *Event
 	g := &copyGroup{p: p, schema: ev.TenantSchema, rows: map[string]int{}}
 	g.add(pair{d: &decoded{ev: ev}, h: p, stmt: st}, appendKeyText(nil, p, st.Args))
 	err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		_, _, err := copyRows(context.Background(), tx, g)
+		_, _, err := copyRows(context.Background(), tx, g, tempTables{})
 		return err
 	})
 	if err != nil {

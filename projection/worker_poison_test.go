@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
 )
@@ -586,5 +587,79 @@ func TestWorkerCommitRefusedAppliesASuspectOnce(t *testing.T) {
 	}
 	if got := len(r.ratings()); got != n-len(want) {
 		t.Errorf("artist_ratings holds %d rows, want %d", got, n-len(want))
+	}
+}
+
+// TestWorkerCopyGroupsOfTwoTenantsInOneBatch applies waves of ratings for
+// two tenant schemas at once, so that each batch has a COPY group of
+// artist_ratings per tenant and both go through the same temporary tables
+// in one transaction: plain after plain (wave 1), isolated after plain
+// (tenant A refuses a row, wave 2), isolated after checked (B refuses a
+// row while A's group is checked, wave 3) and checked after checked
+// (wave 4). Each tenant's table ends with its own ratings only, and each
+// refused rating is dead-lettered once. A temporary table that still held
+// the other tenant's rows would upsert them into the wrong tenant.
+func TestWorkerCopyGroupsOfTwoTenantsInOneBatch(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	other := pgtest.NewSchemaName(t)
+	defs, err := projection.LoadDefinitions("testdata/worker/projections.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := projection.Migrate(context.Background(), r.pool, defs, other); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{r.tenant, other} {
+		exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{s, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	}
+	logs := r.startLogged(func(c *projection.Config) {
+		c.CopyMinRows = 4
+		c.MaxBatchRecords = 500
+		c.Retry.MaxRetries = 1
+	})
+	const perTenant = 24
+	wantDead := map[string]int{}
+	wantRows := map[string]int{r.tenant: 0, other: 0}
+	wave := func(w int, refusedIn string) {
+		t.Helper()
+		var keys, values []string
+		for _, s := range []string{r.tenant, other} {
+			for i := range perTenant {
+				user := fmt.Sprintf("%s-user-%d-%d", s, w, i)
+				stars := i % 10
+				if s == refusedIn && i == perTenant/2 {
+					stars = 99
+					wantDead[user+"@1"] = 1
+				} else {
+					wantRows[s]++
+				}
+				ev := r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars))
+				keys = append(keys, user)
+				values = append(values, strings.Replace(ev, `"tenantSchema":"`+r.tenant+`"`, `"tenantSchema":"`+s+`"`, 1))
+			}
+		}
+		r.produceAll(keys, values)
+		r.waitCommitted(testTimeout)
+	}
+	wave(1, "")
+	wave(2, r.tenant)
+	wave(3, other)
+	wave(4, "")
+	if n := len(logs.records(logIsolated)); n < 2 {
+		t.Fatalf("%d groups isolated, want one per refused rating: the test no longer shows what it should", n)
+	}
+	if diff := cmp.Diff(wantDead, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+	}
+	for s, want := range wantRows {
+		var n, foreign int
+		q := "SELECT count(*), count(*) FILTER (WHERE user_id NOT LIKE $1) FROM " + pgx.Identifier{s, "artist_ratings"}.Sanitize()
+		if err := r.pool.QueryRow(context.Background(), q, s+"-user-%").Scan(&n, &foreign); err != nil {
+			t.Fatal(err)
+		}
+		if n != want || foreign != 0 {
+			t.Errorf("%s.artist_ratings holds %d rows, %d of them another tenant's; want %d, its own", s, n, foreign, want)
+		}
 	}
 }
