@@ -369,26 +369,34 @@ func (e *env) runWorker(s *scenario) workerResult {
 
 	// Until every pair is applied (the worker's own counters) or, without
 	// them, until the periodic commit (every 5 s) covers every event.
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+	// /metrics is read every pollEvery, and more often as the count nears
+	// every pair (pollNext), so that the end is seen within a few ms, not
+	// up to 100 ms late, without reading it (a page and the DLQ depth's
+	// offsets) a hundred times a second all along.
+	poll := time.NewTimer(pollEvery)
+	defer poll.Stop()
 	for res.allAppliedAt == 0 && res.committedAt == 0 {
 		select {
 		case err := <-exited:
 			running = false
 			b.Fatalf("projection-worker exited before committing every event (%d of %d): %v\n%s", last, n, err, tail())
-		case <-tick.C:
+		case <-poll.C:
 		}
 		sample()
+		next := pollEvery
 		if done, ok := pairsDone(hc, httpAddr); ok {
+			now := time.Since(start)
 			if done > 0 && res.firstAppliedAt == 0 {
-				res.firstAppliedAt = time.Since(start)
+				res.firstAppliedAt = now
 			}
 			if done >= pairs {
-				res.allAppliedAt = time.Since(start)
+				res.allAppliedAt = now
 			}
+			next = pollNext(done, pairs, now-res.firstAppliedAt)
 		}
 		got, err := e.committed(s.group, s.topic)
 		if err != nil {
+			poll.Reset(next)
 			continue // the group may not exist yet
 		}
 		if got == n {
@@ -401,6 +409,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 			b.Fatalf("projection-worker committed %d of %d events in %s (last progress %s ago)\n%s",
 				got, n, time.Since(start).Round(time.Second), time.Since(lastProgress).Round(time.Second), tail())
 		}
+		poll.Reset(next)
 	}
 	sample()
 	res.fetched = fetchedRecords(hc, httpAddr)
@@ -437,7 +446,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 			if err != nil {
 				b.Fatalf("projection-worker after SIGTERM: %v (want exit status 0)\n%s", err, tail())
 			}
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		case <-deadline:
 			b.Fatalf("projection-worker did not exit within 60s of SIGTERM\n%s", tail())
 		}
@@ -456,6 +465,21 @@ func (e *env) runWorker(s *scenario) workerResult {
 		e.logf("%s: worker log (warn and above):\n%s", s.name, tail())
 	}
 	return res
+}
+
+// pollEvery is how often runWorker reads a worker's /metrics while the
+// end is not near.
+const pollEvery = 100 * time.Millisecond
+
+// pollNext returns when to read /metrics again after done of pairs were
+// applied in the time since the first: half the time the rest should
+// take at that rate, between 5 ms and pollEvery.
+func pollNext(done, pairs int64, took time.Duration) time.Duration {
+	if done <= 0 || took <= 0 || done >= pairs {
+		return pollEvery
+	}
+	rest := time.Duration(float64(took) * float64(pairs-done) / float64(done) / 2)
+	return min(max(rest, 5*time.Millisecond), pollEvery)
 }
 
 // freeAddr returns a 127.0.0.1 address with a port that was free just now.

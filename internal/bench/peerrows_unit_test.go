@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -63,5 +64,25 @@ func TestPeerRowsAreJSONWithTheirSchema(t *testing.T) {
 	}
 	if !seen["int64"] || !seen["string"] {
 		t.Fatalf("the sample holds no clean or no poisoned artist_followers row: %v", seen)
+	}
+}
+
+// TestPollNext: runWorker reads /metrics every 100 ms until the rest
+// should take less than 200 ms at the rate so far, then at half that,
+// down to 5 ms.
+func TestPollNext(t *testing.T) {
+	for _, tt := range []struct {
+		done, pairs int64
+		took, want  time.Duration
+	}{
+		{0, 1000, 0, pollEvery},                              // nothing yet
+		{500, 1000, time.Second, pollEvery},                  // half: 1 s to go
+		{900, 1000, time.Second, 55555555 * time.Nanosecond}, // 111 ms to go
+		{999, 1000, time.Second, 5 * time.Millisecond},       // 1 ms to go
+		{1000, 1000, time.Second, pollEvery},                 // done
+	} {
+		if got := pollNext(tt.done, tt.pairs, tt.took); got != tt.want {
+			t.Errorf("pollNext(%d, %d, %s) = %s, want %s", tt.done, tt.pairs, tt.took, got, tt.want)
+		}
 	}
 }
