@@ -346,7 +346,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 		"--log-level", "warn",
 	)
 	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_WORKER_FLAGS"))...)
-	cmd.Env = append(workerEnv(), s.env...)
+	cmd.Env = append(append(workerEnv(), s.env...), strings.Fields(os.Getenv("BENCH_WORKER_ENV"))...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
 
