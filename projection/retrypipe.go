@@ -7,10 +7,13 @@ package projection
 // of an SQL that failed) while the partition's batches wait behind it.
 
 import (
+	"cmp"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -163,6 +166,15 @@ func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev
 // answered, in order: len(errs) < len(stmts) when the round trip itself
 // failed (no connection, connection lost, ctx done), with that error; the
 // statements not answered may or may not have been applied.
+//
+// Each SQL is prepared once per connection (preparedStatements), in the
+// same round trip as its first execution, and executed from then on
+// without being parsed and planned again: an upsert of the benchmark's
+// definitions cost PostgreSQL about 143 µs of CPU unprepared against 45 µs
+// prepared (pgbench, 5000 transactions, 2 alternated runs), and a pair
+// refused by PostgreSQL is attempted up to 6 times. A statement that
+// cannot be prepared (a table not migrated) fails with PostgreSQL's error,
+// as do the statements of the same SQL after it in the round trip.
 func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tags []pgconn.CommandTag, errs []error, err error) {
 	args := make([][][]byte, len(stmts))
 	for i, st := range stmts {
@@ -183,35 +195,93 @@ func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tag
 	}
 	defer c.Release()
 	conn := c.Conn().PgConn()
+	cache := preparedOn(conn)
+	names, prepare, evicted := cache.take(stmts)
 	pl := conn.StartPipeline(ctx)
+	for _, name := range evicted {
+		pl.SendDeallocate(name)
+	}
+	if len(evicted) > 0 {
+		pl.SendPipelineSync()
+	}
 	for i, st := range stmts {
-		pl.SendQueryParams(st.SQL, args[i], nil, nil, nil)
+		switch {
+		case names[i] == "": // no room left: parsed and planned this once
+			pl.SendQueryParams(st.SQL, args[i], nil, nil, nil)
+		case prepare[i]:
+			pl.SendPrepare(names[i], st.SQL, nil)
+			fallthrough
+		default:
+			pl.SendQueryPrepared(names[i], args[i], nil, nil)
+		}
 		pl.SendPipelineSync()
 	}
 	if err := pl.Flush(); err != nil {
 		_ = pl.Close()
+		conn.Close(context.WithoutCancel(ctx)) // which statements it holds is unknown
 		return nil, nil, err
+	}
+	broken := func() {
+		_ = pl.Close()
+		conn.Close(context.WithoutCancel(ctx)) // its state is unknown
+	}
+	for range evicted {
+		if _, err := pl.GetResults(); err != nil {
+			broken()
+			return nil, nil, err
+		}
+	}
+	if len(evicted) > 0 {
+		if r, err := pl.GetResults(); err != nil || r == nil {
+			broken()
+			return nil, nil, cmp.Or(err, errors.New("pipeline: no Sync after deallocating"))
+		} else if _, ok := r.(*pgconn.PipelineSync); !ok {
+			broken()
+			return nil, nil, fmt.Errorf("pipeline: %T where the Sync after deallocating was expected", r)
+		}
 	}
 	tags = make([]pgconn.CommandTag, 0, len(stmts))
 	errs = make([]error, 0, len(stmts))
+	unprepared := map[string]error{} // statement name → why it could not be prepared
 	var pgErr *pgconn.PgError
-	for range stmts {
+	for i := range stmts {
 		var tag pgconn.CommandTag
-		r, err := pl.GetResults()
-		switch r := r.(type) {
-		case *pgconn.ResultReader:
-			tag, err = r.Close()
-		case nil:
-			if err == nil {
-				err = errors.New("pipeline: no result for a statement")
+		var r any
+		var err error
+		if prepare[i] {
+			if r, err = pl.GetResults(); err == nil {
+				if _, ok := r.(*pgconn.StatementDescription); !ok {
+					err = fmt.Errorf("pipeline: unexpected %T for a prepared statement", r)
+				}
 			}
-		default:
-			err = fmt.Errorf("pipeline: unexpected %T for a statement", r)
+			if err != nil && !errors.As(err, &pgErr) {
+				broken()
+				return tags, errs, err
+			}
+			if err != nil { // the execution was skipped: the Sync is next
+				unprepared[names[i]] = err
+				cache.forget(stmts[i].SQL)
+			}
 		}
-		if err != nil && !errors.As(err, &pgErr) {
-			_ = pl.Close()
-			conn.Close(context.WithoutCancel(ctx)) // its state is unknown
-			return tags, errs, err
+		if err == nil {
+			r, err = pl.GetResults()
+			switch r := r.(type) {
+			case *pgconn.ResultReader:
+				tag, err = r.Close()
+			case nil:
+				if err == nil {
+					err = errors.New("pipeline: no result for a statement")
+				}
+			default:
+				err = fmt.Errorf("pipeline: unexpected %T for a statement", r)
+			}
+			if err != nil && !errors.As(err, &pgErr) {
+				broken()
+				return tags, errs, err
+			}
+			if perr, ok := unprepared[names[i]]; ok && err != nil && pgErr.Code == "26000" {
+				err = perr // the statement its first execution could not prepare
+			}
 		}
 		r, serr := pl.GetResults()
 		if serr != nil && errors.As(serr, &pgErr) {
@@ -224,11 +294,87 @@ func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tag
 			if serr == nil {
 				serr = fmt.Errorf("pipeline: %T where the Sync after a statement was expected", r)
 			}
-			_ = pl.Close()
-			conn.Close(context.WithoutCancel(ctx))
+			broken()
 			return tags, errs, serr
 		}
 		tags, errs = append(tags, tag), append(errs, err)
 	}
 	return tags, errs, pl.Close()
+}
+
+// maxPreparedStatements bounds the statements execIndependently keeps
+// prepared on a connection, the least recently used deallocated first: a
+// statement's SQL names its tenant schema, so a worker of many tenant
+// schemas has many. A variable for tests.
+var maxPreparedStatements = 128
+
+// preparedKey is the key of a connection's *preparedStatements in its
+// pgconn.PgConn.CustomData, which lives and dies with the connection.
+const preparedKey = "causet.prepared"
+
+// preparedStatements are the statements execIndependently prepared on one
+// connection: names by SQL, most recently used first.
+type preparedStatements struct {
+	bySQL map[string]*list.Element // of *preparedStatement
+	lru   *list.List
+	seq   uint64 // names made so far
+	round uint64 // execIndependently's calls so far
+}
+
+type preparedStatement struct {
+	sql, name string
+	round     uint64 // the last call that used it
+}
+
+// preparedOn returns conn's preparedStatements, made on first use.
+func preparedOn(conn *pgconn.PgConn) *preparedStatements {
+	data := conn.CustomData()
+	if ps, ok := data[preparedKey].(*preparedStatements); ok {
+		return ps
+	}
+	ps := &preparedStatements{bySQL: map[string]*list.Element{}, lru: list.New()}
+	data[preparedKey] = ps
+	return ps
+}
+
+// take returns, for each statement, the name to execute it by and whether
+// to prepare it first (its first execution on the connection), and the
+// statements to deallocate to make room for the new ones (none used by
+// this call). A statement gets no name ("": executed unprepared) when
+// every statement kept was used by this call and none is left to evict.
+func (ps *preparedStatements) take(stmts []Statement) (names []string, prepare []bool, evict []string) {
+	ps.round++
+	names, prepare = make([]string, len(stmts)), make([]bool, len(stmts))
+	for i, st := range stmts {
+		if e, ok := ps.bySQL[st.SQL]; ok {
+			p := e.Value.(*preparedStatement)
+			p.round = ps.round
+			ps.lru.MoveToFront(e)
+			names[i] = p.name
+			continue
+		}
+		if ps.lru.Len() >= maxPreparedStatements {
+			oldest := ps.lru.Back()
+			p := oldest.Value.(*preparedStatement)
+			if p.round == ps.round {
+				continue
+			}
+			ps.lru.Remove(oldest)
+			delete(ps.bySQL, p.sql)
+			evict = append(evict, p.name)
+		}
+		ps.seq++
+		p := &preparedStatement{sql: st.SQL, name: "causet_" + strconv.FormatUint(ps.seq, 10), round: ps.round}
+		ps.bySQL[st.SQL] = ps.lru.PushFront(p)
+		names[i], prepare[i] = p.name, true
+	}
+	return names, prepare, evict
+}
+
+// forget drops sql, which could not be prepared.
+func (ps *preparedStatements) forget(sql string) {
+	if e, ok := ps.bySQL[sql]; ok {
+		ps.lru.Remove(e)
+		delete(ps.bySQL, sql)
+	}
 }

@@ -2,10 +2,14 @@ package projection
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/retry"
@@ -99,4 +103,142 @@ func TestExecIndependentlyRefusesAnArgumentThatIsNotText(t *testing.T) {
 	if n := pool.Stat().AcquireCount() - before; n != 0 {
 		t.Errorf("%d connections acquired, want none", n)
 	}
+}
+
+// onePool returns a pool of one connection, so that every call sees the
+// statements the one before it prepared.
+func onePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// preparedNames returns the statements execIndependently has prepared on
+// the one connection of pool, sorted.
+func preparedNames(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT name FROM pg_prepared_statements WHERE name LIKE 'causet\\_%' ORDER BY name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// TestExecIndependentlyPreparesEachStatementOnce: the statements of a
+// call are prepared on the connection in the call's round trip, once per
+// SQL, and executed by name in the calls after it without being prepared
+// again; one that cannot be prepared (its table does not exist) fails with
+// PostgreSQL's error each time, every statement of its SQL in the round
+// trip too (not with "prepared statement does not exist"), and is not
+// kept.
+func TestExecIndependentlyPreparesEachStatementOnce(t *testing.T) {
+	pool := onePool(t)
+	ctx := context.Background()
+	schema := pgtest.NewSchemaName(t)
+	tbl := pgx.Identifier{schema, "t"}.Sanitize()
+	for _, sql := range []string{
+		"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(),
+		"CREATE TABLE " + tbl + " (id int PRIMARY KEY, n int CHECK (n > 0))",
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	ins := "INSERT INTO " + tbl + " (id, n) VALUES ($1::text::int, $2::text::int) ON CONFLICT (id) DO UPDATE SET n = EXCLUDED.n"
+	missing := "INSERT INTO " + pgx.Identifier{schema, "missing"}.Sanitize() + " VALUES ($1::text::int)"
+	call := func(round int) {
+		t.Helper()
+		stmts := []Statement{
+			{SQL: ins, Args: []any{"1", "1"}},
+			{SQL: missing, Args: []any{"1"}},
+			{SQL: ins, Args: []any{"2", "0"}}, // CHECK: 23514
+			{SQL: missing, Args: []any{"2"}},
+			{SQL: ins, Args: []any{"3", "3"}},
+		}
+		_, errs, err := execIndependently(ctx, pool, stmts)
+		if err != nil || len(errs) != len(stmts) {
+			t.Fatalf("round %d: execIndependently: %v (%d answers)", round, err, len(errs))
+		}
+		for i, want := range []string{"", "42P01", "23514", "42P01", ""} {
+			if got := retry.SQLState(errs[i]); got != want {
+				t.Errorf("round %d, statement %d: %v, want SQLSTATE %q", round, i+1, errs[i], want)
+			}
+		}
+	}
+	call(1)
+	first := preparedNames(t, pool)
+	if len(first) != 1 {
+		t.Fatalf("prepared %q after the first call, want the upsert alone", first)
+	}
+	call(2)
+	if got := preparedNames(t, pool); !slices.Equal(got, first) {
+		t.Errorf("prepared %q after the second call, want %q: prepared again", got, first)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl).Scan(&n); err != nil || n != 2 {
+		t.Errorf("%d rows (%v), want 2", n, err)
+	}
+}
+
+// TestExecIndependentlyKeepsAtMostMaxPreparedStatements: beyond
+// maxPreparedStatements, the least recently used statements are
+// deallocated, never one the call itself uses; a statement that finds no
+// room is executed unprepared. Every statement is applied either way.
+func TestExecIndependentlyKeepsAtMostMaxPreparedStatements(t *testing.T) {
+	defer func(n int) { maxPreparedStatements = n }(maxPreparedStatements)
+	maxPreparedStatements = 2
+	pool := onePool(t)
+	ctx := context.Background()
+	// Each SQL differs by its literal: a statement of its own.
+	stmt := func(i int) Statement {
+		return Statement{SQL: "SELECT $1::text::int + " + strconv.Itoa(i), Args: []any{"1"}}
+	}
+	for _, round := range [][]int{{1, 2, 3}, {4, 5}, {5, 6}, {1}} {
+		var stmts []Statement
+		for _, i := range round {
+			stmts = append(stmts, stmt(i))
+		}
+		_, errs, err := execIndependently(ctx, pool, stmts)
+		if err != nil || len(errs) != len(stmts) {
+			t.Fatalf("statements %v: %v (%d answers)", round, err, len(errs))
+		}
+		for i, e := range errs {
+			if e != nil {
+				t.Errorf("statements %v: statement %d: %v", round, i+1, e)
+			}
+		}
+		if got := preparedNames(t, pool); len(got) > maxPreparedStatements {
+			t.Errorf("after statements %v: %d prepared (%q), want at most %d", round, len(got), got, maxPreparedStatements)
+		}
+	}
+	if got := preparedOn(mustConn(t, pool)).lru.Len(); got != 2 {
+		t.Errorf("%d statements known prepared, want 2", got)
+	}
+}
+
+// mustConn returns the PgConn of pool's one connection, released at once.
+func mustConn(t *testing.T, pool *pgxpool.Pool) *pgconn.PgConn {
+	t.Helper()
+	c, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	return c.Conn().PgConn()
 }
