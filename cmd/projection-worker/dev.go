@@ -23,6 +23,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/devstack"
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/redact"
 	"github.com/causet/projection-worker/projection"
 )
 
@@ -86,7 +87,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		// PGPASSWORD or asks); the throwaway server's URL has none.
 		dbURL := s.databaseURL
 		if !stack.Throwaway() {
-			dbURL = s.redactor().String(dbURL)
+			dbURL = redact.WithoutPassword(dbURL)
 		}
 		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n", dbURL, devstack.TenantProduction)
 		wg.Add(1)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/causet/projection-worker/internal/devstack"
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/internal/redact"
 )
 
 // TestDevShowsRowsAndEveryDocumentedFailure runs what `make run` runs, on a
@@ -56,6 +57,11 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 	}
 	if strings.Contains(stdout.String()+stderr.String(), password) {
 		t.Errorf("dev printed DATABASE_URL's password (new-user trial: in its psql hint)\nstdout:\n%s", stdout.String())
+	}
+	// The hint runs as printed, the password left out (new-user trial: it
+	// printed psql 'xxxxx' when the user was named as the password).
+	if hint := "psql '" + redact.WithoutPassword(dbURL) + "'"; !strings.Contains(stdout.String(), hint) || !strings.Contains(hint, "postgres@") {
+		t.Errorf("stdout lacks the psql hint %s\n%s", hint, stdout.String())
 	}
 	// The README says this line means it is ready.
 	if ready := fmt.Sprintf("dev: produced %d example events:", len(devstack.Examples(time.Now()))); !strings.Contains(stdout.String(), ready) {

@@ -183,3 +183,36 @@ func skipSpace(s string, p int) int {
 func isSpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
 }
+
+// WithoutPassword returns connString without its password, for a command
+// line to show (psql then reads PGPASSWORD or asks for it): a URL keeps
+// its user and loses the password of its userinfo and its password and
+// sslpassword parameters; a key=value string has those values masked
+// (Mask). A URL that net/url cannot parse is masked whole. Unlike
+// Redactor.String, it never masks text that merely equals the password
+// (a user named as the password stays readable).
+func WithoutPassword(connString string) string {
+	if !isURL(connString) {
+		return keyPassword.ReplaceAllString(connString, "${1}"+Mask)
+	}
+	u, err := url.Parse(connString)
+	if err != nil {
+		return Mask
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	if q := u.Query(); len(q) > 0 {
+		dropped := false
+		for k := range q {
+			if strings.HasSuffix(strings.ToLower(k), "password") {
+				q.Del(k)
+				dropped = true
+			}
+		}
+		if dropped {
+			u.RawQuery = q.Encode()
+		}
+	}
+	return u.String()
+}

@@ -179,3 +179,21 @@ func TestShortSecretMaskedOnlyAsASecret(t *testing.T) {
 }
 
 func writeFile(name, content string) error { return os.WriteFile(name, []byte(content), 0o600) }
+
+// TestWithoutPassword: the connection string of a command line keeps what
+// names the server, database and user, and loses the password alone, also
+// when the user is named as the password (new-user trial: psql 'xxxxx').
+func TestWithoutPassword(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"postgres://postgres:postgres@127.0.0.1:55432/trial_db", "postgres://postgres@127.0.0.1:55432/trial_db"},
+		{"postgresql://app:s%40cret@db:5432/app?sslmode=require", "postgresql://app@db:5432/app?sslmode=require"},
+		{"postgres://app@db/app?password=pw&sslmode=disable", "postgres://app@db/app?sslmode=disable"},
+		{"postgres://db/app", "postgres://db/app"},
+		{"host=db user=app password='p w' dbname=app", "host=db user=app password=" + Mask + " dbname=app"},
+		{"postgres://app:pw@db:bad-port/app", Mask},
+	} {
+		if got := WithoutPassword(tt.in); got != tt.want {
+			t.Errorf("WithoutPassword(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
