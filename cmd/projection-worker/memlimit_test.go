@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -22,7 +23,9 @@ func TestSetMemoryLimitLeavesAnExplicitSetting(t *testing.T) {
 			before := debug.SetMemoryLimit(-1)
 			defer debug.SetMemoryLimit(before)
 			var buf bytes.Buffer
-			setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30))
+			if err := setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30)); err != nil {
+				t.Fatal(err)
+			}
 			if after := debug.SetMemoryLimit(-1); after != before {
 				t.Errorf("%s=%s: memory limit %d, want it left at %d", env[0], env[1], after, before)
 			}
@@ -51,12 +54,37 @@ func TestSetMemoryLimitTakesNinetyPercentOfTheContainers(t *testing.T) {
 			before := debug.SetMemoryLimit(-1)
 			defer debug.SetMemoryLimit(before)
 			var buf bytes.Buffer
-			setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30))
+			if err := setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30)); err != nil {
+				t.Fatal(err)
+			}
 			if got := debug.SetMemoryLimit(-1); got != tt.want {
 				t.Errorf("memory limit %d, want %d", got, tt.want)
 			}
 			if !strings.Contains(buf.String(), "Go memory limit set from the container's") {
 				t.Errorf("logged %q, want the limit at INFO", buf.String())
+			}
+		})
+	}
+}
+
+// TestSetMemoryLimitRefusesAnUnreadableAutomemlimit: an AUTOMEMLIMIT that
+// is neither off nor a ratio in (0, 1] stops run with a usage error naming
+// it, the limit untouched (new-user trial: 2, -1 and abc were logged at
+// DEBUG and the container's limit silently not applied).
+func TestSetMemoryLimitRefusesAnUnreadableAutomemlimit(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	os.Unsetenv("GOMEMLIMIT")
+	for _, v := range []string{"2", "-1", "0", "abc", "", "NaN", "OFF"} {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv("AUTOMEMLIMIT", v)
+			before := debug.SetMemoryLimit(-1)
+			defer debug.SetMemoryLimit(before)
+			err := setMemoryLimit(slog.New(slog.DiscardHandler), memlimit.Limit(1<<30))
+			if err == nil || !strings.Contains(err.Error(), "AUTOMEMLIMIT=") || exitCode(err, io.Discard) != 2 {
+				t.Errorf("AUTOMEMLIMIT=%q: %v (exit %d), want a usage error naming it (exit 2)", v, err, exitCode(err, io.Discard))
+			}
+			if got := debug.SetMemoryLimit(-1); got != before {
+				t.Errorf("AUTOMEMLIMIT=%q: memory limit %d, want it left at %d", v, got, before)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,7 +116,9 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	red := s.redactor()
 	log = slog.New(red.Handler(log.Handler()))
 	defer func() { err = red.Error(err) }()
-	setMemoryLimit(log, memlimit.FromCgroup)
+	if err := setMemoryLimit(log, memlimit.FromCgroup); err != nil {
+		return err
+	}
 	defs, handlers, err := loadProjections(s.projections)
 	if err != nil {
 		return err
@@ -488,8 +491,15 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 // AUTOMEMLIMIT=off, leaves Go's limit alone; AUTOMEMLIMIT=<ratio in (0,1]>
 // changes the 90 %. Without a limit (no cgroup, or none set) nothing
 // changes. It logs the limit it set at INFO, a failure to read it at DEBUG.
-// provider gives the container's limit (memlimit.FromCgroup).
-func setMemoryLimit(log *slog.Logger, provider memlimit.Provider) {
+// provider gives the container's limit (memlimit.FromCgroup). An
+// AUTOMEMLIMIT that is neither off nor a ratio in (0, 1] is a usage error
+// naming it (the library would only log it, at DEBUG, and set nothing).
+func setMemoryLimit(log *slog.Logger, provider memlimit.Provider) error {
+	if v, ok := os.LookupEnv("AUTOMEMLIMIT"); ok && v != "off" {
+		if r, err := strconv.ParseFloat(v, 64); err != nil || !(r > 0 && r <= 1) {
+			return flagenv.Usagef("AUTOMEMLIMIT=%q: want a ratio in (0, 1] of the container's memory limit (unset: 0.9), or off", v)
+		}
+	}
 	limit, err := memlimit.Set(memlimit.WithProvider(provider))
 	switch {
 	case err != nil:
@@ -497,4 +507,5 @@ func setMemoryLimit(log *slog.Logger, provider memlimit.Provider) {
 	case os.Getenv("GOMEMLIMIT") == "" && os.Getenv("AUTOMEMLIMIT") != "off" && limit < math.MaxInt64:
 		log.Info("Go memory limit set from the container's", "bytes", limit)
 	}
+	return nil
 }
