@@ -483,6 +483,29 @@ func TestTenantSchemas(t *testing.T) {
 			t.Errorf("NewTenantSchemas(%q): error %q shows the anchoring, not the operator's pattern", bad, err)
 		}
 	}
+	// Patterns that match no valid tenant schema are refused (new-user
+	// trial: accepted, then every event was dead-lettered); patterns it
+	// cannot judge by their literal prefix, or that match one, are not.
+	for pattern, want := range map[string]string{
+		"public":             `the only name it matches is "public"`,
+		"information_schema": `the only name it matches is "information_schema"`,
+		"pg_.*":              `every name it matches starts with "pg_"`,
+		"ACME_.*":            `every name it matches starts with "ACME_"`,
+		"acme-.*":            `every name it matches starts with "acme-"`,
+		"a{1000}":            `the only name it matches is "aaaa`,
+		"x{63}y.*":           `every name it matches starts with "xxxx`,
+		"1acme":              `not a valid identifier`,
+	} {
+		ts, err := NewTenantSchemas(pattern)
+		if !errors.Is(err, ErrNoTenantSchema) || !strings.Contains(err.Error(), want) {
+			t.Errorf("NewTenantSchemas(%q) = %+v, %v; want ErrNoTenantSchema saying %s", pattern, ts, err, want)
+		}
+	}
+	for _, pattern := range []string{"acme_[a-z0-9_]+", "(?i)ACME_.*", "acme|pg_x", "a{63}", "acme_prod", "pg.*", `acme_\d+`} {
+		if _, err := NewTenantSchemas(pattern); err != nil {
+			t.Errorf("NewTenantSchemas(%q): %v, want it accepted", pattern, err)
+		}
+	}
 }
 
 // TestDecodeEventKeepsWhatIsReadableOfAValueStrictParsersRefuse: an event

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -77,12 +78,20 @@ type TenantSchemas struct {
 // acme_prod but not old_acme_prod. The pattern only narrows: PostgreSQL's
 // own schemas stay refused even when it matches them. An empty pattern
 // returns nil (no narrowing). It returns the regexp package's error when
-// pattern does not compile.
+// pattern does not compile, and an error wrapping ErrNoTenantSchema when
+// the literal text every match of pattern starts with (regexp's
+// LiteralPrefix) shows that it matches no valid tenant schema: "public",
+// "pg_.*", "Acme_.*", "acme-.*", "a{64}" (new-user trial: such a pattern
+// was accepted, and then every event was dead-lettered).
 func NewTenantSchemas(pattern string) (*TenantSchemas, error) {
 	if pattern == "" {
 		return nil, nil
 	}
-	if _, err := regexp.Compile(pattern); err != nil {
+	alone, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil, err
+	}
+	if err := matchesSomeTenant(alone); err != nil {
 		return nil, err
 	}
 	// pattern compiles alone, so it compiles inside a group.
@@ -91,6 +100,31 @@ func NewTenantSchemas(pattern string) (*TenantSchemas, error) {
 		return nil, err
 	}
 	return &TenantSchemas{pattern: pattern, re: re}, nil
+}
+
+// ErrNoTenantSchema marks a tenant schema pattern that matches no valid
+// tenant schema (NewTenantSchemas).
+var ErrNoTenantSchema = errors.New("it matches no valid tenant schema")
+
+// matchesSomeTenant returns an error wrapping ErrNoTenantSchema when every
+// match of re is, or starts with, a literal text that no valid tenant
+// schema is or starts with; nil when it cannot tell (a pattern without a
+// literal prefix: "(?i)acme_.*", "a|b").
+func matchesSomeTenant(re *regexp.Regexp) error {
+	prefix, complete := re.LiteralPrefix()
+	switch {
+	case prefix == "":
+		return nil
+	case complete:
+		if err := tenantSchemaError(prefix); err != nil {
+			return fmt.Errorf("%w: the only name it matches is %q, and %w", ErrNoTenantSchema, prefix, err)
+		}
+	case len(prefix) > 63 || !validIdentifier(prefix[:min(len(prefix), 63)]):
+		return fmt.Errorf("%w: every name it matches starts with %q, and a tenant schema matches ^[a-z_][a-z0-9_]{0,62}$", ErrNoTenantSchema, prefix)
+	case strings.HasPrefix(prefix, "pg_"):
+		return fmt.Errorf("%w: every name it matches starts with %q, and a tenant schema %s", ErrNoTenantSchema, prefix, notATenant)
+	}
+	return nil
 }
 
 // Pattern returns the pattern given to NewTenantSchemas, "" for nil.

@@ -153,10 +153,14 @@ func (s *settings) registerTenantSchemaPattern(fs *flagenv.Set) {
 }
 
 // tenantSchemaSet returns the tenant schemas --tenant-schema-pattern
-// accepts (nil: no narrowing), or a usage error when it does not compile.
+// accepts (nil: no narrowing), or a usage error when it does not compile
+// or matches no valid tenant schema (projection.ErrNoTenantSchema).
 func (s *settings) tenantSchemaSet() (*projection.TenantSchemas, error) {
 	t, err := projection.NewTenantSchemas(s.tenantSchemaPattern)
-	if err != nil {
+	switch {
+	case errors.Is(err, projection.ErrNoTenantSchema):
+		return nil, flagenv.Usagef("--tenant-schema-pattern (TENANT_SCHEMA_PATTERN) %q: %v", s.tenantSchemaPattern, err)
+	case err != nil:
 		return nil, flagenv.Usagef("--tenant-schema-pattern (TENANT_SCHEMA_PATTERN) %q does not compile: %v", s.tenantSchemaPattern, err)
 	}
 	return t, nil
