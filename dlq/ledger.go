@@ -71,7 +71,8 @@ type LedgerConfig struct {
 	// ReplicationFactor of a created ledger topic. Default -1: the broker's
 	// default.replication.factor.
 	ReplicationFactor int16
-	// Logger receives warnings about undecodable ledger records. Default:
+	// Logger receives warnings about undecodable ledger records and a
+	// ledger topic that did not exist when opened. Default:
 	// discard.
 	Logger *slog.Logger
 }
@@ -132,8 +133,15 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (*Ledger,
 	if !created { // a topic just created is empty
 		err = l.read(ctx, opts, cfg.Topic, log)
 	}
-	if err != nil && !(cfg.ReadOnly && errors.Is(err, ErrTopicNotFound)) {
+	missing := cfg.ReadOnly && errors.Is(err, ErrTopicNotFound)
+	if err != nil && !missing {
 		return nil, fmt.Errorf("read ledger: %w", err)
+	}
+	if created || missing {
+		// Said, since a mistyped --ledger-topic looks the same: every dead
+		// letter then reads as never replayed nor skipped (new-user trial).
+		log.Warn("the ledger topic did not exist: no dead letter is known replayed or skipped; if replays or skips were made before, they were recorded in another topic (is the ledger topic right?)",
+			"topic", cfg.Topic, "created", created)
 	}
 	if !cfg.ReadOnly {
 		l.cl, err = kgo.NewClient(append(append([]kgo.Opt{}, opts...),

@@ -414,6 +414,18 @@ func TestDryRunSendsNothing(t *testing.T) {
 	if tds.Has(f.ledger) && tds[f.ledger].Err == nil {
 		t.Error("dry run created the ledger topic")
 	}
+	// The ledger topic does not exist: said, as a mistyped --ledger-topic
+	// would otherwise look like a ledger without decisions (new-user trial).
+	if !strings.Contains(r.stderr, "the ledger topic did not exist") || !strings.Contains(r.stderr, f.ledger) {
+		t.Errorf("a dry run on a ledger topic that does not exist does not say so:\n%s", r.stderr)
+	}
+	// A real run creates it (and says so); the next one finds it.
+	if r := runCmd(t, f.env, "retry", "--all"); r.code != 0 || !strings.Contains(r.stderr, `"created":true`) {
+		t.Fatalf("retry: exit %d, want 0 and the ledger topic said created\n%s", r.code, r.stderr)
+	}
+	if r := runCmd(t, f.env, "retry", "--all", "--dry-run"); strings.Contains(r.stderr, "the ledger topic did not exist") {
+		t.Errorf("the ledger topic exists, yet a run says it did not:\n%s", r.stderr)
+	}
 }
 
 // TestProduceFailureExitsOne fails the produce to the events topic (kfake):

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/creack/pty"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
@@ -188,6 +189,9 @@ func barPercents(out []byte) []int {
 // the terminal.
 func TestTerminalShowsAMovingBarThenATableThatFits(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
+	// The ledger topic exists, as the worker makes it at start: the screen
+	// holds the table alone, without the warning of a missing ledger.
+	f.b.CreateTopic(t, f.ledger, 1, map[string]*string{"cleanup.policy": kadm.StringPtr("compact")})
 	const n = 5000
 	f.addMany(t, n)
 	const cols = 120
