@@ -88,9 +88,15 @@ type ReplayConfig struct {
 	// many times (its causet.dlq.replay-count) unless Force. Default
 	// DefaultMaxReplays (3); 0 means the default.
 	MaxReplays int
-	// Force replays entries over MaxReplays, and entries first read from
-	// another topic than EventsTopic.
+	// Force replays entries over MaxReplays, entries first read from
+	// another topic than EventsTopic, and entries Unreplayable refuses.
 	Force bool
+	// Unreplayable, when not nil, returns why the worker would refuse an
+	// original event again whatever was fixed (its bytes fail the event
+	// validation of SPEC §3: a tenant schema such as public, a missing
+	// field), else nil; Retry refuses such an entry unless Force. Default
+	// nil: every event is replayed.
+	Unreplayable func(originalEvent []byte) error
 	// Rate caps replays per second; 0 means unlimited.
 	Rate float64
 	// Actor is recorded in ledger decisions. Default "dlq-replayer"; Skip
@@ -303,10 +309,14 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		res.Matched++
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
 		d, decided := r.ledger.Lookup(e.Coordinates())
-		var omittedErr error
-		if wanted := !decided || d.Action == ActionReplayed && cfg.IncludeReplayed; e.Omitted != nil && wanted {
+		var omittedErr, invalid error
+		wanted := !decided || d.Action == ActionReplayed && cfg.IncludeReplayed
+		if e.Omitted != nil && wanted {
 			// Read again only for an entry that would be replayed.
 			omittedErr = r.restoreOmitted(ctx, e)
+		}
+		if cfg.Unreplayable != nil && !cfg.Force && wanted && omittedErr == nil && e.HasOriginalEvent() {
+			invalid = cfg.Unreplayable(e.Message.OriginalEvent)
 		}
 		switch {
 		case decided && d.Action == ActionSkipped:
@@ -318,6 +328,9 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			o.Kind, o.Reason = OutcomeRefused, omittedErr.Error()
 		case !e.HasOriginalEvent():
 			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a valid JSON object): nothing to replay"
+		case invalid != nil:
+			o.Kind = OutcomeRefused
+			o.Reason = fmt.Sprintf("the event fails validation, which a replay cannot change (%v): the worker would dead-letter it again at once; skip it (--force to replay it all the same)", invalid)
 		case e.OriginalTopic != "" && e.OriginalTopic != cfg.EventsTopic && !cfg.Force:
 			// Another worker's topic, or the right one under another name:
 			// never a silent guess.

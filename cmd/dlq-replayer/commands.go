@@ -14,6 +14,7 @@ import (
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/projection"
 )
 
 // execute validates the remaining settings and runs cmd.
@@ -160,6 +161,13 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 		EventsTopic: s.topic, DLQTopic: s.dlqTopic, Filters: filters, DryRun: s.dryRun,
 		IncludeReplayed: s.includeReplayed, MaxReplays: s.maxReplays, Force: s.force, Rate: s.rate,
 		Actor: s.actor, Reason: s.reason, Progress: progress.update, Logger: log,
+		// The worker's own validation (without its --tenant-schema-pattern,
+		// which the replayer does not know): an event it refuses whatever
+		// was fixed is not sent round again.
+		Unreplayable: func(v []byte) error {
+			_, err := projection.DecodeEvent(v)
+			return err
+		},
 	}
 	if s.dryRun {
 		cfg.OnOutcome = func(o dlq.Outcome) { fmt.Fprintln(stdout, outcomeLine(o)) }

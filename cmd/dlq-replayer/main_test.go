@@ -554,3 +554,30 @@ func TestSummaryCountsReplayedAndSkipped(t *testing.T) {
 		t.Errorf("summary json (-want +got):\n%s", diff)
 	}
 }
+
+// TestRetryRefusesAnEventThatFailsValidation: a dead letter whose event
+// the worker refuses whatever was fixed (its tenant schema is public) is
+// refused, not sent round again until --max-replays stops it (new-user
+// trial); --force sends it all the same.
+func TestRetryRefusesAnEventThatFailsValidation(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0)
+	f.add(t, "user-2", "production", "public", "", retry.MarkPermanent(errors.New("tenantSchema: must name a tenant")), t0)
+	r := runCmd(t, f.env, "retry", "--all")
+	if r.code != 0 || !strings.Contains(r.lastLine(), "replayed=1 ") || !strings.Contains(r.lastLine(), "refused=1 ") {
+		t.Fatalf("retry: exit %d, summary %q, want 1 replayed and 1 refused\n%s", r.code, r.lastLine(), r.stderr)
+	}
+	if !strings.Contains(r.stderr, "fails validation, which a replay cannot change") || !strings.Contains(r.stderr, "tenantSchema") {
+		t.Errorf("the refusal does not say why:\n%s", r.stderr)
+	}
+	if n := f.eventsCount(t); n != 1 {
+		t.Errorf("%d events sent, want the valid one alone", n)
+	}
+	r = runCmd(t, f.env, "retry", "--all", "--force")
+	if r.code != 0 || !strings.Contains(r.lastLine(), "replayed=1 ") {
+		t.Fatalf("retry --force: exit %d, summary %q, want the refused one replayed\n%s", r.code, r.lastLine(), r.stderr)
+	}
+	if n := f.eventsCount(t); n != 2 {
+		t.Errorf("%d events sent after --force, want 2", n)
+	}
+}
