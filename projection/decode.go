@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"unicode/utf8"
@@ -136,6 +137,10 @@ func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	case *jsonstrict.UTF8Error:
 		return nil, &ValidationError{Reason: "record value is " + err.Error()}
 	default: // *jsonstrict.SyntaxError
+		if bytes.HasPrefix(value, utf8BOM) {
+			// Said, rather than "invalid character 'ï'" (new-user trial).
+			return nil, &ValidationError{Reason: "record value starts with a UTF-8 byte order mark (EF BB BF), which JSON text must not (RFC 8259 §8.1): " + err.Error()}
+		}
 		return nil, &ValidationError{Reason: err.Error()}
 	}
 	if !isObject {
@@ -148,6 +153,9 @@ func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	}
 	return ev, err
 }
+
+// utf8BOM is the UTF-8 byte order mark.
+var utf8BOM = []byte{0xEF, 0xBB, 0xBF}
 
 // refusedError is the *ValidationError of a value that is JSON but that
 // strict JSON parsers would not all read as one document, with what can be

@@ -230,7 +230,7 @@ func TestDecodeEventRejects(t *testing.T) {
 		{"single quotes", `{'a':1}`, "", "not valid JSON"},
 		{"NaN", `{"a":NaN}`, "", "not valid JSON"},
 		{"plus sign", `{"a":+1}`, "", "not valid JSON"},
-		{"byte order mark", "\ufeff" + testEventJSON(nil), "", "not valid JSON"},
+		{"byte order mark", "\ufeff" + testEventJSON(nil), "", "record value starts with a UTF-8 byte order mark (EF BB BF), which JSON text must not (RFC 8259 §8.1): not valid JSON"},
 		{"too deep for a dead letter", `{"a":` + strings.Repeat("[", maxEventDepth) + strings.Repeat("]", maxEventDepth) + `}`, "a",
 			"nests deeper than 126 levels (what every strict JSON parser reads inside a dead letter) at byte 131"},
 		{"too deep for encoding/json", `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`, "", "not valid JSON: invalid character '[' exceeded max depth at byte 10005"},
