@@ -88,6 +88,11 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 		{"unknown_type.yaml", []string{
 			`testdata/defs/unknown_type.yaml: projection "artist_followers": columns.followers: type: unknown type "integr" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid)`,
 		}},
+		{"type_modifiers.yaml", []string{ // new-user trial: "unknown type \"numeric(10\"" and a key "2)"
+			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.average: unknown key "2)" (want one of derive, from, notNull, type) (line 8)`,
+			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.average: type: "numeric(10": type modifiers are not supported: write numeric (in a { } mapping, the comma of numeric(10,2) also starts a key)`,
+			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.votes: type: "bigint(20)": type modifiers are not supported: write bigint`,
+		}},
 		{"duplicate_projection.yaml", []string{
 			`testdata/defs/duplicate_projection.yaml: projections[1] ("artist_followers"): name: duplicate projection name (also projections[0])`,
 		}},

@@ -128,6 +128,15 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 			col.Type = t
 		} else if col.Type == "" {
 			cfail("type", "missing")
+		} else if base, _, ok := strings.Cut(col.Type, "("); ok && normalizeType(strings.TrimSpace(base)) != "" {
+			// numeric(10,2), bigint(20) (new-user trial: "unknown type").
+			// In a flow mapping the comma splits numeric(10,2) into two
+			// keys, type "numeric(10" and "2)": say so.
+			split := ""
+			if !strings.HasSuffix(col.Type, ")") {
+				split = " (in a { } mapping, the comma of numeric(10,2) also starts a key)"
+			}
+			cfail("type", "%q: type modifiers are not supported: write %s%s", col.Type, normalizeType(strings.TrimSpace(base)), split)
 		} else {
 			cfail("type", "unknown type %q (want one of %s)", col.Type, strings.Join(ColumnTypes, ", "))
 		}
