@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if len(s.tenantSchemas) == 0 {
 		return flagenv.Usagef("--tenant-schema is required (repeat it for several tenants)")
 	}
+	// A tenant schema given twice is migrated once (new-user trial: twice,
+	// with its line printed twice).
+	s.tenantSchemas = uniqueInOrder(s.tenantSchemas)
 	tenants, err := s.tenantSchemaSet()
 	if err != nil {
 		return err
@@ -151,4 +155,16 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s: IR %s, %s: ok\n", s.projections, defs.IRVersion, plural(len(handlers), "projection"))
 	return nil
+}
+
+// uniqueInOrder returns ss without its repeats, in the order of their
+// first appearance.
+func uniqueInOrder(ss []string) []string {
+	out := make([]string, 0, len(ss))
+	for _, v := range ss {
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
 }

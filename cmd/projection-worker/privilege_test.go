@@ -199,3 +199,19 @@ func TestMigrateGrantToAMissingRoleMigratesNothing(t *testing.T) {
 		t.Errorf("tenant schema %s was created although the grant could not be made", tenant)
 	}
 }
+
+// TestMigrateATenantSchemaGivenTwiceOnce: a tenant schema named twice
+// (flags, or TENANT_SCHEMAS) is migrated once, its line printed once
+// (new-user trial: twice).
+func TestMigrateATenantSchemaGivenTwiceOnce(t *testing.T) {
+	pool := pgtest.Pool(t)
+	tenant := pgtest.NewSchemaName(t)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tenant}.Sanitize()+" CASCADE")
+	})
+	r := runCmd(t, time.Minute, "migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections,
+		"--tenant-schema", tenant, "--tenant-schema", tenant)
+	if r.code != 0 || strings.Count(r.stdout, "migrated tenant schema "+tenant+" ") != 1 {
+		t.Errorf("migrate --tenant-schema %s twice = %d, want 0 and one line for it\n%s", tenant, r.code, r)
+	}
+}
