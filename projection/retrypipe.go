@@ -279,8 +279,14 @@ func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tag
 				broken()
 				return tags, errs, err
 			}
-			if perr, ok := unprepared[names[i]]; ok && err != nil && pgErr.Code == "26000" {
-				err = perr // the statement its first execution could not prepare
+			if err != nil && pgErr.Code == "26000" && names[i] != "" { // prepared statement does not exist
+				if perr, ok := unprepared[names[i]]; ok {
+					err = perr // the statement its first execution could not prepare
+				} else {
+					// Deallocated behind our back (DEALLOCATE ALL, a
+					// pooler): prepared again at the next attempt.
+					cache.forget(stmts[i].SQL)
+				}
 			}
 		}
 		r, serr := pl.GetResults()

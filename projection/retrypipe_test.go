@@ -242,3 +242,24 @@ func mustConn(t *testing.T, pool *pgxpool.Pool) *pgconn.PgConn {
 	defer c.Release()
 	return c.Conn().PgConn()
 }
+
+// TestExecIndependentlyPreparesAgainAfterDeallocateAll: a statement
+// deallocated behind execIndependently's back (DEALLOCATE ALL, a pooler)
+// fails once with 26000 and is prepared again at the next call.
+func TestExecIndependentlyPreparesAgainAfterDeallocateAll(t *testing.T) {
+	pool := onePool(t)
+	ctx := context.Background()
+	stmts := []Statement{{SQL: "SELECT $1::text::int + 7", Args: []any{"1"}}}
+	if _, errs, err := execIndependently(ctx, pool, stmts); err != nil || errs[0] != nil {
+		t.Fatalf("first call: %v, %v", err, errs)
+	}
+	if _, err := pool.Exec(ctx, "DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, err := execIndependently(ctx, pool, stmts); err != nil || retry.SQLState(errs[0]) != "26000" {
+		t.Fatalf("after DEALLOCATE ALL: %v, %v; want 26000", err, errs)
+	}
+	if _, errs, err := execIndependently(ctx, pool, stmts); err != nil || errs[0] != nil {
+		t.Fatalf("the call after: %v, %v; want the statement prepared again", err, errs)
+	}
+}
