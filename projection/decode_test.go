@@ -495,13 +495,34 @@ func TestTenantSchemas(t *testing.T) {
 		"a{1000}":            `the only name it matches is "aaaa`,
 		"x{63}y.*":           `every name it matches starts with "xxxx`,
 		"1acme":              `not a valid identifier`,
+		// No literal prefix to judge by: the search over every valid name
+		// (second new-user trial: each was accepted).
+		`public|pg_.*`:                "no name that matches",
+		`(?i)pg_.*`:                   "no name that matches",
+		`(?i)PUBLIC`:                  "no name that matches",
+		`[A-Z]+`:                      "no name that matches",
+		`acme_[A-Z]+`:                 "no name that matches",
+		`acme_[[:upper:]]+`:           "no name that matches",
+		`acme_[^a-z0-9_]+`:            "no name that matches",
+		`acme_\s`:                     "no name that matches",
+		`acme_.*-`:                    "no name that matches",
+		`[0-9].*`:                     "no name that matches",
+		`.{64,}`:                      "no name that matches",
+		`a{0}`:                        "no name that matches",
+		`()`:                          "no name that matches",
+		`$^`:                          "no name that matches",
+		`\b`:                          "no name that matches",
+		`[^\x00-\x{10FFFF}]`:          "no name that matches",
+		`(public|information_schema)`: "no name that matches",
 	} {
 		ts, err := NewTenantSchemas(pattern)
 		if !errors.Is(err, ErrNoTenantSchema) || !strings.Contains(err.Error(), want) {
 			t.Errorf("NewTenantSchemas(%q) = %+v, %v; want ErrNoTenantSchema saying %s", pattern, ts, err, want)
 		}
 	}
-	for _, pattern := range []string{"acme_[a-z0-9_]+", "(?i)ACME_.*", "acme|pg_x", "a{63}", "acme_prod", "pg.*", `acme_\d+`} {
+	for _, pattern := range []string{"acme_[a-z0-9_]+", "(?i)ACME_.*", "acme|pg_x", "a{63}", "acme_prod", "pg.*", `acme_\d+`,
+		`(acme|beta)_[a-z]+`, `^acme_.*$`, `\Aacme_.*\z`, "pgx_.*", "public_.*", "public.+", "information_schema.+", `acme_\w+`, "_.*", ".*",
+		`a\Bb`, `(?i)publicx`, `x{62}y`} {
 		if _, err := NewTenantSchemas(pattern); err != nil {
 			t.Errorf("NewTenantSchemas(%q): %v, want it accepted", pattern, err)
 		}

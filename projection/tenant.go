@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"regexp/syntax"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -79,10 +81,10 @@ type TenantSchemas struct {
 // own schemas stay refused even when it matches them. An empty pattern
 // returns nil (no narrowing). It returns the regexp package's error when
 // pattern does not compile, and an error wrapping ErrNoTenantSchema when
-// the literal text every match of pattern starts with (regexp's
-// LiteralPrefix) shows that it matches no valid tenant schema: "public",
-// "pg_.*", "Acme_.*", "acme-.*", "a{64}" (new-user trial: such a pattern
-// was accepted, and then every event was dead-lettered).
+// it matches no valid tenant schema (matchesSomeTenant): "public",
+// "pg_.*", "(?i)pg_.*", "Acme_.*", "acme-.*", "[A-Z]+", "a{64}" (new-user
+// trials: such a pattern was accepted, and then every event was
+// dead-lettered).
 func NewTenantSchemas(pattern string) (*TenantSchemas, error) {
 	if pattern == "" {
 		return nil, nil
@@ -106,15 +108,15 @@ func NewTenantSchemas(pattern string) (*TenantSchemas, error) {
 // tenant schema (NewTenantSchemas).
 var ErrNoTenantSchema = errors.New("it matches no valid tenant schema")
 
-// matchesSomeTenant returns an error wrapping ErrNoTenantSchema when every
-// match of re is, or starts with, a literal text that no valid tenant
-// schema is or starts with; nil when it cannot tell (a pattern without a
-// literal prefix: "(?i)acme_.*", "a|b").
+// matchesSomeTenant returns an error wrapping ErrNoTenantSchema when re
+// matches no valid tenant schema as a whole: every match of re is, or
+// starts with, a literal text that no valid tenant schema is or starts
+// with (said as such), or someTenantMatches finds no valid name it
+// matches; nil when it matches one, or when the search cannot tell.
 func matchesSomeTenant(re *regexp.Regexp) error {
 	prefix, complete := re.LiteralPrefix()
 	switch {
 	case prefix == "":
-		return nil
 	case complete:
 		if err := tenantSchemaError(prefix); err != nil {
 			return fmt.Errorf("%w: the only name it matches is %q, and %w", ErrNoTenantSchema, prefix, err)
@@ -124,7 +126,128 @@ func matchesSomeTenant(re *regexp.Regexp) error {
 	case strings.HasPrefix(prefix, "pg_"):
 		return fmt.Errorf("%w: every name it matches starts with %q, and a tenant schema %s", ErrNoTenantSchema, prefix, notATenant)
 	}
+	if match, sure := someTenantMatches("^(?:" + re.String() + ")$"); sure && !match {
+		return fmt.Errorf("%w: no name that matches ^[a-z_][a-z0-9_]{0,62}$ and is not public, information_schema or pg_* matches it", ErrNoTenantSchema)
+	}
 	return nil
+}
+
+// maxPatternStates bounds someTenantMatches' search.
+const maxPatternStates = 1 << 16
+
+// someTenantMatches reports whether the regular expression anchored
+// matches a valid tenant schema (ValidTenantSchema): it runs the
+// expression's program (regexp/syntax) over every name of
+// ^[a-z_][a-z0-9_]{0,62}$ at once, a breadth-first search of the sets of
+// instructions the program can be at after each character, and sets
+// apart the names that are reserved (ReservedSchema). sure is false when
+// it cannot tell: the expression does not parse, or the search passed
+// maxPatternStates.
+func someTenantMatches(anchored string) (match, sure bool) {
+	parsed, err := syntax.Parse(anchored, syntax.Perl)
+	if err != nil {
+		return false, false
+	}
+	prog, err := syntax.Compile(parsed.Simplify())
+	if err != nil {
+		return false, false
+	}
+	// closure adds to out the instructions reachable from pcs without a
+	// character, in the context of the empty-width assertions ctx.
+	closure := func(pcs []uint32, ctx syntax.EmptyOp) []uint32 {
+		seen := map[uint32]bool{}
+		var out []uint32
+		stack := slices.Clone(pcs)
+		for len(stack) > 0 {
+			pc := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if seen[pc] {
+				continue
+			}
+			seen[pc] = true
+			switch in := &prog.Inst[pc]; in.Op {
+			case syntax.InstAlt, syntax.InstAltMatch:
+				stack = append(stack, in.Out, in.Arg)
+			case syntax.InstCapture, syntax.InstNop:
+				stack = append(stack, in.Out)
+			case syntax.InstEmptyWidth:
+				if syntax.EmptyOp(in.Arg)&^ctx == 0 {
+					stack = append(stack, in.Out)
+				}
+			case syntax.InstFail:
+			default: // a rune or Match
+				out = append(out, pc)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	// reserved follows a name's reservedness as its characters come: the
+	// name itself while it may still become public or information_schema
+	// or start with pg_, "pg_" once it has, "-" once it cannot.
+	reserved := func(sofar string, c rune) string {
+		if sofar == "pg_" || sofar == "-" {
+			return sofar
+		}
+		next := sofar + string(c)
+		if strings.HasPrefix("public", next) || strings.HasPrefix("information_schema", next) || strings.HasPrefix("pg_", next) {
+			return next
+		}
+		return "-"
+	}
+	type state struct {
+		pcs      []uint32
+		n        int    // characters so far
+		reserved string // reserved(...) of them
+	}
+	key := func(st state) string {
+		return fmt.Sprint(st.pcs, st.n, st.reserved)
+	}
+	seen := map[string]bool{}
+	queue := []state{{pcs: []uint32{uint32(prog.Start)}, reserved: ""}}
+	for len(queue) > 0 {
+		st := queue[0]
+		queue = queue[1:]
+		prev := rune(-1)
+		if st.n > 0 {
+			prev = 'a' // every character of a tenant schema is a word character
+		}
+		if st.n > 0 && st.reserved != "public" && st.reserved != "information_schema" && st.reserved != "pg_" {
+			for _, pc := range closure(st.pcs, syntax.EmptyOpContext(prev, -1)) {
+				if prog.Inst[pc].Op == syntax.InstMatch {
+					return true, true
+				}
+			}
+		}
+		if st.n == 63 {
+			continue
+		}
+		here := closure(st.pcs, syntax.EmptyOpContext(prev, 'a'))
+		for _, c := range "abcdefghijklmnopqrstuvwxyz_0123456789" {
+			if st.n == 0 && c >= '0' && c <= '9' {
+				continue
+			}
+			var next []uint32
+			for _, pc := range here {
+				if in := &prog.Inst[pc]; in.Op != syntax.InstMatch && in.MatchRune(c) && !slices.Contains(next, in.Out) {
+					next = append(next, in.Out)
+				}
+			}
+			if len(next) == 0 {
+				continue
+			}
+			slices.Sort(next)
+			ns := state{pcs: next, n: st.n + 1, reserved: reserved(st.reserved, c)}
+			if k := key(ns); !seen[k] {
+				if len(seen) >= maxPatternStates {
+					return false, false
+				}
+				seen[k] = true
+				queue = append(queue, ns)
+			}
+		}
+	}
+	return false, true
 }
 
 // Pattern returns the pattern given to NewTenantSchemas, "" for nil.
