@@ -495,7 +495,11 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 // AUTOMEMLIMIT that is neither off nor a ratio in (0, 1] is a usage error
 // naming it (the library would only log it, at DEBUG, and set nothing).
 func setMemoryLimit(log *slog.Logger, provider memlimit.Provider) error {
-	if v, ok := os.LookupEnv("AUTOMEMLIMIT"); ok && v != "off" {
+	if v, ok := os.LookupEnv("AUTOMEMLIMIT"); ok && v == "" {
+		// Empty counts as unset, as for every setting (the library would
+		// refuse it and set nothing).
+		os.Unsetenv("AUTOMEMLIMIT")
+	} else if ok && v != "off" {
 		if r, err := strconv.ParseFloat(v, 64); err != nil || !(r > 0 && r <= 1) {
 			return flagenv.Usagef("AUTOMEMLIMIT=%q: want a ratio in (0, 1] of the container's memory limit (unset: 0.9), or off", v)
 		}
