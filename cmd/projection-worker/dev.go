@@ -89,7 +89,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if !stack.Throwaway() {
 			dbURL = redact.WithoutPassword(dbURL)
 		}
-		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n", dbURL, devstack.TenantProduction)
+		// Quoted for a POSIX shell: a ' in the string would end it.
+		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n",
+			strings.ReplaceAll(dbURL, "'", `'\''`), devstack.TenantProduction)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -187,13 +188,14 @@ func isSpace(c byte) bool {
 // WithoutPassword returns connString without its password, for a command
 // line to show (psql then reads PGPASSWORD or asks for it): a URL keeps
 // its user and loses the password of its userinfo and its password and
-// sslpassword parameters; a key=value string has those values masked
-// (Mask). A URL that net/url cannot parse is masked whole. Unlike
-// Redactor.String, it never masks text that merely equals the password
-// (a user named as the password stays readable).
+// sslpassword parameters; a key=value string loses its password and
+// sslpassword pairs (a masked value would be sent as the password). A URL
+// that net/url cannot parse is masked whole. Unlike Redactor.String, it
+// never masks text that merely equals the password (a user named as the
+// password stays readable).
 func WithoutPassword(connString string) string {
 	if !isURL(connString) {
-		return keyPassword.ReplaceAllString(connString, "${1}"+Mask)
+		return strings.TrimSpace(keyPasswordPair.ReplaceAllString(connString, ""))
 	}
 	u, err := url.Parse(connString)
 	if err != nil {
@@ -216,3 +218,8 @@ func WithoutPassword(connString string) string {
 	}
 	return u.String()
 }
+
+// keyPasswordPair matches a key=value string's password or sslpassword
+// pair: the key, '=' (spaces allowed around it) and the value, quoted
+// (backslash escapes) or up to a space.
+var keyPasswordPair = regexp.MustCompile(`(?i)(?:^|\s)(?:ssl)?password\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']\S*|)`)
