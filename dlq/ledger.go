@@ -75,6 +75,9 @@ type LedgerConfig struct {
 	// ledger topic that did not exist when opened. Default:
 	// discard.
 	Logger *slog.Logger
+	// TopicSetting names where Topic was set, for that warning (e.g.
+	// "--ledger-topic (LEDGER_TOPIC)"). Default: "the ledger topic".
+	TopicSetting string
 }
 
 // Validate fills in the defaults of the zero fields. It returns an error
@@ -138,9 +141,17 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (*Ledger,
 		return nil, fmt.Errorf("read ledger: %w", err)
 	}
 	if created || missing {
-		// Said, since a mistyped --ledger-topic looks the same: every dead
-		// letter then reads as never replayed nor skipped (new-user trial).
-		log.Warn("the ledger topic did not exist: no dead letter is known replayed or skipped; if replays or skips were made before, they were recorded in another topic (is the ledger topic right?)",
+		// Said, since a mistyped topic looks the same: every dead letter
+		// then reads as never replayed nor skipped (new-user trials).
+		what := "the ledger topic does not exist"
+		if created {
+			what = "the ledger topic did not exist and was created empty"
+		}
+		check := "the ledger topic"
+		if cfg.TopicSetting != "" {
+			check = cfg.TopicSetting
+		}
+		log.Warn(what+": no dead letter is known replayed or skipped; if replays or skips were made before, they are in another ledger topic: check "+check,
 			"topic", cfg.Topic, "created", created)
 	}
 	if !cfg.ReadOnly {

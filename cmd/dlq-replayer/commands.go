@@ -72,7 +72,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if err != nil {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, ReadOnly: true, Logger: log})
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: true, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filt
 	if s.output != "table" && s.output != "json" {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, ReadOnly: true, Logger: log})
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: true, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	case cmd == "skip" && strings.TrimSpace(s.actor) == "":
 		return flagenv.Usagef("--actor is required: say who decides the skip")
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, ReadOnly: s.dryRun, Logger: log})
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: s.dryRun, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -222,3 +222,7 @@ const noMatch = "no dead letter matched the filter"
 // errNothingMatched is returned by retry and skip with --fail-on-empty when
 // the filters select no dead letter: exit status 3.
 var errNothingMatched = errors.New(noMatch)
+
+// ledgerTopicSetting names the ledger topic's flag and variable in the
+// warning of a ledger topic that does not exist.
+const ledgerTopicSetting = "--ledger-topic (LEDGER_TOPIC)"

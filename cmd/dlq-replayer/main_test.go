@@ -416,14 +416,15 @@ func TestDryRunSendsNothing(t *testing.T) {
 	}
 	// The ledger topic does not exist: said, as a mistyped --ledger-topic
 	// would otherwise look like a ledger without decisions (new-user trial).
-	if !strings.Contains(r.stderr, "the ledger topic did not exist") || !strings.Contains(r.stderr, f.ledger) {
-		t.Errorf("a dry run on a ledger topic that does not exist does not say so:\n%s", r.stderr)
+	if !strings.Contains(r.stderr, "the ledger topic does not exist") || !strings.Contains(r.stderr, f.ledger) ||
+		!strings.Contains(r.stderr, "check --ledger-topic (LEDGER_TOPIC)") {
+		t.Errorf("a dry run on a ledger topic that does not exist does not say so, naming the flag:\n%s", r.stderr)
 	}
 	// A real run creates it (and says so); the next one finds it.
-	if r := runCmd(t, f.env, "retry", "--all"); r.code != 0 || !strings.Contains(r.stderr, `"created":true`) {
+	if r := runCmd(t, f.env, "retry", "--all"); r.code != 0 || !strings.Contains(r.stderr, "did not exist and was created empty") {
 		t.Fatalf("retry: exit %d, want 0 and the ledger topic said created\n%s", r.code, r.stderr)
 	}
-	if r := runCmd(t, f.env, "retry", "--all", "--dry-run"); strings.Contains(r.stderr, "the ledger topic did not exist") {
+	if r := runCmd(t, f.env, "retry", "--all", "--dry-run"); strings.Contains(r.stderr, "the ledger topic d") {
 		t.Errorf("the ledger topic exists, yet a run says it did not:\n%s", r.stderr)
 	}
 }
