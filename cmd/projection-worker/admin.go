@@ -45,10 +45,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	for _, t := range s.tenantSchemas {
 		var ve *projection.ValidationError
 		if err := tenants.Check(t); errors.As(err, &ve) {
-			if strings.Contains(ve.Reason, `, got "`) { // the reason quotes the value
-				return flagenv.Usagef("--tenant-schema: %s", ve.Reason)
+			reason := ve.Reason
+			if projection.ValidTenantSchema(t) { // valid, so the pattern refused it
+				reason += " (--tenant-schema-pattern, TENANT_SCHEMA_PATTERN)"
 			}
-			return flagenv.Usagef("--tenant-schema %q: %s", t, ve.Reason)
+			if strings.Contains(reason, `, got "`) { // the reason quotes the value
+				return flagenv.Usagef("--tenant-schema: %s", reason)
+			}
+			return flagenv.Usagef("--tenant-schema %q: %s", t, reason)
 		}
 	}
 	defs, _, err := loadProjections(s.projections)

@@ -206,7 +206,7 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `"pg_catalog"`}},
 		{name: "migrate tenant outside the pattern", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections,
 			"--tenant-schema-pattern", "acme_[a-z0-9_]+", "--tenant-schema", "acme_prod", "--tenant-schema", "t1"},
-			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1"`, "acme_[a-z0-9_]+"}},
+			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1"`, "acme_[a-z0-9_]+", "(--tenant-schema-pattern, TENANT_SCHEMA_PATTERN)"}},
 		{name: "migrate pattern that does not compile", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections,
 			"--tenant-schema-pattern", "acme_(", "--tenant-schema", "acme_prod"},
 			wantCode: 2, wantStderr: []string{"--tenant-schema-pattern", "acme_("}},
