@@ -242,7 +242,7 @@ func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tag
 	}
 	tags = make([]pgconn.CommandTag, 0, len(stmts))
 	errs = make([]error, 0, len(stmts))
-	unprepared := map[string]error{} // statement name → why it could not be prepared
+	var unprepared map[string]error // statement name → why it could not be prepared (made on first use)
 	var pgErr *pgconn.PgError
 	for i := range stmts {
 		var tag pgconn.CommandTag
@@ -259,6 +259,9 @@ func execIndependently(ctx context.Context, db Acquirer, stmts []Statement) (tag
 				return tags, errs, err
 			}
 			if err != nil { // the execution was skipped: the Sync is next
+				if unprepared == nil {
+					unprepared = map[string]error{}
+				}
 				unprepared[names[i]] = err
 				cache.forget(stmts[i].SQL)
 			}

@@ -110,7 +110,7 @@ func PostgresSecrets(connString string) []string {
 				if d, err := url.QueryUnescape(k); err == nil {
 					k = d
 				}
-				if strings.HasSuffix(strings.ToLower(k), "password") {
+				if isPasswordKey(k) {
 					add(v)
 				}
 			}
@@ -207,7 +207,7 @@ func WithoutPassword(connString string) string {
 	if q := u.Query(); len(q) > 0 {
 		dropped := false
 		for k := range q {
-			if strings.HasSuffix(strings.ToLower(k), "password") {
+			if isPasswordKey(k) {
 				q.Del(k)
 				dropped = true
 			}
@@ -223,3 +223,9 @@ func WithoutPassword(connString string) string {
 // pair: the key, '=' (spaces allowed around it) and the value, quoted
 // (backslash escapes) or up to a space.
 var keyPasswordPair = regexp.MustCompile(`(?i)(?:^|\s)(?:ssl)?password\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']\S*|)`)
+
+// isPasswordKey reports whether a connection string's query parameter k
+// holds a password (password, sslpassword, in any case).
+func isPasswordKey(k string) bool {
+	return strings.HasSuffix(strings.ToLower(k), "password")
+}
