@@ -65,6 +65,7 @@ type env struct {
 	adm     *kadm.Client
 	dbURL   string
 	pool    *pgxpool.Pool // admin: schemas, counts
+	pg      postgresCPU   // PostgreSQL's CPU, when it runs on this host
 	bin     string        // projection-worker binary; "" when not built
 	defs    string        // absolute path of the definitions file
 	dir     string
@@ -104,6 +105,7 @@ func newEnv(b *testing.B, withBinary bool) *env {
 	if err := e.pool.Ping(e.ctx); err != nil {
 		b.Fatalf("ping PostgreSQL: %v", err)
 	}
+	e.pg = newPostgresCPU(e.ctx, e.pool)
 	return e
 }
 
@@ -306,6 +308,7 @@ type workerResult struct {
 	stopTook       time.Duration // SIGTERM → exit
 	fetched        int64         // records read from fetch responses (refetches included), 0: unknown
 	cpu            time.Duration // user + system CPU of the worker until every pair was applied
+	pgCPU          time.Duration // PostgreSQL's CPU over the same time (0: not measured)
 	spans          spanStats     // the SDK's span counts when every pair was applied (OTLP on)
 }
 
@@ -350,6 +353,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
 
+	pg0 := e.pg.used()
 	proc := startProcess(b, cmd, "projection-worker")
 	defer proc.stop(0) // on failure: never leave the worker behind
 	start, exited, running := proc.start, proc.exited, true
@@ -414,6 +418,9 @@ func (e *env) runWorker(s *scenario) workerResult {
 	sample()
 	res.fetched = fetchedRecords(hc, httpAddr)
 	res.cpu = cpuTime(cmd.Process.Pid)
+	if pg0 > 0 {
+		res.pgCPU = e.pg.used() - pg0
+	}
 	res.spans = scrapeSpans(hc, httpAddr)
 
 	// SIGTERM: the worker commits what it has applied and leaves the group;
@@ -456,10 +463,10 @@ func (e *env) runWorker(s *scenario) workerResult {
 		steady = fmt.Sprintf("%.0f events/s", float64(n)/(res.allAppliedAt-res.firstAppliedAt).Seconds())
 	}
 	e.logf("%s: worker committed %d events in %s (first pair applied at %s, all pairs applied at %s; steady %s); peak RSS %.1f MiB; "+
-		"CPU %s (%.1f µs/event); fetched %d records (%.2f× the events); exited 0 %s after SIGTERM",
+		"CPU %s (%.1f µs/event; PostgreSQL %.1f µs/event); fetched %d records (%.2f× the events); exited 0 %s after SIGTERM",
 		s.name, n, res.committedAt.Round(time.Millisecond), res.firstAppliedAt.Round(time.Millisecond), res.allAppliedAt.Round(time.Millisecond),
 		steady, mib(res.peakRSS),
-		res.cpu.Round(10*time.Millisecond), float64(res.cpu.Microseconds())/float64(n),
+		res.cpu.Round(10*time.Millisecond), float64(res.cpu.Microseconds())/float64(n), float64(res.pgCPU.Microseconds())/float64(n),
 		res.fetched, float64(res.fetched)/float64(n), res.stopTook.Round(time.Millisecond))
 	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 0 && s.data.poisoned == 0 {
 		e.logf("%s: worker log (warn and above):\n%s", s.name, tail())
@@ -523,23 +530,7 @@ func peakRSS(pid int) int64 {
 
 // cpuTime returns the user + system CPU time pid has used (fields 14 and
 // 15 of /proc/<pid>/stat, in clock ticks of 1/100 s), 0 when unreadable.
-func cpuTime(pid int) time.Duration {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	_, rest, ok := strings.Cut(string(data), ") ") // the command name may hold spaces
-	if !ok {
-		return 0
-	}
-	f := strings.Fields(rest) // f[0] is field 3 (state)
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
-}
+func cpuTime(pid int) time.Duration { return ticks(procStat(pid), 14, 15) }
 
 // scrape reads the worker's /metrics and returns the sum over all series of
 // each metric name (labels dropped).

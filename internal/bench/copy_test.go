@@ -301,6 +301,7 @@ type applyResult struct {
 	affected int64 // rows inserted or updated (command tags)
 	txs      int
 	elapsed  time.Duration
+	pgCPU    time.Duration // PostgreSQL's CPU while applying (0: not measured)
 }
 
 // runApply applies the planned pairs of d's events with mode, from

@@ -98,6 +98,7 @@ type deadLetterWant struct {
 type measured struct {
 	eps     float64 // events per second
 	cpu     float64 // µs of worker CPU per event; 0 for raw methods
+	pgCPU   float64 // µs of PostgreSQL's CPU per event; 0 when not measured
 	rss     float64 // MiB, the worker's peak; 0 for raw methods
 	dropped int64   // spans dropped (queue full); tracing runs
 	spans   int     // spans the OTLP receiver got; tracing runs
@@ -217,7 +218,11 @@ func (t *throughput) checkTables(run string, got, want []tableState) {
 func (t *throughput) applyRaw(d *dataset, planned [][]plannedPair, mode applyMode, g int) (applyResult, []tableState) {
 	t.b.Helper()
 	t.resetSchema(t.rawSchema)
+	pg0 := t.pg.used()
 	r, err := runApply(t.ctx, t.dbURL, d, planned, g, mode, t.shapes)
+	if pg0 > 0 {
+		r.pgCPU = t.pg.used() - pg0
+	}
 	if err != nil {
 		t.b.Fatalf("raw %s, %d goroutine(s): %v", mode, g, err)
 	}
@@ -250,9 +255,10 @@ func (t *throughput) runRawMethod(s *benchScenario, clean *workload, round int) 
 	r, state := t.applyRaw(clean.data, t.clean, s.mode, s.goroutines)
 	t.checkTables(fmt.Sprintf("%s (round %d)", s.name, round), state, clean.want)
 	eps := float64(t.n) / r.elapsed.Seconds()
-	t.logf("round %d: %s: %d pairs in %d transactions, %s: %.0f events/s (load %s)",
-		round, s.name, r.pairs, r.txs, r.elapsed.Round(time.Millisecond), eps, loadAvg())
-	return measured{eps: eps}
+	pgCPU := float64(r.pgCPU.Microseconds()) / float64(t.n)
+	t.logf("round %d: %s: %d pairs in %d transactions, %s: %.0f events/s; PostgreSQL %.1f µs/event (load %s)",
+		round, s.name, r.pairs, r.txs, r.elapsed.Round(time.Millisecond), eps, pgCPU, loadAvg())
+	return measured{eps: eps, pgCPU: pgCPU}
 }
 
 // runWorkerScenario runs the worker binary once over s's workload, in its
@@ -290,9 +296,10 @@ func (t *throughput) runWorkerScenario(s *benchScenario, round int) measured {
 	t.checkTables(run, t.tableStates(w.tenant, t.shapes), w.want)
 	t.checkDeadLetters(sc, s.dl(w))
 	m := measured{
-		eps: float64(t.n) / res.committedAt.Seconds(),
-		cpu: float64(res.cpu.Microseconds()) / float64(t.n),
-		rss: mib(res.peakRSS),
+		eps:   float64(t.n) / res.committedAt.Seconds(),
+		cpu:   float64(res.cpu.Microseconds()) / float64(t.n),
+		pgCPU: float64(res.pgCPU.Microseconds()) / float64(t.n),
+		rss:   mib(res.peakRSS),
 	}
 	if rcv != nil {
 		if !res.spans.served {
@@ -524,10 +531,11 @@ type scenarioFigures struct {
 	RatioMin  float64   `json:"ratio_min,omitempty"` // of the per-round ratios
 	RatioMax  float64   `json:"ratio_max,omitempty"`
 	Target    float64   `json:"ratio_target,omitempty"`
-	CPU       float64   `json:"cpu_us_per_event,omitempty"` // median
-	RSS       float64   `json:"peak_rss_mib,omitempty"`     // max over the runs
-	Best      []string  `json:"best_method,omitempty"`      // raw-best: the winner of each round
-	Sampled   []int64   `json:"spans_sampled,omitempty"`    // the SDK's count when every pair was applied
+	CPU       float64   `json:"cpu_us_per_event,omitempty"`          // median
+	PGCPU     float64   `json:"postgres_cpu_us_per_event,omitempty"` // median
+	RSS       float64   `json:"peak_rss_mib,omitempty"`              // max over the runs
+	Best      []string  `json:"best_method,omitempty"`               // raw-best: the winner of each round
+	Sampled   []int64   `json:"spans_sampled,omitempty"`             // the SDK's count when every pair was applied
 	Spans     []int     `json:"spans_received,omitempty"`
 	Dropped   *int64    `json:"spans_dropped,omitempty"` // sum over the runs
 }
@@ -542,12 +550,15 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 	var figs []scenarioFigures
 	for _, s := range scens {
 		f := scenarioFigures{Name: s.name, Reference: s.ref, Target: s.target}
-		var cpus []float64
+		var cpus, pgCPUs []float64
 		for _, m := range s.runs {
 			f.Runs = append(f.Runs, m.eps)
 			f.RSS = max(f.RSS, m.rss)
 			if m.cpu > 0 {
 				cpus = append(cpus, m.cpu)
+			}
+			if m.pgCPU > 0 {
+				pgCPUs = append(pgCPUs, m.pgCPU)
 			}
 			if m.method != "" {
 				f.Best = append(f.Best, m.method)
@@ -566,6 +577,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 		if len(cpus) > 0 {
 			f.CPU = median(cpus)
 		}
+		if len(pgCPUs) > 0 {
+			f.PGCPU = median(pgCPUs)
+		}
 		if ref := byName[s.ref]; ref != nil {
 			f.Ratio = f.Median / median(ref.eps())
 			var rs []float64
@@ -583,9 +597,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 	fmt.Printf("\nN=%d events per run, %d rounds alternated (each round: the raw rows below in order, then the worker rows, rotated by one each round, each run after a CHECKPOINT); load average %s at start, %s at end (2 cores, shared)\n",
 		t.n, rounds, loadStart, loadEnd)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tevents/s median\tmin–max\tratio (per-round range)\tvs\ttarget\tCPU µs/event\tpeak RSS MiB\t")
+	fmt.Fprintln(tw, "scenario\tevents/s median\tmin–max\tratio (per-round range)\tvs\ttarget\tCPU µs/event\tPostgreSQL CPU µs/event\tpeak RSS MiB\t")
 	for _, f := range figs {
-		ratio, target, cpu, rss := "–", "–", "–", "–"
+		ratio, target, cpu, pgCPU, rss := "–", "–", "–", "–", "–"
 		if f.Reference != "" {
 			ratio = fmt.Sprintf("%.3f (%.2f–%.2f)", f.Ratio, f.RatioMin, f.RatioMax)
 		}
@@ -595,6 +609,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 		if f.CPU > 0 {
 			cpu = fmt.Sprintf("%.1f %s", f.CPU, passMark(f.CPU <= targetCPUPerEvent))
 		}
+		if f.PGCPU > 0 {
+			pgCPU = fmt.Sprintf("%.1f", f.PGCPU)
+		}
 		if f.RSS > 0 {
 			rss = fmt.Sprintf("%.0f", f.RSS)
 		}
@@ -602,7 +619,7 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 		if vs == "" {
 			vs = "–"
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%s\t%s\t%s\t%s\t%s\t\n", f.Name, f.Median, f.Min, f.Max, ratio, vs, target, cpu, rss)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", f.Name, f.Median, f.Min, f.Max, ratio, vs, target, cpu, pgCPU, rss)
 	}
 	_ = tw.Flush()
 	for _, f := range figs {
