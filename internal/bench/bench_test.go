@@ -59,8 +59,7 @@ func benchEvents(b *testing.B) int {
 type env struct {
 	b       *testing.B
 	ctx     context.Context
-	kafka   *kfake.Cluster
-	brokers string
+	brokers string // BENCH_BROKERS (a real broker), else an in-process kfake cluster's
 	kcl     *kgo.Client
 	adm     *kadm.Client
 	dbURL   string
@@ -87,13 +86,15 @@ func newEnv(b *testing.B, withBinary bool) *env {
 			b.Fatalf("go build projection-worker: %v\n%s", err, out)
 		}
 	}
-	e.kafka, err = kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		b.Fatalf("kfake: %v", err)
+	if e.brokers = os.Getenv("BENCH_BROKERS"); e.brokers == "" {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			b.Fatalf("kfake: %v", err)
+		}
+		b.Cleanup(cluster.Close)
+		e.brokers = cluster.ListenAddrs()[0]
 	}
-	b.Cleanup(e.kafka.Close)
-	e.brokers = e.kafka.ListenAddrs()[0]
-	if e.kcl, err = kgo.NewClient(kgo.SeedBrokers(e.brokers)); err != nil {
+	if e.kcl, err = kgo.NewClient(kgo.SeedBrokers(strings.Split(e.brokers, ",")...)); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(e.kcl.Close)
@@ -249,7 +250,7 @@ func (e *env) newScenario(name string, data *dataset) *scenario {
 func (e *env) produce(s *scenario) {
 	e.b.Helper()
 	start := time.Now()
-	if err := produce(e.ctx, []kgo.Opt{kgo.SeedBrokers(e.brokers)}, s.topic, s.tenant, s.absent, s.data); err != nil {
+	if err := produce(e.ctx, []kgo.Opt{kgo.SeedBrokers(strings.Split(e.brokers, ",")...)}, s.topic, s.tenant, s.absent, s.data); err != nil {
 		e.b.Fatalf("produce: %v", err)
 	}
 	if got := e.records(s.topic); got != int64(len(s.data.events)) {
