@@ -146,7 +146,8 @@ func (e *env) migrate(schemas ...string) {
 	}
 }
 
-// createTopic creates topic with 8 partitions.
+// createTopic creates topic with 8 partitions, deleted when the benchmark
+// ends (on a real broker, BENCH_BROKERS, it would stay on its disk).
 func (e *env) createTopic(topic string) {
 	e.b.Helper()
 	resp, err := e.adm.CreateTopic(e.ctx, numPartitions, 1, nil, topic)
@@ -156,6 +157,11 @@ func (e *env) createTopic(topic string) {
 	if err != nil {
 		e.b.Fatalf("create topic %s: %v", topic, err)
 	}
+	e.b.Cleanup(func() {
+		if _, err := e.adm.DeleteTopics(context.Background(), topic); err != nil {
+			e.b.Logf("delete topic %s: %v", topic, err)
+		}
+	})
 }
 
 // rowCounts returns the rows of each projection table in schema.
@@ -243,6 +249,9 @@ func (e *env) newScenario(name string, data *dataset) *scenario {
 		group:  "bench.group." + name + "." + e.id,
 	}
 	e.createTopic(s.topic)
+	e.b.Cleanup(func() { // made by the worker, when it runs s itself
+		_, _ = e.adm.DeleteTopics(context.Background(), s.dlq, s.ledger)
+	})
 	return s
 }
 
