@@ -30,8 +30,17 @@ type kafkaUnreachableError struct {
 }
 
 func (e *kafkaUnreachableError) Error() string {
-	return fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %s over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
+	msg := fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %s over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
 		e.brokers, plural(e.attempts, "attempt"), e.waited.Round(time.Millisecond), e.timeout, e.err)
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	if !errors.As(e.err, &opErr) && !errors.As(e.err, &dnsErr) {
+		// Not a dial error refused at once: no answer in time (new-user
+		// trial: --kafka-tls against the embedded broker's plaintext
+		// listener, which takes the connection and never answers).
+		msg += " (no answer in time: a host that drops connection attempts, something other than a Kafka listener at that port, or TLS or SASL settings (--kafka-tls, --kafka-sasl-mechanism) its listener does not expect)"
+	}
+	return msg
 }
 
 // plural returns "1 <noun>" or "<n> <noun>s".
@@ -92,9 +101,15 @@ func kafkaStartBackOff() *backoff.ExponentialBackOff {
 	return eb
 }
 
+// minStartAttempt is the least time an attempt of untilKafkaAnswers gets,
+// the last one included (made when --kafka-start-timeout is up).
+const minStartAttempt = 2 * time.Second
+
 // untilKafkaAnswers runs attempt, Kafka's first request at start, until it
 // returns anything but kafkaUnreachable, for at most --kafka-start-timeout
-// (0: once), waiting 1 s, then twice as long each time up to 10 s, each
+// (0: once; an attempt's ctx ends when the time is up, or minStartAttempt
+// after it started when less was left, so that a broker that takes the
+// connection and never answers holds run no longer), waiting 1 s, then twice as long each time up to 10 s, each
 // wait ±50 % (the backoff library's jitter; the last wait cut to end when
 // the time is up, for a last attempt then), with a
 // WARN line per failed attempt. It returns a *kafkaUnreachableError when
@@ -109,8 +124,14 @@ func untilKafkaAnswers[T any](ctx context.Context, s *settings, log *slog.Logger
 	n := 0
 	err := backoff.RetryNotify(func() error {
 		n++
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if s.kafkaStartTimeout > 0 {
+			actx, cancel = context.WithDeadline(ctx, later(start.Add(s.kafkaStartTimeout), time.Now().Add(minStartAttempt)))
+		}
 		var err error
-		if v, err = attempt(ctx); err != nil && (!kafkaUnreachable(err) || ctx.Err() != nil) {
+		v, err = attempt(actx)
+		cancel()
+		if err != nil && (!kafkaUnreachable(err) || ctx.Err() != nil) {
 			return backoff.Permanent(err)
 		}
 		return err
@@ -122,4 +143,12 @@ func untilKafkaAnswers[T any](ctx context.Context, s *settings, log *slog.Logger
 		return v, &kafkaUnreachableError{brokers: s.kafka.Brokers, attempts: n, waited: time.Since(start), timeout: s.kafkaStartTimeout, err: err}
 	}
 	return v, err
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

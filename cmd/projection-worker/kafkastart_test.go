@@ -50,6 +50,44 @@ func TestRunExitsClearlyWhenKafkaStaysUnreachable(t *testing.T) {
 	}
 }
 
+// TestRunStartTimeoutBoundsAnAttempt: a listener that takes the connection
+// and never answers (the embedded broker's plaintext listener to a TLS
+// client, a port of another service) holds run for --kafka-start-timeout
+// and a last attempt of at most minStartAttempt, not for an attempt's own
+// 30 s; the message says what can cause it (new-user trial: 30 s with
+// --kafka-start-timeout 5s, and a bare "context deadline exceeded").
+func TestRunStartTimeoutBoundsAnAttempt(t *testing.T) {
+	clearSettingsEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		var held []net.Conn // never answered, closed when the test ends
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	r := runCmd(t, 60*time.Second, "run", "--brokers", ln.Addr().String(), "--database-url", pgtest.URL(t), "--projections", exampleProjections,
+		"--http-addr", "", "--log-format", "text", "--kafka-start-timeout", "3s")
+	if r.code != exitKafkaUnreachable || !strings.Contains(r.stderr, "no answer in time") || !strings.Contains(r.stderr, "--kafka-tls") {
+		t.Errorf("want exit %d, saying there was no answer in time and naming --kafka-tls\n%s", exitKafkaUnreachable, r)
+	}
+	if limit := 3*time.Second + minStartAttempt + 10*time.Second; r.took > limit {
+		t.Errorf("exited after %s, want within --kafka-start-timeout 3s and a last attempt (%s; an attempt's own bound is 30 s)", r.took, limit)
+	}
+}
+
 // TestRunStartsWhenKafkaComesUp: a broker that comes up while run retries
 // at start is used, and the worker starts.
 func TestRunStartsWhenKafkaComesUp(t *testing.T) {
