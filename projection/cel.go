@@ -60,6 +60,10 @@ var deriveEnv = sync.OnceValues(func() (*cel.Env, error) {
 		cel.CrossTypeNumericComparisons(true),
 		ext.Strings(),
 		ext.Math(),
+		// A literal argument that fails every evaluation (matches('('),
+		// duration('1x'), timestamp('x')) is refused at load, not
+		// dead-lettered with every event (new-user trial).
+		cel.ASTValidators(cel.ValidateRegexLiterals(), cel.ValidateDurationLiterals(), cel.ValidateTimestampLiterals()),
 	)
 })
 

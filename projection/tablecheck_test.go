@@ -399,6 +399,28 @@ func TestDeriveOverloadAtLoadNamesTheCallAndTypes(t *testing.T) {
 	}
 }
 
+// TestDeriveWithAnInvalidLiteralIsRefusedAtLoad: a literal regexp,
+// duration or timestamp that fails every evaluation is refused at load,
+// naming the projection, column and what is wrong (new-user trial: the
+// file validated and every event was dead-lettered).
+func TestDeriveWithAnInvalidLiteralIsRefusedAtLoad(t *testing.T) {
+	for derive, want := range map[string]string{
+		`payload.name.matches('(') ? 'a' : 'b'`:                      `invalid matches argument`,
+		`string(duration('1x'))`:                                     `invalid duration argument`,
+		`string(timestamp('2024-13-01T00:00:00Z'))`:                  `invalid timestamp argument`,
+		`payload.name.matches('^[a-z]+$') ? 'a' : 'b'`:               ``,
+		`string(timestamp('2024-06-25T12:00:00Z') + duration('1h'))`: ``,
+	} {
+		_, err := ParseDefinitions("d.yaml", inlineDefinitions(`n: { type: text, derive: "`+derive+`" }`))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("%s: ParseDefinitions error = %v, want none", derive, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), `projection "p": columns.n: derive: `) || !strings.Contains(err.Error(), want)):
+			t.Errorf("%s: ParseDefinitions error = %v, want one naming the column and %q", derive, err, want)
+		}
+	}
+}
+
 // inlineDefinitions returns the definitions file of inlineProjection.
 func inlineDefinitions(column string) []byte {
 	return []byte(`irVersion: v1
