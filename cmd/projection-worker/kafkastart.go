@@ -32,9 +32,7 @@ type kafkaUnreachableError struct {
 func (e *kafkaUnreachableError) Error() string {
 	msg := fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %s over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
 		e.brokers, plural(e.attempts, "attempt"), e.waited.Round(time.Millisecond), e.timeout, e.err)
-	var opErr *net.OpError
-	var dnsErr *net.DNSError
-	if !errors.As(e.err, &opErr) && !errors.As(e.err, &dnsErr) {
+	if !dialError(e.err) {
 		// Not a dial error refused at once: no answer in time (new-user
 		// trial: --kafka-tls against the embedded broker's plaintext
 		// listener, which takes the connection and never answers).
@@ -61,9 +59,15 @@ func kafkaUnreachable(err error) bool {
 	if kafkaconn.Explain(err) != "" {
 		return false
 	}
+	return dialError(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// dialError reports whether err is a dial's: connection refused, no route,
+// a name that does not resolve.
+func dialError(err error) bool {
 	var opErr *net.OpError
 	var dnsErr *net.DNSError
-	return errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, context.DeadlineExceeded)
+	return errors.As(err, &opErr) || errors.As(err, &dnsErr)
 }
 
 // untilDeadline is b with its waits cut to end at deadline, and Stop from
@@ -109,8 +113,8 @@ const minStartAttempt = 2 * time.Second
 // returns anything but kafkaUnreachable, for at most --kafka-start-timeout
 // (0: once; an attempt's ctx ends when the time is up, or minStartAttempt
 // after it started when less was left, so that a broker that takes the
-// connection and never answers holds run no longer), waiting 1 s, then twice as long each time up to 10 s, each
-// wait ±50 % (the backoff library's jitter; the last wait cut to end when
+// connection and never answers holds run no longer), waiting 1 s, then
+// twice as long each time up to 10 s, each wait ±50 % (the backoff library's jitter; the last wait cut to end when
 // the time is up, for a last attempt then), with a
 // WARN line per failed attempt. It returns a *kafkaUnreachableError when
 // the time is up, and ctx's error when ctx ends first.
