@@ -302,8 +302,15 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 			return rec, nil
 		}
 	}
-	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original value (%d bytes) left out, over the limit of %d: %w",
-		sourceName(src), size, len(src.Value), cfg.MaxBytes, ErrTooLarge)
+	// What is left is the key, the headers (the record's own, carried
+	// over) and the message's fields: say their sizes, so that the
+	// operator sees which one is large (new-user trial: a 3000-byte key).
+	hb := 0
+	for _, h := range headers {
+		hb += len(h.Key) + len(h.Value)
+	}
+	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original value (%d bytes) left out, over the limit of %d; what remains: the record's key (%d bytes), %d headers (%d bytes, the record's own carried over) and the message's other fields: %w",
+		sourceName(src), size, len(src.Value), cfg.MaxBytes, len(src.Key), len(headers), hb, ErrTooLarge)
 }
 
 // fit sets rec's value (msg with stackTrace and error) and headers

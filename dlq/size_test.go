@@ -144,7 +144,8 @@ func TestNewRecordLeavesOutAnOriginalTooLargeToFit(t *testing.T) {
 }
 
 // TestNewRecordRefusesAKeyTooLargeToFit: what cannot be left out (the key)
-// still fails with ErrTooLarge.
+// still fails with ErrTooLarge, and the error gives the key's size (a
+// new-user trial's error named only the value's).
 func TestNewRecordRefusesAKeyTooLargeToFit(t *testing.T) {
 	dl := testDeadLetter([]byte(testEvent))
 	src := *dl.Source
@@ -153,5 +154,8 @@ func TestNewRecordRefusesAKeyTooLargeToFit(t *testing.T) {
 	_, err := NewRecord(dl, RecordConfig{MaxBytes: 1024}, testNow)
 	if !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("NewRecord error %v, want ErrTooLarge", err)
+	}
+	if !strings.Contains(err.Error(), "the record's key (2000 bytes)") {
+		t.Errorf("NewRecord error %q, want the key's size", err)
 	}
 }
