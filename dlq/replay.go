@@ -327,7 +327,11 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		case omittedErr != nil:
 			o.Kind, o.Reason = OutcomeRefused, omittedErr.Error()
 		case !e.HasOriginalEvent():
-			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null (the record value was not a valid JSON object): nothing to replay"
+			// Its bytes may be in originalValueBase64, but the worker would
+			// refuse them again at once: the same bytes, nothing a fix of
+			// the worker changes (new-user trial: "nothing to replay" read
+			// as if the bytes were lost).
+			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null: the record value is not an event the worker reads (not JSON, not an object, or nested too deeply: the dead letter's error says which; originalValueBase64 keeps its bytes), so a replay of it would be dead-lettered again at once, --force or not; skip it"
 		case invalid != nil:
 			o.Kind = OutcomeRefused
 			o.Reason = fmt.Sprintf("the event fails validation, which a replay cannot change (%v): the worker would dead-letter it again at once; skip it (--force to replay it all the same)", invalid)
