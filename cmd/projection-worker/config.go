@@ -367,10 +367,14 @@ func (s *settings) checkRun() error {
 	if err := s.checkGroupMembership(); err != nil {
 		return err
 	}
+	// Any case, as --log-format and --kafka-sasl-mechanism take theirs
+	// (new-user trial: ON_INFRA_ERROR=DLQ was refused, LOG_FORMAT=JSON not).
+	given := s.onInfraError
+	s.onInfraError = strings.ToLower(given)
 	switch projection.InfraMode(s.onInfraError) {
 	case projection.InfraPause, projection.InfraDeadLetter:
 	default:
-		return flagenv.Usagef("--on-infra-error must be %q or %q, got %q", projection.InfraPause, projection.InfraDeadLetter, s.onInfraError)
+		return flagenv.Usagef("--on-infra-error must be %q or %q, got %q", projection.InfraPause, projection.InfraDeadLetter, given)
 	}
 	for _, f := range []struct {
 		flag string

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,26 @@ func TestRunWarnsAtStartWhenTheDatabaseIsUnreachable(t *testing.T) {
 			}
 			w.shutdown(t)
 		})
+	}
+}
+
+// TestOnInfraErrorTakesAnyCase: ON_INFRA_ERROR=DLQ is dlq, as LOG_FORMAT=JSON
+// is json (new-user trial: one was refused, the other taken); an unknown
+// mode is still refused, naming the flag.
+func TestOnInfraErrorTakesAnyCase(t *testing.T) {
+	clearSettingsEnv(t)
+	for v, want := range map[string]string{"DLQ": "dlq", "Pause": "pause", "dlq": "dlq", "maybe": ""} {
+		t.Setenv("ON_INFRA_ERROR", v)
+		var s settings
+		if err := parseFlags(runFlags(&s, io.Discard), nil); err != nil {
+			t.Fatal(err)
+		}
+		err := s.checkRun()
+		switch {
+		case want == "" && (err == nil || !strings.Contains(err.Error(), "--on-infra-error")):
+			t.Errorf("ON_INFRA_ERROR=%s: checkRun error %v, want one naming --on-infra-error", v, err)
+		case want != "" && (err != nil || s.onInfraError != want):
+			t.Errorf("ON_INFRA_ERROR=%s: checkRun error %v, mode %q; want %q", v, err, s.onInfraError, want)
+		}
 	}
 }
