@@ -42,13 +42,22 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	// Ctrl-C while the stack starts is a stop, not a failure: no initdb
+	// log and exit 1 (new-user trial).
+	interrupted := func(err error) error {
+		if ctx.Err() != nil {
+			fmt.Fprintln(stdout, "dev: interrupted before the worker started; stopped")
+			return nil
+		}
+		return err
+	}
 	stack, err := devstack.Start(ctx, devstack.Options{
 		KafkaPort:   kafkaPort,
 		DatabaseURL: s.databaseURL,
 		Logf:        func(f string, a ...any) { fmt.Fprintf(stdout, "dev: "+f+"\n", a...) },
 	})
 	if err != nil {
-		return err
+		return interrupted(err)
 	}
 	defer stack.Close()
 	s.kafka.Brokers = stack.Brokers
@@ -62,7 +71,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer pool.Close()
 	if err := devstack.PrepareTenants(ctx, pool, defs, stack.Throwaway()); err != nil {
-		return err
+		return interrupted(err)
 	}
 	fmt.Fprintf(stdout, "dev: migrated %s and %s (staging without followed_at); %s left unmigrated\n",
 		devstack.TenantProduction, devstack.TenantStaging, devstack.TenantLegacy)

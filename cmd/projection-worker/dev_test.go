@@ -109,6 +109,23 @@ func TestDevExitStatusFollowsTheRule(t *testing.T) {
 	}
 }
 
+// TestDevCtrlCWhileStartingIsAStop: Ctrl-C (ctx) while make run starts
+// its throwaway PostgreSQL stops it with status 0 and a line that says so,
+// not with initdb's log and status 1 (new-user trial, Ctrl-C after 0.8 s).
+func TestDevCtrlCWhileStartingIsAStop(t *testing.T) {
+	clearSettingsEnv(t)
+	for _, after := range []time.Duration{0, 300 * time.Millisecond} {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(after, cancel)
+		var stdout, stderr syncBuffer
+		code := run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--projections", exampleProjections}, &stdout, &stderr)
+		cancel()
+		if code != 0 || strings.Contains(stderr.String(), "FATAL") || strings.Contains(stderr.String(), "initdb") {
+			t.Errorf("Ctrl-C after %s: exit %d, want 0 without initdb's log\nstdout:\n%s\nstderr:\n%s", after, code, stdout.String(), stderr.String())
+		}
+	}
+}
+
 // TestDevLogsTextUnlessAsked: the dev command (make run) logs text by
 // default, says so in its help, and takes json from --log-format or
 // LOG_FORMAT like run (new-user trial: its help said json while it logged
