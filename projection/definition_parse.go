@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -73,6 +74,11 @@ func (p *defParser) parse(data []byte) *Definitions {
 				return
 			}
 			d.IRVersion = p.str("irVersion", v)
+			if strings.ContainsFunc(d.IRVersion, unicode.IsControl) {
+				// It goes into every dead letter's generation header and
+				// the worker's log (new-user trial: "v1\u0000x" was taken).
+				p.refuse("irVersion", v, "%q holds a control character", d.IRVersion)
+			}
 		},
 		"projections": func(v *yaml.Node) {
 			if v.Kind != yaml.SequenceNode {
@@ -207,11 +213,17 @@ func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)
 	}
 }
 
-// str returns the value of a scalar node, reporting other nodes and null.
+// str returns the value of a scalar node, reporting other nodes, null and
+// an empty string (every string of the file names or holds something).
 func (p *defParser) str(where string, n *yaml.Node) string {
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
 		p.refuse(where, n, "must be a string")
 		return ""
+	}
+	if n.Value == "" {
+		// Given, but empty: not "missing" (new-user trial: derive: ""
+		// was reported as neither from nor derive set).
+		p.refuse(where, n, "is empty")
 	}
 	return n.Value
 }

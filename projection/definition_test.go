@@ -78,6 +78,19 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 		file string
 		want []string // lines of the error, each exactly
 	}{
+		{"empty_values.yaml", []string{
+			`testdata/defs/empty_values.yaml: irVersion: is empty (line 3)`,
+			`testdata/defs/empty_values.yaml: projections[0]: name: is empty (line 5)`,
+			`testdata/defs/empty_values.yaml: projections[0]: table: is empty (line 6)`,
+			`testdata/defs/empty_values.yaml: projections[0]: primaryKey: is empty (line 7)`,
+			`testdata/defs/empty_values.yaml: projections[0]: events.E: is empty (line 8)`,
+			`testdata/defs/empty_values.yaml: projections[0]: columns.id: type: is empty (line 10)`,
+			`testdata/defs/empty_values.yaml: projections[0]: columns.id: from: is empty (line 10)`,
+			`testdata/defs/empty_values.yaml: projections[0]: columns.n: derive: is empty (line 11)`,
+		}},
+		{"irversion_control.yaml", []string{
+			`testdata/defs/irversion_control.yaml: irVersion: "v1\x00x" holds a control character (line 3)`,
+		}},
 		{"unknown_pk_column.yaml", []string{
 			`testdata/defs/unknown_pk_column.yaml: projection "artist_followers": primaryKey: unknown column "artist"`,
 		}},
