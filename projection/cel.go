@@ -23,12 +23,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/causet/projection-worker/internal/jsonstrict"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/checker"
@@ -40,6 +40,8 @@ import (
 	"github.com/google/cel-go/ext"
 	"github.com/google/cel-go/interpreter"
 	"github.com/google/cel-go/parser"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
 )
 
 // deriveCostLimit bounds the work of one derive evaluation (cel-go cost
@@ -66,6 +68,23 @@ var deriveEnv = sync.OnceValues(func() (*cel.Env, error) {
 		cel.ASTValidators(cel.ValidateRegexLiterals(), cel.ValidateDurationLiterals(), cel.ValidateTimestampLiterals()),
 	)
 })
+
+// maxQuotedExpr is the longest derive expression an error quotes whole.
+const maxQuotedExpr = 200
+
+// quoteExpr is expr quoted for an error: whole up to maxQuotedExpr bytes,
+// else its start and its length (new-user trial: a 40 KB expression nested
+// too deeply was echoed whole).
+func quoteExpr(expr string) string {
+	if len(expr) <= maxQuotedExpr {
+		return strconv.Quote(expr)
+	}
+	cut := maxQuotedExpr
+	for cut > 0 && !utf8.RuneStart(expr[cut]) {
+		cut--
+	}
+	return strconv.Quote(expr[:cut]) + fmt.Sprintf("… (%d bytes)", len(expr))
+}
 
 // derivePrg is a compiled derive expression. It is safe for concurrent use.
 type derivePrg struct {
@@ -97,13 +116,13 @@ func compileDerive(expr string) (*derivePrg, error) {
 		for _, e := range iss.Errors() {
 			msgs = append(msgs, fmt.Sprintf("%d:%d: %s", e.Location.Line(), e.Location.Column()+1, e.Message))
 		}
-		return nil, fmt.Errorf("%q does not compile: %s", expr, strings.Join(msgs, "; "))
+		return nil, fmt.Errorf("%s does not compile: %s", quoteExpr(expr), strings.Join(msgs, "; "))
 	}
 	// A result kind no column takes (docs/definitions.md, "Conversion
 	// rules"), when the type checker knows it already: refused now, not at
 	// every event.
 	if kind, ok := map[types.Kind]string{types.BytesKind: "bytes", types.DurationKind: "duration", types.TypeKind: "type"}[ast.OutputType().Kind()]; ok {
-		return nil, fmt.Errorf("%q returns a %s, which no column takes (want null, int, uint, double, string, bool, timestamp, a list or a map)", expr, kind)
+		return nil, fmt.Errorf("%s returns a %s, which no column takes (want null, int, uint, double, string, bool, timestamp, a list or a map)", quoteExpr(expr), kind)
 	}
 	opts := []cel.ProgramOption{}
 	if est, err := env.EstimateCost(ast, unknownSizes{}); err != nil || est.Max > deriveCostLimit {
@@ -111,7 +130,7 @@ func compileDerive(expr string) (*derivePrg, error) {
 	}
 	prg, err := env.Program(ast, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%q: %w", expr, err)
+		return nil, fmt.Errorf("%s: %w", quoteExpr(expr), err)
 	}
 	traced := sync.OnceValues(func() (cel.Program, error) {
 		return env.Program(ast, append(opts, cel.EvalOptions(cel.OptTrackState))...)

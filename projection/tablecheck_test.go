@@ -450,3 +450,14 @@ func inlineProjection(t *testing.T, column string) *TableProjection {
 	}
 	return tps[0]
 }
+
+// TestDeriveErrorQuotesALongExpressionShort: an error about a derive
+// longer than maxQuotedExpr quotes its start and its length, not the whole
+// of it (new-user trial: 10–40 KB echoed).
+func TestDeriveErrorQuotesALongExpressionShort(t *testing.T) {
+	expr := strings.Repeat("(", 300) + "1" + strings.Repeat(")", 300)
+	_, err := ParseDefinitions("d.yaml", inlineDefinitions(`n: { type: bigint, derive: "`+expr+`" }`))
+	if err == nil || !strings.Contains(err.Error(), `… (601 bytes) does not compile`) || len(err.Error()) > 500 {
+		t.Errorf("ParseDefinitions error = %v, want the expression's start and length", err)
+	}
+}
