@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -106,6 +107,45 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 		}
 	}
 	return nil
+}
+
+// Drift returns how the tables of defs in tenantSchema differ from the
+// definitions in what Migrate leaves as it is (it only creates schemas,
+// tables and missing columns): a column whose type, as PostgreSQL's
+// format_type spells it, is not the definitions' type (another type, or a
+// modifier such as numeric(10,2)), and a notNull column that the table
+// lets be NULL. One line per difference, "table.column: ...", by
+// projection and then column in the file's order; none for a table or
+// column that does not exist (Migrate makes it). A table made stricter by
+// hand (integer for bigint, NOT NULL added) is reported too: the worker
+// reads such a table's catalog and leaves what it would refuse to
+// statements (README), so it may be meant. It returns the catalog query's
+// error.
+func Drift(ctx context.Context, db interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, defs *Definitions, tenantSchema string) ([]string, error) {
+	var out []string
+	for _, pd := range defs.Projections {
+		cols, err := readColumns(ctx, db, pgx.Identifier{tenantSchema, pd.Table}.Sanitize())
+		if err != nil {
+			return nil, fmt.Errorf("drift of %s.%s: %w", tenantSchema, pd.Table, err)
+		}
+		for _, name := range pd.ColumnNames {
+			def, cat := pd.Columns[name], cols[name]
+			if cat.typ == "" {
+				continue // no such column, or no such table
+			}
+			if kindOf(def.Type) != cat.kind || cat.length > 0 || cat.precision > 0 || !cat.known {
+				out = append(out, fmt.Sprintf("%s.%s: the table's type is %s, the definitions' %s (migrate changes no column's type: ALTER TABLE it by hand if the definitions are right)",
+					pd.Table, name, cat.typ, def.Type))
+			}
+			if def.NotNull && !cat.notNull && !slices.Contains(pd.PrimaryKey, name) {
+				out = append(out, fmt.Sprintf("%s.%s: notNull in the definitions, NULL allowed in the table (migrate adds no NOT NULL: ALTER TABLE ... SET NOT NULL by hand once no row holds NULL)",
+					pd.Table, name))
+			}
+		}
+	}
+	return out, nil
 }
 
 // migrationStatements returns the DDL that creates what defs needs in

@@ -174,7 +174,13 @@ func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[st
 
 // lookupColumns reads the columns of the table qualified (catalogColumnsSQL).
 func (c *tableCatalog) lookupColumns(ctx context.Context, qualified string) (map[string]catalogColumn, error) {
-	rows, err := c.db.Query(ctx, catalogColumnsSQL, qualified)
+	return readColumns(ctx, c.db, qualified)
+}
+
+// readColumns reads the columns of the table qualified
+// (catalogColumnsSQL): none when it does not exist.
+func readColumns(ctx context.Context, db catalogQuerier, qualified string) (map[string]catalogColumn, error) {
+	rows, err := db.Query(ctx, catalogColumnsSQL, qualified)
 	if err != nil {
 		return nil, err
 	}

@@ -80,6 +80,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 			return fmt.Errorf("migrate %s: %w", t, err)
 		}
 		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
+		// What migrate cannot change, said rather than left silent
+		// (new-user trial: a type changed in the file, "migrated", the
+		// table unchanged).
+		drift, err := projection.Drift(ctx, pool, defs, t)
+		if err != nil {
+			return err
+		}
+		for _, d := range drift {
+			fmt.Fprintf(stdout, "warning: tenant schema %s: %s\n", t, d)
+		}
 		if s.grantRole == "" {
 			continue
 		}

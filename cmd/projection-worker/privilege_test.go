@@ -215,3 +215,27 @@ func TestMigrateATenantSchemaGivenTwiceOnce(t *testing.T) {
 		t.Errorf("migrate --tenant-schema %s twice = %d, want 0 and one line for it\n%s", tenant, r.code, r)
 	}
 }
+
+// TestMigrateWarnsAboutWhatItLeaves: a table whose column type was
+// changed by hand (or in the file) gets a warning line naming the tenant
+// schema, table, column and both types, and migrate still exits 0 (it
+// changes no type; new-user trial: "migrated" and nothing else).
+func TestMigrateWarnsAboutWhatItLeaves(t *testing.T) {
+	pool := pgtest.Pool(t)
+	tenant := pgtest.NewSchemaName(t)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tenant}.Sanitize()+" CASCADE")
+	})
+	args := []string{"migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections, "--tenant-schema", tenant}
+	if r := runCmd(t, time.Minute, args...); r.code != 0 || strings.Contains(r.stdout, "warning") {
+		t.Fatalf("first migrate = %d, want 0 without a warning\n%s", r.code, r)
+	}
+	if _, err := pool.Exec(context.Background(), "ALTER TABLE "+pgx.Identifier{tenant, "artist_followers"}.Sanitize()+" ALTER COLUMN score TYPE integer"); err != nil {
+		t.Fatal(err)
+	}
+	r := runCmd(t, time.Minute, args...)
+	want := "warning: tenant schema " + tenant + ": artist_followers.score: the table's type is integer, the definitions' bigint"
+	if r.code != 0 || !strings.Contains(r.stdout, want) {
+		t.Errorf("migrate after a type change = %d, want 0 and %q\n%s", r.code, want, r)
+	}
+}
