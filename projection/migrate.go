@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/retry"
 )
 
 // migrateLockKey is the pg_advisory_xact_lock key that serialises Migrate
@@ -103,6 +105,11 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 	}
 	for _, stmt := range migrationStatements(defs, tenantSchema, schemaExists, columns) {
 		if _, err := db.Exec(ctx, stmt); err != nil {
+			if retry.SQLState(err) == "23502" && strings.Contains(stmt, "ADD COLUMN") {
+				// A notNull column new to a table with rows (new-user trial:
+				// PostgreSQL's error alone).
+				return fmt.Errorf("%w: a notNull column cannot be added to a table that has rows: add it without notNull, migrate, fill it, then ALTER TABLE ... ALTER COLUMN ... SET NOT NULL and add notNull back (nothing was migrated)", err)
+			}
 			return err
 		}
 	}

@@ -1177,3 +1177,24 @@ func TestDriftSaysWhatMigrateLeaves(t *testing.T) {
 		t.Errorf("Drift (-want +got):\n%s", diff)
 	}
 }
+
+// TestMigrateANotNullColumnOnATableWithRowsSaysHow: a notNull column new
+// to a table that has rows cannot be added; the error says how to add it,
+// and nothing was migrated (new-user trial: PostgreSQL's 23502 alone).
+func TestMigrateANotNullColumnOnATableWithRowsSaysHow(t *testing.T) {
+	pool, schema, tps := tblTenant(t)
+	ctx := context.Background()
+	tblApply(t, pool, tps["artist_followers"], tblEvent(t, schema, "ARTIST_FOLLOWED", 1, 0, specPayload), Applied)
+	d, _ := tblProjections(t)
+	pd := &d.Projections[0]
+	pd.Columns["fresh"] = ColumnDef{Type: "text", From: "forkId", NotNull: true}
+	pd.ColumnNames = append(pd.ColumnNames, "fresh")
+	err := Migrate(ctx, pool, d, schema)
+	if err == nil || retry.SQLState(err) != "23502" || !strings.Contains(err.Error(), "add it without notNull") {
+		t.Fatalf("Migrate = %v, want 23502 saying how to add the column", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND column_name = 'fresh'", schema).Scan(&n); err != nil || n != 0 {
+		t.Errorf("after the failed migration, %d columns named fresh (%v), want none", n, err)
+	}
+}
