@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -110,8 +112,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // runTopics creates the events, dead-letter and ledger topics.
 func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var s settings
-	if err := parseFlags(topicsFlags(&s, stderr), args); err != nil {
+	fs := topicsFlags(&s, stderr)
+	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	partitionsGiven := false // on the command line or in its variable
+	fs.Visit(func(f *flag.Flag) { partitionsGiven = partitionsGiven || f.Name == "partitions" })
+	if _, ok := os.LookupEnv(fs.Env()["partitions"]); ok {
+		partitionsGiven = true
 	}
 	cfg, err := s.topicConfig()
 	if err != nil {
@@ -139,6 +147,12 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		cfg.EventsTopic, rep.EventsPartitions, cfg.DLQTopic, rep.DLQPartitions, retentionText(rep.DLQRetention), rep.DLQMaxMessageBytes, cfg.LedgerTopic)
 	if rep.DLQRetentionTooShort {
 		fmt.Fprintf(stdout, "WARNING: %s keeps less than 30 days; set retention.ms >= %d\n", cfg.DLQTopic, dlq.MinRetention.Milliseconds())
+	}
+	if partitionsGiven && !slices.Contains(rep.Created, cfg.EventsTopic) && rep.EventsPartitions != int(cfg.Partitions) {
+		// --partitions makes topics; it changes none that exists
+		// (new-user trial: said nothing).
+		fmt.Fprintf(stdout, "NOTE: %s existed with %d partitions and is left so; --partitions %d applies to topics this command creates (add partitions with your Kafka tooling; records of a key then go to another partition)\n",
+			cfg.EventsTopic, rep.EventsPartitions, cfg.Partitions)
 	}
 	return nil
 }

@@ -479,6 +479,12 @@ func TestTopicsCreatesDeadLetterTopicLikeTheEventsTopic(t *testing.T) {
 			if strings.Contains(r.stdout, "WARNING") {
 				t.Errorf("a freshly created dead-letter topic got a retention warning\n%s", r)
 			}
+			// An existing events topic's count differs from --partitions:
+			// said, not silent (new-user trial).
+			note := fmt.Sprintf("NOTE: %s existed with %d partitions and is left so; --partitions %s applies", events, tt.existingEvents, tt.partitionsFlag)
+			if got := strings.Contains(r.stdout, note); got != (tt.existingEvents > 0) {
+				t.Errorf("note that --partitions was not applied: %v, want %v\n%s", got, tt.existingEvents > 0, r)
+			}
 
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
