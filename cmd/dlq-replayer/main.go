@@ -93,11 +93,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	cmd := args[0]
 	switch cmd {
 	case "list", "summary", "retry", "skip":
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	case "version", "--version":
-		fmt.Fprintln(stdout, buildVersion())
+	case "-h", "-help", "--help", "help", "version", "--version":
+		if len(args) > 1 {
+			// Takes no flag or argument, as projection-worker's (new-user
+			// trial: "version extra --json" printed the version).
+			fmt.Fprintf(stderr, "dlq-replayer: %s takes no arguments, got %q\n", cmd, args[1:])
+			return 2
+		}
+		if cmd == "version" || cmd == "--version" {
+			fmt.Fprintln(stdout, buildVersion())
+		} else {
+			fmt.Fprint(stdout, usage)
+		}
 		return 0
 	default:
 		fmt.Fprintf(stderr, "dlq-replayer: unknown command %q\n\n%s", cmd, usage)

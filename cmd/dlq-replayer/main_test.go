@@ -118,6 +118,18 @@ func TestVersionPrintsOneLine(t *testing.T) {
 	}
 }
 
+// TestVersionAndHelpTakeNoArguments: `version extra --json` and `help x`
+// are usage errors (exit 2), not the version or the usage as if the rest
+// were read (new-user trial).
+func TestVersionAndHelpTakeNoArguments(t *testing.T) {
+	for _, args := range [][]string{{"version", "extra", "--json"}, {"help", "retry"}} {
+		r := runCmd(t, env{}, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, args[0]+" takes no arguments") || r.stdout != "" {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2 saying it takes no arguments", args, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
 // fixture is a broker with an events topic, a dead-letter topic and the
 // environment that points the command at them.
 type fixture struct {

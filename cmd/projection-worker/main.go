@@ -78,10 +78,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runValidate(rest, stdout, stderr)
 	case "dev":
 		err = runDev(ctx, rest, stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintln(stdout, buildVersion())
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	case "version", "--version", "help", "-h", "--help":
+		if len(rest) > 0 {
+			// Takes no flag or argument (new-user trial: "version extra
+			// --json" printed the version as if they were read).
+			err = flagenv.Usagef("%s takes no arguments, got %q", cmd, rest)
+			break
+		}
+		if cmd == "version" || cmd == "--version" {
+			fmt.Fprintln(stdout, buildVersion())
+		} else {
+			fmt.Fprint(stdout, usage)
+		}
 	default:
 		fmt.Fprintf(stderr, "projection-worker: unknown command %q\n\n%s", cmd, usage)
 		return 2
