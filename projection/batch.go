@@ -139,8 +139,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 			// Not for this worker's projections (another consumer's, or a
 			// misspelt type): nothing to write; counted, and at DEBUG.
 			w.cfg.Metrics.unhandled(ctx)
-			w.log.Debug("no projection handles the event type", "topic", d.rec.Topic, "partition", d.rec.Partition,
-				"offset", d.rec.Offset, "event_type", d.ev.EventType)
+			w.noteUnhandled(d)
 		}
 		if d.replay.projection != "" && matched == 0 {
 			err := fmt.Errorf("replayed to projection %q, which this worker does not have or which does not handle event type %q", d.replay.projection, d.ev.EventType)
@@ -210,6 +209,39 @@ func (pc *partition) applyCopyGroups(ctx context.Context, groups []*copyGroup, r
 	}
 	pc.w.log.Debug("copy failed; applying the batch as statements", "partition", pc.partition, "error", err)
 	return planned, nil, nil, nil
+}
+
+// maxUnhandledTypes bounds the event types noteUnhandled logs at INFO.
+const maxUnhandledTypes = 100
+
+// noteUnhandled logs the valid record d that no projection handles: at
+// INFO for the first record of each event type (at most
+// maxUnhandledTypes types, then a line saying the rest go to DEBUG), at
+// DEBUG after that. A type misspelt in the definitions' events shows so
+// without --log-level debug (new-user trial: real events went unapplied
+// with nothing said).
+func (w *Worker) noteUnhandled(d *decoded) {
+	t := d.ev.EventType
+	if _, seen := w.unhandledTypes.Load(t); !seen {
+		w.unhandledMu.Lock()
+		_, seen = w.unhandledTypes.Load(t)
+		first := !seen && w.unhandledN < maxUnhandledTypes
+		if first {
+			w.unhandledTypes.Store(t, struct{}{})
+			w.unhandledN++
+		} else if !seen && w.unhandledN == maxUnhandledTypes {
+			w.unhandledN++ // said once
+			w.log.Info("more event types that no projection handles: logged at debug only", "types_logged", maxUnhandledTypes)
+		}
+		w.unhandledMu.Unlock()
+		if first {
+			w.log.Info("no projection handles the event type: its records are committed without a write (first of this type; the rest at debug)",
+				"event_type", t, "topic", d.rec.Topic, "partition", d.rec.Partition, "offset", d.rec.Offset)
+			return
+		}
+	}
+	w.log.Debug("no projection handles the event type", "topic", d.rec.Topic, "partition", d.rec.Partition,
+		"offset", d.rec.Offset, "event_type", t)
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than

@@ -49,6 +49,11 @@ type Worker struct {
 	failures *failureLog
 	tr       *tracing      // nil: no spans
 	catalog  *tableCatalog // the tables' columns as PostgreSQL has them (copyGroupsChecked)
+	// unhandledTypes holds the event types no projection handles that
+	// were logged at INFO (noteUnhandled), at most maxUnhandledTypes.
+	unhandledTypes sync.Map
+	unhandledMu    sync.Mutex
+	unhandledN     int
 
 	queued atomic.Int64 // record bytes queued in all partitions
 	// processing is the budget of record bytes being processed, all

@@ -60,6 +60,10 @@ const (
 	logSuspects  = "suspect upserts applied in one round trip"
 	logIsolated  = "copy group isolated in PostgreSQL"
 	logCopyAgain = "copy group failed; applying it again on its own"
+	// logUnhandledFirst (INFO, the first record of an event type no
+	// projection handles) and logUnhandled (DEBUG, the later ones).
+	logUnhandledFirst = "no projection handles the event type: its records are committed without a write (first of this type; the rest at debug)"
+	logUnhandled      = "no projection handles the event type"
 )
 
 // TestWorkerLeavesUpsertsTheTableRefusesToStatements makes the tables
@@ -228,5 +232,41 @@ func TestWorkerNamesTheRefusedColumnWithoutACopyGroup(t *testing.T) {
 	}
 	if d := dls[0]; !strings.Contains(d.msg.StackTrace, "column stars (derive") {
 		t.Errorf("dead letter (%s): stack trace does not name column stars:\n%s", d.msg.Error, d.msg.StackTrace)
+	}
+}
+
+// TestWorkerSaysOnceWhenNoProjectionHandlesAType: the first record of each
+// event type no projection handles is logged at INFO, naming the type, and
+// its later ones at DEBUG only; all are committed without a write or a
+// dead letter (new-user trial: a type misspelt in the definitions showed
+// nowhere without --log-level debug).
+func TestWorkerSaysOnceWhenNoProjectionHandlesAType(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	logs := r.startLogged(func(*projection.Config) {})
+	var keys, values []string
+	for i, typ := range []string{"ARTIST_FOLOWED", "ARTIST_FOLOWED", "OTHER_TEAMS_EVENT", "ARTIST_FOLOWED"} {
+		keys = append(keys, fmt.Sprintf("e-%d", i))
+		values = append(values, r.event(typ, fmt.Sprintf("e-%d", i), 1, `{"user_id":"u","artist_id":"a"}`))
+	}
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
+	var infoTypes []string
+	for _, rec := range logs.records(logUnhandledFirst) {
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == "event_type" && rec.Level == slog.LevelInfo {
+				infoTypes = append(infoTypes, a.Value.String())
+			}
+			return true
+		})
+	}
+	if diff := cmp.Diff([]string{"ARTIST_FOLOWED", "OTHER_TEAMS_EVENT"}, infoTypes); diff != "" {
+		t.Errorf("INFO lines by event type (-want +got):\n%s", diff)
+	}
+	if n := len(logs.records(logUnhandled)); n != 2 {
+		t.Errorf("%d DEBUG lines for the later records, want 2", n)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("%d dead letters, want none", len(dls))
 	}
 }
