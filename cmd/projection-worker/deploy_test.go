@@ -60,7 +60,42 @@ func containerEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Contain
 	if err != nil {
 		t.Fatal(err)
 	}
+	if env.Values["KAFKA_SASL_MECHANISM"] == "" {
+		// Brokers without SASL: the real Secret leaves the two keys out,
+		// as secret.example.yaml says (with them, run refuses to start:
+		// TestDeploySASLKeysWithoutAMechanismAreRefused).
+		delete(env.Values, "KAFKA_SASL_USER")
+		delete(env.Values, "KAFKA_SASL_PASSWORD")
+	}
 	return env
+}
+
+// TestDeploySASLKeysWithoutAMechanismAreRefused: the base (no
+// KAFKA_SASL_MECHANISM) with a Secret that keeps secret.example.yaml's
+// KAFKA_SASL_ keys is refused at start, naming the flags, rather than run
+// without authenticating (new-user trial: the credentials were dropped).
+func TestDeploySASLKeysWithoutAMechanismAreRefused(t *testing.T) {
+	clearSettingsEnv(t)
+	objs := deployObjects(t, "base")
+	c := objs.Deployments[0].Spec.Template.Spec.Containers[0]
+	secret, err := deploytest.ExampleSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := deploytest.ResolveEnv(objs, secret, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Values["KAFKA_SASL_MECHANISM"] != "" || env.Values["KAFKA_SASL_USER"] == "" {
+		t.Fatalf("the base sets a SASL mechanism, or the example Secret no user: the test no longer shows what it should")
+	}
+	var s settings
+	if err := parseFlags(runFlags(&s, io.Discard).WithLookup(env.Lookup), c.Args[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.kafka.Opts(); err == nil || !strings.Contains(err.Error(), "without --kafka-sasl-mechanism") {
+		t.Errorf("kafka settings error %v, want one saying the SASL user is set without a mechanism", err)
+	}
 }
 
 // checkEnvRead fails t for each variable of names that fs does not read.

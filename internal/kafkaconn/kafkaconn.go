@@ -105,6 +105,12 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 	if s.SASLMechanism != "" && s.SASLUser == "" {
 		return nil, flagenv.Usagef("--kafka-sasl-user (KAFKA_SASL_USER) is required with --kafka-sasl-mechanism")
 	}
+	if s.SASLMechanism == "" && (s.SASLUser != "" || s.SASLPassword != "") {
+		// Credentials without a mechanism would be dropped, and the
+		// client would connect without authenticating (new-user trial:
+		// exit 0, no SASL).
+		return nil, flagenv.Usagef("--kafka-sasl-user or --kafka-sasl-password is set without --kafka-sasl-mechanism (KAFKA_SASL_MECHANISM): set the mechanism (plain, scram-sha-256 or scram-sha-512), or unset them")
+	}
 	opts = append(opts, kgo.DialTimeout(10*time.Second))
 	return opts, nil
 }
