@@ -52,6 +52,21 @@ func deployObjects(t *testing.T, rel string) *deploytest.Objects {
 // deploytest.ResolveEnv.
 func containerEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Container) deploytest.Env {
 	t.Helper()
+	env := exampleSecretEnv(t, configMaps, c)
+	if env.Values["KAFKA_SASL_MECHANISM"] == "" {
+		// Brokers without SASL: the real Secret leaves the two keys out,
+		// as secret.example.yaml says (with them, run refuses to start:
+		// TestDeploySASLKeysWithoutAMechanismAreRefused).
+		delete(env.Values, "KAFKA_SASL_USER")
+		delete(env.Values, "KAFKA_SASL_PASSWORD")
+	}
+	return env
+}
+
+// exampleSecretEnv is c's environment with secret.example.yaml as its
+// Secret, every key of it kept.
+func exampleSecretEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Container) deploytest.Env {
+	t.Helper()
 	secret, err := deploytest.ExampleSecret()
 	if err != nil {
 		t.Fatal(err)
@@ -59,13 +74,6 @@ func containerEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Contain
 	env, err := deploytest.ResolveEnv(configMaps, secret, c)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if env.Values["KAFKA_SASL_MECHANISM"] == "" {
-		// Brokers without SASL: the real Secret leaves the two keys out,
-		// as secret.example.yaml says (with them, run refuses to start:
-		// TestDeploySASLKeysWithoutAMechanismAreRefused).
-		delete(env.Values, "KAFKA_SASL_USER")
-		delete(env.Values, "KAFKA_SASL_PASSWORD")
 	}
 	return env
 }
@@ -78,14 +86,7 @@ func TestDeploySASLKeysWithoutAMechanismAreRefused(t *testing.T) {
 	clearSettingsEnv(t)
 	objs := deployObjects(t, "base")
 	c := objs.Deployments[0].Spec.Template.Spec.Containers[0]
-	secret, err := deploytest.ExampleSecret()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := deploytest.ResolveEnv(objs, secret, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := exampleSecretEnv(t, objs, c)
 	if env.Values["KAFKA_SASL_MECHANISM"] != "" || env.Values["KAFKA_SASL_USER"] == "" {
 		t.Fatalf("the base sets a SASL mechanism, or the example Secret no user: the test no longer shows what it should")
 	}
