@@ -108,7 +108,7 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 			if retry.SQLState(err) == "23502" && strings.Contains(stmt, "ADD COLUMN") {
 				// A notNull column new to a table with rows (new-user trial:
 				// PostgreSQL's error alone).
-				return fmt.Errorf("%w: a notNull column cannot be added to a table that has rows: add it without notNull, migrate, fill it, then ALTER TABLE ... ALTER COLUMN ... SET NOT NULL and add notNull back (nothing was migrated)", err)
+				return fmt.Errorf("%w: a notNull column cannot be added to a table that has rows: add it without notNull, migrate, fill it, then ALTER TABLE ... ALTER COLUMN ... SET NOT NULL and add notNull back (nothing of this tenant schema was migrated)", err)
 			}
 			return err
 		}
@@ -116,40 +116,126 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 	return nil
 }
 
+// TableDrift is one way a table of a tenant schema differs from its
+// definition in what Migrate leaves as it is.
+type TableDrift struct {
+	Table  string
+	Column string // "" for the table itself
+	// Problem says what differs and what to do, for example "the table's
+	// type is integer, the definitions' bigint (...)".
+	Problem string
+	// Blocks reports that the worker cannot write the table so: every
+	// upsert of it would fail (no primary key, another one, not a table,
+	// a NOT NULL column it does not fill).
+	Blocks bool
+}
+
+func (d TableDrift) String() string {
+	if d.Column == "" {
+		return d.Table + ": " + d.Problem
+	}
+	return d.Table + "." + d.Column + ": " + d.Problem
+}
+
+// driftTableSQL is the kind of relation $1 is (pg_class.relkind) and its
+// primary key columns in key order; no row when it does not exist.
+const driftTableSQL = `SELECT c.relkind::text, coalesce((SELECT array_agg(a.attname::text ORDER BY k.ord)
+		FROM pg_catalog.pg_index i
+		CROSS JOIN unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+		JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = c.oid AND i.indisprimary), '{}')
+	FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)`
+
+// driftRequiredSQL is the columns of table $1 that an INSERT must fill: NOT
+// NULL, without a default, not an identity or generated column.
+const driftRequiredSQL = `SELECT a.attname FROM pg_catalog.pg_attribute a
+	WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+		AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''
+	ORDER BY a.attnum`
+
 // Drift returns how the tables of defs in tenantSchema differ from the
 // definitions in what Migrate leaves as it is (it only creates schemas,
-// tables and missing columns): a column whose type, as PostgreSQL's
-// format_type spells it, is not the definitions' type (another type, or a
-// modifier such as numeric(10,2)), and a notNull column that the table
-// lets be NULL. One line per difference, "table.column: ...", by
-// projection and then column in the file's order; none for a table or
-// column that does not exist (Migrate makes it). A table made stricter by
-// hand (integer for bigint, NOT NULL added) is reported too: the worker
-// reads such a table's catalog and leaves what it would refuse to
-// statements (README), so it may be meant. It returns the catalog query's
-// error.
+// tables and missing columns), by projection in the file's order:
+//   - blocking (TableDrift.Blocks), since every upsert of the table would
+//     fail: a relation of the table's name that is not a table (a view);
+//     a table without the definitions' primary key, or with another one
+//     (the upsert's ON CONFLICT needs it: 42P10); a NOT NULL column
+//     without a default that the definitions do not fill (23502);
+//   - not blocking: a column whose type, as PostgreSQL's format_type
+//     spells it, is not the definitions' (another type, or a modifier such
+//     as numeric(10,2)); a notNull column that the table lets be NULL. A
+//     table made stricter by hand (integer for bigint, NOT NULL added) is
+//     reported too: the worker reads such a table's catalog and leaves
+//     what it would refuse to statements (README), so it may be meant.
+//
+// A table or column that does not exist is none (Migrate makes it). It
+// returns a catalog query's error.
 func Drift(ctx context.Context, db interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, defs *Definitions, tenantSchema string) ([]string, error) {
-	var out []string
+}, defs *Definitions, tenantSchema string) ([]TableDrift, error) {
+	var out []TableDrift
 	for _, pd := range defs.Projections {
-		cols, err := readColumns(ctx, db, pgx.Identifier{tenantSchema, pd.Table}.Sanitize())
-		if err != nil {
+		qualified := pgx.Identifier{tenantSchema, pd.Table}.Sanitize()
+		fail := func(err error) ([]TableDrift, error) {
 			return nil, fmt.Errorf("drift of %s.%s: %w", tenantSchema, pd.Table, err)
+		}
+		rows, err := db.Query(ctx, driftTableSQL, qualified)
+		if err != nil {
+			return fail(err)
+		}
+		var kind string
+		var pk []string
+		found := false
+		if _, err := pgx.ForEachRow(rows, []any{&kind, &pk}, func() error { found = true; return nil }); err != nil {
+			return fail(err)
+		}
+		if !found {
+			continue // Migrate makes it
+		}
+		if kind != "r" && kind != "p" {
+			out = append(out, TableDrift{Table: pd.Table, Blocks: true,
+				Problem: fmt.Sprintf("a relation of kind %q (pg_class.relkind; v is a view), not a table: the worker cannot upsert into it; drop or rename it, then migrate again", kind)})
+			continue
+		}
+		switch want := strings.Join(pd.PrimaryKey, ", "); {
+		case len(pk) == 0:
+			out = append(out, TableDrift{Table: pd.Table, Blocks: true,
+				Problem: fmt.Sprintf("no primary key, the definitions' is (%s): every upsert fails (42P10, ON CONFLICT needs it); ALTER TABLE ... ADD PRIMARY KEY (%s)", want, want)})
+		case !slices.Equal(pk, pd.PrimaryKey):
+			out = append(out, TableDrift{Table: pd.Table, Blocks: true,
+				Problem: fmt.Sprintf("primary key (%s) in the table, (%s) in the definitions: every upsert fails (42P10); change one of them to the other", strings.Join(pk, ", "), want)})
+		}
+		cols, err := readColumns(ctx, db, qualified)
+		if err != nil {
+			return fail(err)
 		}
 		for _, name := range pd.ColumnNames {
 			def, cat := pd.Columns[name], cols[name]
 			if cat.typ == "" {
-				continue // no such column, or no such table
+				continue // no such column: Migrate adds it
 			}
 			if kindOf(def.Type) != cat.kind || cat.length > 0 || cat.precision > 0 || !cat.known {
-				out = append(out, fmt.Sprintf("%s.%s: the table's type is %s, the definitions' %s (migrate changes no column's type: ALTER TABLE it by hand if the definitions are right)",
-					pd.Table, name, cat.typ, def.Type))
+				out = append(out, TableDrift{Table: pd.Table, Column: name,
+					Problem: fmt.Sprintf("the table's type is %s, the definitions' %s (migrate changes no column's type: ALTER TABLE it by hand if the definitions are right)", cat.typ, def.Type)})
 			}
 			if def.NotNull && !cat.notNull && !slices.Contains(pd.PrimaryKey, name) {
-				out = append(out, fmt.Sprintf("%s.%s: notNull in the definitions, NULL allowed in the table (migrate adds no NOT NULL: ALTER TABLE ... SET NOT NULL by hand once no row holds NULL)",
-					pd.Table, name))
+				out = append(out, TableDrift{Table: pd.Table, Column: name,
+					Problem: "notNull in the definitions, NULL allowed in the table (migrate adds no NOT NULL: ALTER TABLE ... SET NOT NULL by hand once no row holds NULL)"})
 			}
+		}
+		rows, err = db.Query(ctx, driftRequiredSQL, qualified)
+		if err != nil {
+			return fail(err)
+		}
+		var name string
+		if _, err := pgx.ForEachRow(rows, []any{&name}, func() error {
+			if _, ok := pd.Columns[name]; !ok && name != seqColumn {
+				out = append(out, TableDrift{Table: pd.Table, Column: name, Blocks: true,
+					Problem: "NOT NULL without a default, and not in the definitions: every upsert fails (23502); drop the column, give it a default, or add it to the definitions"})
+			}
+			return nil
+		}); err != nil {
+			return fail(err)
 		}
 	}
 	return out, nil

@@ -1160,12 +1160,21 @@ func TestDriftSaysWhatMigrateLeaves(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := Drift(ctx, pool, d, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range got {
-		got[i], _, _ = strings.Cut(got[i], " (")
+	drift := func() []string {
+		t.Helper()
+		ds, err := Drift(ctx, pool, d, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, dr := range ds {
+			s, _, _ := strings.Cut(dr.String(), " (")
+			if dr.Blocks {
+				s = "BLOCKS " + s
+			}
+			out = append(out, s)
+		}
+		return out
 	}
 	want := []string{
 		"artist_followers.score: the table's type is integer, the definitions' bigint",
@@ -1173,8 +1182,29 @@ func TestDriftSaysWhatMigrateLeaves(t *testing.T) {
 		"kinds.label: the table's type is character varying(20), the definitions' text",
 		"kinds.required: notNull in the definitions, NULL allowed in the table",
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, drift()); diff != "" {
 		t.Errorf("Drift (-want +got):\n%s", diff)
+	}
+
+	// What the worker cannot write at all (second new-user trial: a
+	// primary key changed in the file, a view of the table's name, a NOT
+	// NULL column of the table's own; migrate said "migrated").
+	for _, q := range []string{
+		"ALTER TABLE " + tbl("artist_followers") + " DROP CONSTRAINT artist_followers_pkey, ADD PRIMARY KEY (user_id)",
+		"ALTER TABLE " + tbl("kinds") + " ADD COLUMN extra text NOT NULL, ADD COLUMN filled text NOT NULL DEFAULT 'x'",
+		"ALTER TABLE " + tbl("typed_keys") + " RENAME TO typed_keys_old",
+		"CREATE VIEW " + tbl("typed_keys") + " AS SELECT 1 AS k_uuid",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same lines, in projection order with the blocking ones.
+	want = append(append([]string{"BLOCKS artist_followers: primary key"}, want...),
+		"BLOCKS kinds.extra: NOT NULL without a default, and not in the definitions: every upsert fails",
+		"BLOCKS typed_keys: a relation of kind \"v\"")
+	if diff := cmp.Diff(want, drift()); diff != "" {
+		t.Errorf("Drift after the blocking changes (-want +got):\n%s", diff)
 	}
 }
 

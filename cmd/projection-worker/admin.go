@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -77,36 +78,69 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 			return flagenv.Usagef("--grant %q: no such role in the database (create it first: CREATE ROLE ... LOGIN); nothing was migrated", s.grantRole)
 		}
 	}
-	for _, t := range s.tenantSchemas {
-		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
-			return fmt.Errorf("migrate %s: %w", t, err)
-		}
-		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
-		// What migrate cannot change, said rather than left silent
-		// (new-user trial: a type changed in the file, "migrated", the
-		// table unchanged).
-		drift, err := projection.Drift(ctx, pool, defs, t)
-		if err != nil {
-			return err
-		}
-		for _, d := range drift {
-			fmt.Fprintf(stdout, "warning: tenant schema %s: %s\n", t, d)
-		}
-		if s.grantRole == "" {
-			continue
-		}
-		stmts, err := projection.GrantSQL(defs, t, s.grantRole)
-		if err != nil {
-			return err
-		}
-		for _, stmt := range stmts {
-			if _, err := pool.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("grant %s on tenant schema %s: %w", s.grantRole, t, err)
+	var blocked []string // tenant schemas whose tables the worker cannot write
+	for i, t := range s.tenantSchemas {
+		if err := migrateTenant(ctx, pool, defs, t, s.grantRole, stdout); err != nil {
+			if rest := s.tenantSchemas[i+1:]; len(rest) > 0 {
+				// Say what was not reached (second new-user trial: the
+				// later tenants were left out silently).
+				err = fmt.Errorf("%w; not migrated, after it: %s", err, strings.Join(rest, ", "))
 			}
+			return err
 		}
-		fmt.Fprintf(stdout, "granted %s what run needs in tenant schema %s\n", s.grantRole, t)
+		if blocks, err := reportDrift(ctx, pool, defs, t, stdout); err != nil {
+			return err
+		} else if blocks {
+			blocked = append(blocked, t)
+		}
+	}
+	if len(blocked) > 0 {
+		return fmt.Errorf("the worker cannot write some tables of tenant schema %s (the error lines above say which and what to do); migrate changes no primary key, column or view", strings.Join(blocked, ", "))
 	}
 	return nil
+}
+
+// migrateTenant migrates tenant schema t and, with role, grants it what
+// run needs, printing a line for each.
+func migrateTenant(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions, t, role string, stdout io.Writer) error {
+	if err := projection.Migrate(ctx, pool, defs, t); err != nil {
+		return fmt.Errorf("migrate %s: %w", t, err)
+	}
+	fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
+	if role == "" {
+		return nil
+	}
+	stmts, err := projection.GrantSQL(defs, t, role)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range stmts {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("grant %s on tenant schema %s: %w", role, t, err)
+		}
+	}
+	fmt.Fprintf(stdout, "granted %s what run needs in tenant schema %s\n", role, t)
+	return nil
+}
+
+// reportDrift prints what migrate left as it is in tenant schema t
+// (projection.Drift), said rather than left silent (new-user trials: a
+// type or a primary key changed in the file, "migrated", the table
+// unchanged): a warning line for what the worker copes with, an error line
+// for what it cannot write at all, which it reports (blocks).
+func reportDrift(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions, t string, stdout io.Writer) (blocks bool, err error) {
+	drift, err := projection.Drift(ctx, pool, defs, t)
+	if err != nil {
+		return false, err
+	}
+	for _, d := range drift {
+		level := "warning"
+		if d.Blocks {
+			level, blocks = "error", true
+		}
+		fmt.Fprintf(stdout, "%s: tenant schema %s: %s\n", level, t, d)
+	}
+	return blocks, nil
 }
 
 // runTopics creates the events, dead-letter and ledger topics.

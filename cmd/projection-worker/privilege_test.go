@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/internal/pgtest"
@@ -182,9 +184,7 @@ func TestMigrateGrantToAMissingRoleMigratesNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	tenant := pgtest.NewSchemaName(t)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tenant}.Sanitize()+" CASCADE")
-	})
+	dropSchemasAtEnd(t, pool, tenant)
 	role := "no_such_role_" + strings.TrimPrefix(tenant, "t_")
 	r := runCmd(t, time.Minute, "migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections,
 		"--tenant-schema", tenant, "--grant", role)
@@ -206,9 +206,7 @@ func TestMigrateGrantToAMissingRoleMigratesNothing(t *testing.T) {
 func TestMigrateATenantSchemaGivenTwiceOnce(t *testing.T) {
 	pool := pgtest.Pool(t)
 	tenant := pgtest.NewSchemaName(t)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tenant}.Sanitize()+" CASCADE")
-	})
+	dropSchemasAtEnd(t, pool, tenant)
 	r := runCmd(t, time.Minute, "migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections,
 		"--tenant-schema", tenant, "--tenant-schema", tenant)
 	if r.code != 0 || strings.Count(r.stdout, "migrated tenant schema "+tenant+" ") != 1 {
@@ -223,19 +221,78 @@ func TestMigrateATenantSchemaGivenTwiceOnce(t *testing.T) {
 func TestMigrateWarnsAboutWhatItLeaves(t *testing.T) {
 	pool := pgtest.Pool(t)
 	tenant := pgtest.NewSchemaName(t)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{tenant}.Sanitize()+" CASCADE")
-	})
+	dropSchemasAtEnd(t, pool, tenant)
 	args := []string{"migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections, "--tenant-schema", tenant}
-	if r := runCmd(t, time.Minute, args...); r.code != 0 || strings.Contains(r.stdout, "warning") {
-		t.Fatalf("first migrate = %d, want 0 without a warning\n%s", r.code, r)
-	}
-	if _, err := pool.Exec(context.Background(), "ALTER TABLE "+pgx.Identifier{tenant, "artist_followers"}.Sanitize()+" ALTER COLUMN score TYPE integer"); err != nil {
-		t.Fatal(err)
-	}
+	migratedThenChanged(t, pool, args, "ALTER TABLE "+pgx.Identifier{tenant, "artist_followers"}.Sanitize()+" ALTER COLUMN score TYPE integer")
 	r := runCmd(t, time.Minute, args...)
 	want := "warning: tenant schema " + tenant + ": artist_followers.score: the table's type is integer, the definitions' bigint"
 	if r.code != 0 || !strings.Contains(r.stdout, want) {
 		t.Errorf("migrate after a type change = %d, want 0 and %q\n%s", r.code, want, r)
+	}
+}
+
+// TestMigrateFailsOnATableTheWorkerCannotWrite: a table whose primary key
+// is not the definitions' gets an error line naming it, and migrate exits
+// 1 after migrating every tenant schema given (second new-user trial:
+// "migrated", exit 0, then every event dead-lettered with 42P10).
+func TestMigrateFailsOnATableTheWorkerCannotWrite(t *testing.T) {
+	pool := pgtest.Pool(t)
+	bad, good := pgtest.NewSchemaName(t), pgtest.NewSchemaName(t)+"_b"
+	dropSchemasAtEnd(t, pool, bad, good)
+	base := []string{"migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections}
+	migratedThenChanged(t, pool, append(base, "--tenant-schema", bad),
+		"ALTER TABLE "+pgx.Identifier{bad, "user_follows"}.Sanitize()+" DROP CONSTRAINT user_follows_pkey, ADD PRIMARY KEY (user_id)")
+	r := runCmd(t, time.Minute, append(base, "--tenant-schema", bad, "--tenant-schema", good)...)
+	want := "error: tenant schema " + bad + ": user_follows: primary key (user_id) in the table, (user_id, artist_id) in the definitions"
+	if r.code != 1 || !strings.Contains(r.stdout, want) || !strings.Contains(r.stdout, "migrated tenant schema "+good+" ") ||
+		!strings.Contains(r.stderr, "the worker cannot write some tables of tenant schema "+bad) {
+		t.Errorf("migrate = %d, want 1, %q, the second tenant schema migrated, and an error naming the first\n%s", r.code, want, r)
+	}
+}
+
+// TestMigrateNamesTheTenantSchemasItDidNotReach: when a tenant schema's
+// migration fails, the error names the ones given after it, which were not
+// migrated (second new-user trial: left out silently).
+func TestMigrateNamesTheTenantSchemasItDidNotReach(t *testing.T) {
+	pool := pgtest.Pool(t)
+	first, later := pgtest.NewSchemaName(t), pgtest.NewSchemaName(t)+"_later"
+	dropSchemasAtEnd(t, pool, first, later)
+	base := []string{"migrate", "--database-url", pgtest.URL(t), "--tenant-schema", first}
+	migratedThenChanged(t, pool, append(base, "--projections", exampleProjections),
+		"INSERT INTO "+pgx.Identifier{first, "artist_followers"}.Sanitize()+" (artist_id, user_id) VALUES ('a', 'u')")
+	src, err := os.ReadFile(exampleProjections)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A notNull column new to a table with a row: its migration fails.
+	v2 := strings.Replace(string(src), "      followed_at: { type: timestamptz, from: ts }",
+		"      followed_at: { type: timestamptz, from: ts }\n      region: { type: text, from: forkId, notNull: true }", 1)
+	if v2 == string(src) {
+		t.Fatal("the example definitions changed: the test no longer adds its column")
+	}
+	r := runCmd(t, time.Minute, append(base, "--projections", writeFile(t, "v2.yaml", v2), "--tenant-schema", later)...)
+	if r.code != 1 || !strings.Contains(r.stderr, "not migrated, after it: "+later) {
+		t.Errorf("migrate = %d, want 1 naming %s as not migrated\n%s", r.code, later, r)
+	}
+}
+
+// dropSchemasAtEnd drops the schemas (CASCADE) when t ends.
+func dropSchemasAtEnd(t *testing.T, pool *pgxpool.Pool, schemas ...string) {
+	t.Cleanup(func() {
+		for _, s := range schemas {
+			_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		}
+	})
+}
+
+// migratedThenChanged runs migrate with args, which must exit 0 without a
+// warning, then sql.
+func migratedThenChanged(t *testing.T, pool *pgxpool.Pool, args []string, sql string) {
+	t.Helper()
+	if r := runCmd(t, time.Minute, args...); r.code != 0 || strings.Contains(r.stdout, "warning") {
+		t.Fatalf("first migrate = %d, want 0 without a warning\n%s", r.code, r)
+	}
+	if _, err := pool.Exec(context.Background(), sql); err != nil {
+		t.Fatal(err)
 	}
 }
