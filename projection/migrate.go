@@ -201,7 +201,7 @@ func Drift(ctx context.Context, db interface {
 		case len(pk) == 0:
 			out = append(out, TableDrift{Table: pd.Table, Blocks: true,
 				Problem: fmt.Sprintf("no primary key, the definitions' is (%s): every upsert fails (42P10, ON CONFLICT needs it); ALTER TABLE ... ADD PRIMARY KEY (%s)", want, want)})
-		case !slices.Equal(pk, pd.PrimaryKey):
+		case !sameSet(pk, pd.PrimaryKey): // ON CONFLICT infers the index from the set of its columns
 			out = append(out, TableDrift{Table: pd.Table, Blocks: true,
 				Problem: fmt.Sprintf("primary key (%s) in the table, (%s) in the definitions: every upsert fails (42P10); change one of them to the other", strings.Join(pk, ", "), want)})
 		}
@@ -239,6 +239,14 @@ func Drift(ctx context.Context, db interface {
 		}
 	}
 	return out, nil
+}
+
+// sameSet reports whether a and b hold the same strings, in any order.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // migrationStatements returns the DDL that creates what defs needs in

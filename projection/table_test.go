@@ -1142,11 +1142,24 @@ func applyByCopy(t *testing.T, pool *pgxpool.Pool, p *TableProjection, ev *Event
 // exist (new-user trial: migrate said "migrated" over a type changed in
 // the file).
 func TestDriftSaysWhatMigrateLeaves(t *testing.T) {
-	pool, schema, _ := tblTenant(t)
+	pool, schema, tps := tblTenant(t)
 	ctx := context.Background()
 	d, _ := tblProjections(t)
 	if got, err := Drift(ctx, pool, d, schema); err != nil || len(got) != 0 {
 		t.Fatalf("Drift of a schema just migrated = %q, %v; want none", got, err)
+	}
+	// A primary key of the same columns in another order: ON CONFLICT
+	// infers it all the same.
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "artist_followers"}.Sanitize()+
+		" DROP CONSTRAINT artist_followers_pkey, ADD PRIMARY KEY (user_id, artist_id)"); err != nil {
+		t.Fatal(err)
+	}
+	tblApply(t, pool, tps["artist_followers"], tblEvent(t, schema, "ARTIST_FOLLOWED", 1, 0, specPayload), Applied)
+	if got, err := Drift(ctx, pool, d, schema); err != nil || len(got) != 0 {
+		t.Fatalf("Drift with the primary key's columns in another order = %q, %v; want none", got, err)
+	}
+	if _, err := pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "artist_followers"}.Sanitize()); err != nil {
+		t.Fatal(err) // its amount would not fit the numeric(10,2) below
 	}
 	if got, err := Drift(ctx, pool, d, schema+"_none"); err != nil || len(got) != 0 {
 		t.Fatalf("Drift of a schema that does not exist = %q, %v; want none", got, err)
