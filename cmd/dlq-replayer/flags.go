@@ -114,6 +114,10 @@ func defaultActor(lookupEnv func(string) (string, bool)) string {
 
 var fingerprintRE = regexp.MustCompile(`^[0-9a-fA-F]{16}$`)
 
+// filterFlags are the flags that select dead letters: each takes one
+// value, and they all hold together (AND).
+var filterFlags = []string{"fork-id", "projection", "tenant-schema", "event-type", "error-contains", "fingerprint", "since", "until"}
+
 // filters returns the filters of the flags, or a usage error naming the flag.
 // It checks the topic flags too, which every command uses.
 func (s *settings) filters(now time.Time) (dlq.Filters, error) {

@@ -121,6 +121,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	if err == nil && fs.NArg() > 0 {
 		err = flagenv.Usagef("unexpected argument %q (flags start with --)", fs.Arg(0))
 	}
+	if err == nil {
+		// A filter given twice would keep its last value only, where "this
+		// or that" may have been meant (second new-user trial).
+		err = fs.Repeated(args[1:], filterFlags...)
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}

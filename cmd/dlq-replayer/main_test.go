@@ -130,6 +130,26 @@ func TestVersionAndHelpTakeNoArguments(t *testing.T) {
 	}
 }
 
+// TestAFilterGivenTwiceIsRefused: a filter flag given twice is a usage
+// error naming it, before anything is read (second new-user trial: the
+// second --fingerprint alone was used); a repeat inside a value is not one.
+func TestAFilterGivenTwiceIsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"retry", "--dry-run", "--fingerprint", "537b419c1e06d9c6", "--fingerprint", "469990fb616fb6db"},
+		{"list", "--tenant-schema=acme_a", "--tenant-schema", "acme_b"},
+		{"skip", "--since", "1h", "--actor", "a", "--reason", "r", "--since=2h"},
+	} {
+		r := runCmd(t, env{"KAFKA_BROKERS": "127.0.0.1:1"}, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "is given 2 times") {
+			t.Errorf("%q: exit %d, stderr %q; want 2 naming the repeated filter", args, r.code, r.stderr)
+		}
+	}
+	r := runCmd(t, env{"KAFKA_BROKERS": "127.0.0.1:1"}, "skip", "--dry-run", "--reason", "--fingerprint", "--actor", "a", "--fingerprint", "537b419c1e06d9c6")
+	if strings.Contains(r.stderr, "is given 2 times") {
+		t.Errorf("a --reason of \"--fingerprint\" counted as a filter: %q", r.stderr)
+	}
+}
+
 // fixture is a broker with an events topic, a dead-letter topic and the
 // environment that points the command at them.
 type fixture struct {

@@ -292,6 +292,38 @@ func (s *Set) Parse(args []string) error {
 	return nil
 }
 
+// Repeated returns a usage error for the first of names given more than
+// once in args, which Parse has parsed (the flag package keeps the last
+// value): for flags where a second value reads as "this or that" and would
+// be dropped silently, such as a filter. It reads args as the flag package
+// did: up to the first argument that is not a flag, a value of a non-bool
+// flag in the next argument unless given with "=".
+func (s *Set) Repeated(args []string, names ...string) error {
+	count := map[string]int{}
+	flags := args[:len(args)-s.NArg()]
+	for i := 0; i < len(flags); i++ {
+		a := flags[i]
+		if a == "--" {
+			break
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := s.Lookup(name)
+		if f == nil {
+			continue
+		}
+		count[name]++
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
+			i++ // its value
+		}
+	}
+	for _, name := range names {
+		if count[name] > 1 {
+			return Usagef("--%s is given %d times: it takes one value (give it once; run again for another value)", name, count[name])
+		}
+	}
+	return nil
+}
+
 // checkBoolValue refuses "--name value" for a bool flag, which the flag
 // package reads as --name (true) followed by the argument value.
 func (s *Set) checkBoolValue(args []string) error {

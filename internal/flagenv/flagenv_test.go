@@ -164,3 +164,38 @@ func TestWithEnvNamesTheVariable(t *testing.T) {
 		}
 	}
 }
+
+// TestRepeatedFindsAFlagGivenTwice: Repeated counts a flag given as
+// --name v, --name=v and -name v, a bool flag without a value, and not a
+// value that looks like a flag nor anything after the flags.
+func TestRepeatedFindsAFlagGivenTwice(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string // in the error; "" none
+	}{
+		{[]string{"--brokers", "a:1", "--brokers=b:1"}, "--brokers is given 2 times"},
+		{[]string{"-brokers", "a:1", "--create-topics", "--brokers", "b:1"}, "--brokers is given 2 times"},
+		{[]string{"--brokers", "a:1", "--max-retries", "3"}, ""},
+		{[]string{"--brokers", "--brokers", "--max-retries", "3"}, ""}, // the second is the first's value
+		{[]string{"--brokers", "a:1", "--", "--brokers", "b:1"}, ""},
+		{[]string{"--tenant-schema", "a", "--tenant-schema", "b", "--brokers", "a:1"}, ""}, // not asked about
+	} {
+		var s settings
+		fs := New("test", io.Discard).WithLookup(func(string) (string, bool) { return "", false })
+		fs.String(&s.brokers, "brokers", "KAFKA_BROKERS", "127.0.0.1:9092", "brokers")
+		fs.Int(&s.retries, "max-retries", "MAX_RETRIES", 5, "retries")
+		fs.Strings(&s.tenants, "tenant-schema", "TENANT_SCHEMAS", "tenants")
+		fs.Bool(&s.create, "create-topics", "CREATE_TOPICS", true, "create")
+		if err := fs.Parse(tt.args); err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		err := fs.Repeated(tt.args, "brokers", "max-retries")
+		var ue *UsageError
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%q: Repeated = %v, want none", tt.args, err)
+		case tt.want != "" && (err == nil || !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%q: Repeated = %v, want a usage error with %q", tt.args, err, tt.want)
+		}
+	}
+}
