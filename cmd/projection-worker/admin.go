@@ -28,6 +28,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if err := parseFlags(migrateFlags(&s, stderr), args); err != nil {
 		return err
 	}
+	if _, err := s.logger(io.Discard); err != nil {
+		return err // checked as run checks it (second new-user trial: "verbose" taken)
+	}
 	defer func() { err = s.redactor().Error(err) }()
 	if err := s.requireDatabase(); err != nil {
 		return err
@@ -149,6 +152,9 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := topicsFlags(&s, stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if _, err := s.logger(io.Discard); err != nil {
+		return err // checked as run checks it (second new-user trial: "verbose" taken)
 	}
 	partitionsGiven := false // on the command line or in its variable
 	fs.Visit(func(f *flag.Flag) { partitionsGiven = partitionsGiven || f.Name == "partitions" })

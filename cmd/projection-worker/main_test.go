@@ -223,6 +223,8 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
 		{name: "topics brokers without port", args: []string{"topics", "--brokers", "nohostport"}, wantCode: 2, wantStderr: []string{"--brokers"}},
 		{name: "version", args: []string{"version"}, wantCode: 0},
+		{name: "migrate bad log level", args: []string{"migrate", "--log-level", "verbose"}, wantCode: 2, wantStderr: []string{"--log-level (LOG_LEVEL)", `"verbose"`}},
+		{name: "topics bad log format", args: []string{"topics", "--log-format", "xml"}, wantCode: 2, wantStderr: []string{"--log-format"}},
 		{name: "version with arguments", args: []string{"version", "extra", "--json"}, wantCode: 2, wantStderr: []string{"version takes no arguments", `"extra"`}},
 		{name: "help with arguments", args: []string{"help", "run"}, wantCode: 2, wantStderr: []string{"help takes no arguments"}},
 	}
