@@ -11,6 +11,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
+// maxIRVersion is the longest irVersion a definitions file may give, in
+// bytes ("v42" is 3).
+const maxIRVersion = 64
+
 // defParser turns the YAML node tree into Definitions, checking keys and
 // node kinds itself so that every problem names its projection and field
 // (the yaml package's KnownFields errors name Go types and stop at the first
@@ -74,10 +78,14 @@ func (p *defParser) parse(data []byte) *Definitions {
 				return
 			}
 			d.IRVersion = p.str("irVersion", v)
-			if strings.ContainsFunc(d.IRVersion, unicode.IsControl) {
-				// It goes into every dead letter's generation header and
-				// the worker's log (new-user trial: "v1\u0000x" was taken).
-				p.refuse("irVersion", v, "%q holds a control character", d.IRVersion)
+			// It goes into every dead letter's generation header and the
+			// worker's log (new-user trials: "v1\u0000x", a right-to-left
+			// override and 100 KB were taken).
+			switch {
+			case len(d.IRVersion) > maxIRVersion:
+				p.refuse("irVersion", v, "is %d bytes, longer than %d", len(d.IRVersion), maxIRVersion)
+			case strings.ContainsFunc(d.IRVersion, func(r rune) bool { return !unicode.IsGraphic(r) || unicode.IsSpace(r) }):
+				p.refuse("irVersion", v, "%+q holds a character that is not a visible one (a control, format or space character)", d.IRVersion)
 			}
 		},
 		"projections": func(v *yaml.Node) {

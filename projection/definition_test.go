@@ -3,6 +3,7 @@ package projection
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,7 +90,7 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 			`testdata/defs/empty_values.yaml: projections[0]: columns.n: derive: is empty (line 11)`,
 		}},
 		{"irversion_control.yaml", []string{
-			`testdata/defs/irversion_control.yaml: irVersion: "v1\x00x" holds a control character (line 3)`,
+			`testdata/defs/irversion_control.yaml: irVersion: "v1\x00x" holds a character that is not a visible one (a control, format or space character) (line 3)`,
 		}},
 		{"unknown_pk_column.yaml", []string{
 			`testdata/defs/unknown_pk_column.yaml: projection "artist_followers": primaryKey: unknown column "artist"`,
@@ -394,5 +395,38 @@ func TestLoadDefinitionsRefusesNonRegularFiles(t *testing.T) {
 				t.Fatalf("LoadDefinitions(%s) blocked", path)
 			}
 		})
+	}
+}
+
+// TestIRVersionIsShortAndVisible: an irVersion longer than maxIRVersion,
+// or with a character that shows as nothing (a right-to-left override, a
+// space), is refused naming irVersion (second new-user trial: taken into
+// every dead letter's generation header); an ordinary one is taken.
+func TestIRVersionIsShortAndVisible(t *testing.T) {
+	file := func(ir string) []byte {
+		return []byte("irVersion: " + strconv.Quote(ir) + `
+projections:
+  - name: p
+    table: t
+    primaryKey: [id]
+    events: { E: upsert }
+    columns:
+      id: { type: text, from: entityId }
+`)
+	}
+	for ir, want := range map[string]string{
+		"v42\u202e":             `irVersion: "v42\u202e" holds a character that is not a visible one`,
+		"v 42":                  `holds a character that is not a visible one`,
+		strings.Repeat("v", 65): "irVersion: is 65 bytes, longer than 64",
+		"v42":                   "",
+		"2024-06.ünïcode":       "",
+	} {
+		_, err := ParseDefinitions("d.yaml", file(ir))
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("irVersion %q: %v, want none", ir, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("irVersion %q: %v, want %q", ir, err, want)
+		}
 	}
 }
