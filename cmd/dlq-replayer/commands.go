@@ -37,6 +37,9 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 	if err != nil {
 		return err
 	}
+	if len(s.envFilters) > 0 {
+		log.Warn("filters set in the environment apply", "variables", strings.Join(s.envFilters, " "))
+	}
 	opts, err := s.kafka.Opts()
 	if err != nil {
 		return err

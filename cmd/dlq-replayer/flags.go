@@ -25,6 +25,7 @@ type settings struct {
 	topic       string
 	dlqTopic    string
 	ledgerTopic string
+	envFilters  []string // filters taken from the environment, "VARIABLE=value" (envFilters)
 	logLevel    string
 	logFormat   string
 
@@ -117,6 +118,25 @@ var fingerprintRE = regexp.MustCompile(`^[0-9a-fA-F]{16}$`)
 // filterFlags are the flags that select dead letters: each takes one
 // value, and they all hold together (AND).
 var filterFlags = []string{"fork-id", "projection", "tenant-schema", "event-type", "error-contains", "fingerprint", "since", "until"}
+
+// envFilters returns the filters fs took from the environment, not the
+// command line, as "VARIABLE=value": a variable left set from an earlier
+// run narrows even --all (second new-user trial), so execute says so.
+func envFilters(fs *flagenv.Set, lookupEnv func(string) (string, bool)) []string {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	env := fs.Env()
+	var out []string
+	for _, name := range filterFlags {
+		if given[name] {
+			continue
+		}
+		if v, ok := lookupEnv(env[name]); ok && v != "" {
+			out = append(out, env[name]+"="+v)
+		}
+	}
+	return out
+}
 
 // filters returns the filters of the flags, or a usage error naming the flag.
 // It checks the topic flags too, which every command uses.

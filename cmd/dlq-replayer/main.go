@@ -126,6 +126,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 		// or that" may have been meant (second new-user trial).
 		err = fs.Repeated(args[1:], filterFlags...)
 	}
+	if err == nil {
+		s.envFilters = envFilters(fs, lookupEnv)
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
