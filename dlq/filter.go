@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"time"
 
@@ -78,15 +79,26 @@ func (f Filters) LogValue() slog.Value {
 	return slog.GroupValue(as...)
 }
 
+// durationDigits is what time.ParseDuration reads as a duration,
+// whatever its size: numbers with units.
+var durationDigits = regexp.MustCompile(`^(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+$`)
+
 // ParseTimeBound parses a --since/--until value: an RFC 3339 time
-// ("2024-06-25T12:00:00Z") or a Go duration ("24h", "90m") meaning that long
-// before now.
+// ("2024-06-25T12:00:00Z") or a positive Go duration ("24h", "90m")
+// meaning that long before now. Its errors say which it is not; a
+// duration beyond time.Duration's range (about 292 years) gets its own.
 func ParseTimeBound(s string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, nil
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
+	switch {
+	case err != nil && strings.Contains(err.Error(), "invalid duration") && durationDigits.MatchString(s):
+		// Read as a duration, too long for one (second new-user trial:
+		// "not a positive duration" for 99999999999h).
+		return time.Time{}, fmt.Errorf("%q is a duration longer than Go's limit of about 292 years: give an RFC 3339 time instead", s)
+	case err != nil || d <= 0:
+		// 0s would select nothing at all (--since) or everything before now.
 		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (2024-06-25T12:00:00Z) nor a positive duration (24h)", s)
 	}
 	return now.Add(-d), nil

@@ -364,12 +364,19 @@ func TestParseTimeBound(t *testing.T) {
 		{"yesterday", time.Time{}, true},
 		{"-1h", time.Time{}, true},
 		{"2024-06-25", time.Time{}, true},
+		{"0s", time.Time{}, true}, // not positive (second new-user trial: taken)
+		{"99999999999h", time.Time{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
 			got, err := dlq.ParseTimeBound(tt.in, now)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, want error %t", err, tt.wantErr)
+			}
+			// Beyond time.Duration's range: said so, not "not a positive
+			// duration" (second new-user trial).
+			if tt.in == "99999999999h" && !strings.Contains(err.Error(), "longer than Go's limit") {
+				t.Errorf("err = %v, want it to say the duration is too long", err)
 			}
 			if !got.Equal(tt.want) {
 				t.Errorf("got %s, want %s", got, tt.want)
