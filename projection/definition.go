@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"slices"
@@ -170,7 +171,7 @@ func readDefinitionsFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: a directory, not a definitions file", path)
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+		return nil, fmt.Errorf("%s: not a regular file (%s): give the definitions file's path", path, fileKind(st.Mode()))
 	}
 	if st.Size() > MaxDefinitionsSize {
 		return nil, fmt.Errorf("%s: %d bytes, larger than the %d-byte limit", path, st.Size(), MaxDefinitionsSize)
@@ -207,4 +208,19 @@ func ParseDefinitions(name string, data []byte) (*Definitions, error) {
 		return nil, errors.Join(append(p.errs, err)...)
 	}
 	return d, nil
+}
+
+// fileKind names the kind of file mode m is, in words (a mode string such
+// as "Dc---------" for /dev/null says little: second new-user trial).
+func fileKind(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t&fs.ModeCharDevice != 0, t&fs.ModeDevice != 0:
+		return "a device"
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case t&fs.ModeSocket != 0:
+		return "a socket"
+	default:
+		return "mode " + t.String()
+	}
 }

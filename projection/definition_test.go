@@ -430,3 +430,17 @@ projections:
 		}
 	}
 }
+
+// TestLoadDefinitionsOfWhatIsNotAFile: a directory or a device given as
+// the definitions file is refused in words (second new-user trial:
+// /dev/null gave "not a regular file (Dc---------)").
+func TestLoadDefinitionsOfWhatIsNotAFile(t *testing.T) {
+	for path, want := range map[string]string{
+		t.TempDir(): "a directory, not a definitions file",
+		os.DevNull:  "not a regular file (a device): give the definitions file's path",
+	} {
+		if _, err := LoadDefinitions(path); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadDefinitions(%s) error = %v, want %q", path, err, want)
+		}
+	}
+}
