@@ -53,6 +53,27 @@ func TestSummaryTableAlignsGroupsLargestFirst(t *testing.T) {
 	}
 }
 
+// TestSummaryByTenantKeepsTheTenantWhole: grouped by tenant schema, the
+// key column is never cut, so that tenants of a long common prefix stay
+// apart in a narrow terminal; the sample error gives way instead (second
+// new-user trial: "acme_concertapp_produc…" twice).
+func TestSummaryByTenantKeepsTheTenantWhole(t *testing.T) {
+	s := dlq.NewSummary(dlq.GroupByTenant)
+	for _, tenant := range []string{"acme_concertapp_production_eu_west", "acme_concertapp_production_us_east"} {
+		s.Add(&dlq.Entry{Projection: "artist_followers", TenantSchema: tenant,
+			Message: dlq.Message{Error: "ERROR: column \"followed_at\" does not exist (SQLSTATE 42703)", FailedAt: 1719331200000}}, "")
+	}
+	var b strings.Builder
+	if err := writeSummaryTable(&b, s, 80, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"acme_concertapp_production_eu_west", "acme_concertapp_production_us_east"} {
+		if !strings.Contains(b.String(), tenant+" ") {
+			t.Errorf("tenant %s cut in an 80-column summary:\n%s", tenant, b.String())
+		}
+	}
+}
+
 // TestTableFitsWidth: lines never exceed the width while a shrinkable
 // column can give way; the widest shrinkable column gives way first, a
 // column never gets narrower than its header, and the others are never
