@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/semaphore"
 
@@ -311,7 +314,7 @@ func (w *Worker) shutdown() error {
 	for _, p := range stuck {
 		errs = append(errs, fmt.Errorf("partition %d did not stop within the shutdown grace of %s (a projection that ignores its context?); its unfinished records are processed again by the next owner", p, w.cfg.ShutdownGrace))
 	}
-	if err := w.cl.CommitMarkedOffsets(grace); err != nil {
+	if err := w.commitMarked(grace, w.cl); err != nil {
 		errs = append(errs, fmt.Errorf("commit offsets at shutdown: %w", err))
 	} else {
 		w.commitHandoffs(grace, all, stuck)
@@ -402,7 +405,7 @@ func (w *Worker) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 // backoff waits at once) and commits what they finished.
 func (w *Worker) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	stopped, stuck := w.stop(revoked[w.cfg.Topic])
-	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+	if err := w.commitMarked(ctx, cl); err != nil {
 		w.log.Error("commit offsets on revoke failed", "topic", w.cfg.Topic, "error", err)
 	} else {
 		w.commitHandoffs(ctx, stopped, stuck)
@@ -410,6 +413,44 @@ func (w *Worker) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	if len(revoked[w.cfg.Topic]) > 0 {
 		w.log.Info("partitions revoked", "topic", w.cfg.Topic, "partitions", revoked[w.cfg.Topic])
 	}
+}
+
+// commitAttempts is how many times commitMarked tries a commit.
+const commitAttempts = 5
+
+// commitMarked commits the marked offsets, and tries again after an error
+// the coordinator may not give the next time (kerr's retriable ones, such
+// as REQUEST_TIMED_OUT and NOT_COORDINATOR, and a broken connection): up
+// to commitAttempts times, waiting 50 ms and then twice as long each time
+// (at most 750 ms in all), within ctx. A revoke or shutdown whose commit
+// is lost makes the next owner process the records again and dead-letter
+// again the ones that failed (the fault soak, seed 1796212270894762707: a
+// REQUEST_TIMED_OUT at a revoke, seven dead letters written twice). It
+// returns the last attempt's error.
+func (w *Worker) commitMarked(ctx context.Context, cl *kgo.Client) error {
+	wait := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := cl.CommitMarkedOffsets(ctx)
+		if err == nil || attempt == commitAttempts || !retriableCommit(err) || ctx.Err() != nil {
+			return err
+		}
+		w.log.Warn("commit offsets failed, retrying", "topic", w.cfg.Topic, "attempt", attempt, "wait", wait, "error", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// retriableCommit reports whether a commit that failed with err may
+// succeed if sent again: a retriable Kafka error or a broken connection,
+// not a fenced or stale member (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+// FENCED_INSTANCE_ID), whose partitions are no longer its own.
+func retriableCommit(err error) bool {
+	var ne net.Error
+	return kerr.IsRetriable(err) || errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // onLost stops the lost partitions without committing: another member may

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -521,5 +522,60 @@ func TestWorkerNextOwnerGoesOnCountingRetries(t *testing.T) {
 	}
 	if got := len(firstLogs.records(retrying)) + len(secondLogs.records(retrying)); got != 4 {
 		t.Errorf("%d retries scheduled across both owners, want 4 (--max-retries)", got)
+	}
+}
+
+// TestWorkerCommitsAtShutdownThroughRetriableErrors: when the coordinator
+// answers the shutdown's commit with REQUEST_TIMED_OUT, then
+// NOT_COORDINATOR, the worker commits again, and the group's offset covers
+// every record it applied: the next owner does not process them again (the
+// fault soak, seed 1796212270894762707: a revoke's commit lost to one
+// REQUEST_TIMED_OUT, seven dead letters written twice). The revoke path
+// commits through the same function.
+func TestWorkerCommitsAtShutdownThroughRetriableErrors(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{fake: true})
+	rn := r.start(func(c *projection.Config) { c.CommitInterval = time.Hour })
+	const n = 3
+	for i := range n {
+		r.produce(fmt.Sprintf("u%d", i), []byte(r.follow(fmt.Sprintf("u%d", i), "artist-1", 1)))
+	}
+	deadline := time.Now().Add(testTimeout)
+	for r.count("artist_followers") < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := r.count("artist_followers"); got != n {
+		t.Fatalf("%d rows applied, want %d", got, n)
+	}
+	var refused atomic.Int32
+	r.broker.Fake.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cr := req.(*kmsg.OffsetCommitRequest)
+		if cr.Group != r.group || refused.Load() >= 2 {
+			return nil, nil, false
+		}
+		r.broker.Fake.KeepControl()
+		code := []*kerr.Error{kerr.RequestTimedOut, kerr.NotCoordinator}[refused.Add(1)-1]
+		resp := cr.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.Version = cr.Version
+		for _, ct := range cr.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = ct.Topic, ct.TopicID
+			for _, cp := range ct.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = cp.Partition, code.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	if err := rn.stop(t); err != nil {
+		t.Fatalf("Run = %v, want nil after the commit went through", err)
+	}
+	if got := refused.Load(); got != 2 {
+		t.Fatalf("%d commits refused, want 2: the test no longer shows what it should", got)
+	}
+	if got := r.committed(); got != n {
+		t.Errorf("committed offset = %d, want %d (every applied record)", got, n)
 	}
 }
