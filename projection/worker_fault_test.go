@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/projection"
 	"github.com/causet/projection-worker/retry"
@@ -555,19 +556,7 @@ func TestWorkerCommitsAtShutdownThroughRetriableErrors(t *testing.T) {
 		}
 		r.broker.Fake.KeepControl()
 		code := []*kerr.Error{kerr.RequestTimedOut, kerr.NotCoordinator}[refused.Add(1)-1]
-		resp := cr.ResponseKind().(*kmsg.OffsetCommitResponse)
-		resp.Version = cr.Version
-		for _, ct := range cr.Topics {
-			rt := kmsg.NewOffsetCommitResponseTopic()
-			rt.Topic, rt.TopicID = ct.Topic, ct.TopicID
-			for _, cp := range ct.Partitions {
-				rp := kmsg.NewOffsetCommitResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = cp.Partition, code.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return kafkatest.CommitError(cr, code.Code), nil, true
 	})
 	if err := rn.stop(t); err != nil {
 		t.Fatalf("Run = %v, want nil after the commit went through", err)

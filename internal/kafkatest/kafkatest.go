@@ -184,6 +184,26 @@ func ProduceError(pr *kmsg.ProduceRequest, code int16) *kmsg.ProduceResponse {
 	return resp
 }
 
+// CommitError returns the answer to cr that refuses every partition it
+// commits with the error code, as a coordinator would: for a kfake control
+// function that refuses an offset commit instead of storing it.
+func CommitError(cr *kmsg.OffsetCommitRequest, code int16) *kmsg.OffsetCommitResponse {
+	resp := cr.ResponseKind().(*kmsg.OffsetCommitResponse)
+	resp.Version = cr.Version
+	for _, ct := range cr.Topics {
+		rt := kmsg.NewOffsetCommitResponseTopic()
+		rt.Topic, rt.TopicID = ct.Topic, ct.TopicID
+		for _, cp := range ct.Partitions {
+			rp := kmsg.NewOffsetCommitResponseTopicPartition()
+			rp.Partition = cp.Partition
+			rp.ErrorCode = code
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
+}
+
 // RefuseSASL makes the kfake cluster (started with kfake.EnableSASL) refuse
 // SCRAM authentications at their final step with SASL_AUTHENTICATION_FAILED
 // and the message Apache Kafka sends for a wrong password: every one while

@@ -246,18 +246,5 @@ func (h *brokerHooks) onCommit(req kmsg.Request) (kmsg.Response, error, bool) {
 	}
 	h.count("commit " + code.Message)
 	h.c.KeepControl()
-	resp := cr.ResponseKind().(*kmsg.OffsetCommitResponse)
-	resp.Version = cr.Version
-	for _, t := range cr.Topics {
-		rt := kmsg.NewOffsetCommitResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		for _, p := range t.Partitions {
-			rp := kmsg.NewOffsetCommitResponseTopicPartition()
-			rp.Partition = p.Partition
-			rp.ErrorCode = code.Code
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		resp.Topics = append(resp.Topics, rt)
-	}
-	return resp, nil, true
+	return kafkatest.CommitError(cr, code.Code), nil, true
 }
