@@ -122,17 +122,12 @@ var filterFlags = []string{"fork-id", "projection", "tenant-schema", "event-type
 // envFilters returns the filters fs took from the environment, not the
 // command line, as "VARIABLE=value": a variable left set from an earlier
 // run narrows even --all (second new-user trial), so execute says so.
-func envFilters(fs *flagenv.Set, lookupEnv func(string) (string, bool)) []string {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+func envFilters(fs *flagenv.Set) []string {
 	env := fs.Env()
 	var out []string
 	for _, name := range filterFlags {
-		if given[name] {
-			continue
-		}
-		if v, ok := lookupEnv(env[name]); ok && v != "" {
-			out = append(out, env[name]+"="+v)
+		if fs.FromEnv(name) {
+			out = append(out, env[name]+"="+fs.Lookup(name).Value.String())
 		}
 	}
 	return out

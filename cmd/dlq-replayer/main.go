@@ -127,7 +127,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 		err = fs.Repeated(args[1:], filterFlags...)
 	}
 	if err == nil {
-		s.envFilters = envFilters(fs, lookupEnv)
+		s.envFilters = envFilters(fs)
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -156,11 +154,7 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if _, err := s.logger(io.Discard); err != nil {
 		return err // checked as run checks it (second new-user trial: "verbose" taken)
 	}
-	partitionsGiven := false // on the command line or in its variable
-	fs.Visit(func(f *flag.Flag) { partitionsGiven = partitionsGiven || f.Name == "partitions" })
-	if _, ok := os.LookupEnv(fs.Env()["partitions"]); ok {
-		partitionsGiven = true
-	}
+	partitionsGiven := fs.Given("partitions")
 	cfg, err := s.topicConfig()
 	if err != nil {
 		return err

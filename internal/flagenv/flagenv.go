@@ -31,8 +31,9 @@ func Usagef(format string, args ...any) error {
 // Set is a flag.FlagSet whose flags may have environment variables.
 type Set struct {
 	*flag.FlagSet
-	env    map[string]string // flag name -> environment variable
-	lookup func(string) (string, bool)
+	env     map[string]string // flag name -> environment variable
+	fromEnv map[string]bool   // the flags Parse set from their variable
+	lookup  func(string) (string, bool)
 	// invalid is the last value an Int, Bool or Duration flag refused, in
 	// the form Parse returns it: `--name "value": reason`.
 	invalid error
@@ -45,7 +46,7 @@ type Set struct {
 // environment with os.LookupEnv.
 func New(name string, out io.Writer) *Set {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	s := &Set{FlagSet: fs, env: map[string]string{}, lookup: os.LookupEnv}
+	s := &Set{FlagSet: fs, env: map[string]string{}, fromEnv: map[string]bool{}, lookup: os.LookupEnv}
 	// The flag package prints a parse error, then the whole usage, before
 	// it returns the error: the error goes to s.failed instead, and the
 	// usage is printed only when there is none (-h).
@@ -276,6 +277,7 @@ func (s *Set) Parse(args []string) error {
 			continue
 		}
 		f := s.Lookup(name)
+		s.fromEnv[name] = true
 		if sl, ok := f.Value.(*stringList); ok {
 			*sl = nil
 			for _, part := range strings.Split(v, ",") {
@@ -290,6 +292,18 @@ func (s *Set) Parse(args []string) error {
 		}
 	}
 	return nil
+}
+
+// FromEnv reports whether Parse set the flag name from its environment
+// variable (set and non-empty, and the flag not on the command line).
+func (s *Set) FromEnv(name string) bool { return s.fromEnv[name] }
+
+// Given reports whether the flag name was given, on the command line or
+// in its environment variable, rather than left at its default.
+func (s *Set) Given(name string) bool {
+	given := s.fromEnv[name]
+	s.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // Repeated returns a usage error for the first of names given more than
