@@ -222,23 +222,23 @@ const maxUnhandledTypes = 100
 // with nothing said).
 func (w *Worker) noteUnhandled(d *decoded) {
 	t := d.ev.EventType
-	if _, seen := w.unhandledTypes.Load(t); !seen {
-		w.unhandledMu.Lock()
-		_, seen = w.unhandledTypes.Load(t)
-		first := !seen && w.unhandledN < maxUnhandledTypes
-		if first {
-			w.unhandledTypes.Store(t, struct{}{})
-			w.unhandledN++
-		} else if !seen && w.unhandledN == maxUnhandledTypes {
-			w.unhandledN++ // said once
-			w.log.Info("more event types that no projection handles: logged at debug only", "types_logged", maxUnhandledTypes)
-		}
-		w.unhandledMu.Unlock()
-		if first {
-			w.log.Info("no projection handles the event type: its records are committed without a write (first of this type; the rest at debug)",
-				"event_type", t, "topic", d.rec.Topic, "partition", d.rec.Partition, "offset", d.rec.Offset)
-			return
-		}
+	w.unhandledMu.Lock()
+	if w.unhandledTypes == nil {
+		w.unhandledTypes = map[string]bool{}
+	}
+	seen, full := w.unhandledTypes[t], len(w.unhandledTypes) >= maxUnhandledTypes
+	switch {
+	case !seen && !full:
+		w.unhandledTypes[t] = true
+	case !seen && !w.unhandledTypes[""]:
+		w.unhandledTypes[""] = true // said once
+		w.log.Info("more event types that no projection handles: logged at debug only", "types_logged", maxUnhandledTypes)
+	}
+	w.unhandledMu.Unlock()
+	if !seen && !full {
+		w.log.Info("no projection handles the event type: its records are committed without a write (first of this type; the rest at debug)",
+			"event_type", t, "topic", d.rec.Topic, "partition", d.rec.Partition, "offset", d.rec.Offset)
+		return
 	}
 	w.log.Debug("no projection handles the event type", "topic", d.rec.Topic, "partition", d.rec.Partition,
 		"offset", d.rec.Offset, "event_type", t)

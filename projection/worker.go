@@ -53,10 +53,10 @@ type Worker struct {
 	tr       *tracing      // nil: no spans
 	catalog  *tableCatalog // the tables' columns as PostgreSQL has them (copyGroupsChecked)
 	// unhandledTypes holds the event types no projection handles that
-	// were logged at INFO (noteUnhandled), at most maxUnhandledTypes.
-	unhandledTypes sync.Map
+	// were logged at INFO (noteUnhandled): at most maxUnhandledTypes, and
+	// one more key, "", once that is said.
 	unhandledMu    sync.Mutex
-	unhandledN     int
+	unhandledTypes map[string]bool
 
 	queued atomic.Int64 // record bytes queued in all partitions
 	// processing is the budget of record bytes being processed, all
