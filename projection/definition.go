@@ -30,6 +30,9 @@ type Definitions struct {
 	// of the wrong kind), so that Validate does not report it again as
 	// missing, nor what follows from it.
 	refused map[string]bool
+	// lines holds the line of each value the parser read, by path, so
+	// that Validate's messages say where the value is.
+	lines map[string]int
 }
 
 // ProjectionDef is one table projection: it keeps one row per primary key in
@@ -197,7 +200,7 @@ func ParseDefinitions(name string, data []byte) (*Definitions, error) {
 	p := defParser{file: name}
 	d := p.parse(data)
 	d.source = name
-	d.refused = p.refused
+	d.refused, d.lines = p.refused, p.lines
 	// Validate even after structural problems, so that one run reports
 	// everything (a misspelt key also shows as the value it failed to set),
 	// unless nothing of the file could be read.

@@ -23,6 +23,7 @@ type defParser struct {
 	file    string
 	errs    []error
 	refused map[string]bool // paths whose value was refused (refuse)
+	lines   map[string]int  // paths of the values read → their line, for Validate's messages
 	// unread: the file is empty or not YAML, so nothing of it was read and
 	// Validate would only add what is missing because of that.
 	unread bool
@@ -36,6 +37,20 @@ func (p *defParser) refuse(where string, n *yaml.Node, format string, args ...an
 		p.refused = map[string]bool{}
 	}
 	p.refused[where] = true
+}
+
+// line records that the value at where is n, for Validate's messages; the
+// first node recorded for a path stays.
+func (p *defParser) line(where string, n *yaml.Node) {
+	if n.Line <= 0 {
+		return
+	}
+	if p.lines == nil {
+		p.lines = map[string]int{}
+	}
+	if _, ok := p.lines[where]; !ok {
+		p.lines[where] = n.Line
+	}
 }
 
 func (p *defParser) fail(where string, n *yaml.Node, format string, args ...any) {
@@ -198,6 +213,11 @@ func (p *defParser) mapping(where string, n *yaml.Node, fields map[string]func(*
 			p.fail(where, k, "unknown key %q (want one of %s)", k.Value, strings.Join(sortedKeys(fields), ", "))
 			return
 		}
+		if where == "" {
+			p.line(k.Value, v)
+		} else {
+			p.line(where+": "+k.Value, v)
+		}
 		f(v)
 	})
 }
@@ -205,6 +225,9 @@ func (p *defParser) mapping(where string, n *yaml.Node, fields map[string]func(*
 // eachPair calls f for each key/value pair of the mapping n, reporting
 // non-scalar and duplicate keys.
 func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)) {
+	if where != "" {
+		p.line(where, n)
+	}
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
@@ -224,6 +247,7 @@ func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)
 // str returns the value of a scalar node, reporting other nodes, null and
 // an empty string (every string of the file names or holds something).
 func (p *defParser) str(where string, n *yaml.Node) string {
+	p.line(where, n)
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
 		p.refuse(where, n, "must be a string")
 		return ""

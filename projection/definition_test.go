@@ -93,52 +93,52 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 			`testdata/defs/irversion_control.yaml: irVersion: "v1\x00x" holds a character that is not a visible one (a control, format or space character) (line 3)`,
 		}},
 		{"unknown_pk_column.yaml", []string{
-			`testdata/defs/unknown_pk_column.yaml: projection "artist_followers": primaryKey: unknown column "artist"`,
+			`testdata/defs/unknown_pk_column.yaml: projection "artist_followers": primaryKey: unknown column "artist" (line 5)`,
 		}},
 		{"bad_cel.yaml", []string{
-			`testdata/defs/bad_cel.yaml: projection "artist_followers": columns.bonus: derive: "points * 2" does not compile: 1:1: undeclared reference to 'points' (in container '')`,
+			`testdata/defs/bad_cel.yaml: projection "artist_followers": columns.bonus: derive: "points * 2" does not compile: 1:1: undeclared reference to 'points' (in container '') (line 9)`,
 			`testdata/defs/bad_cel.yaml: projection "artist_followers": columns.score: derive: "payload.points / " does not compile: 1:18: Syntax error: `,
 		}},
 		{"unknown_type.yaml", []string{
-			`testdata/defs/unknown_type.yaml: projection "artist_followers": columns.followers: type: unknown type "integr" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid)`,
+			`testdata/defs/unknown_type.yaml: projection "artist_followers": columns.followers: type: unknown type "integr" (want one of text, bigint, integer, smallint, numeric, double precision, real, boolean, timestamptz, date, jsonb, uuid) (line 8)`,
 		}},
 		{"type_modifiers.yaml", []string{ // new-user trial: "unknown type \"numeric(10\"" and a key "2)"
 			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.average: unknown key "2)" (want one of derive, from, notNull, type) (line 8)`,
-			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.average: type: "numeric(10": type modifiers are not supported: write numeric (in a { } mapping, the comma of numeric(10,2) also starts a key)`,
-			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.votes: type: "bigint(20)": type modifiers are not supported: write bigint`,
+			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.average: type: "numeric(10": type modifiers are not supported: write numeric (in a { } mapping, the comma of numeric(10,2) also starts a key) (line 8)`,
+			`testdata/defs/type_modifiers.yaml: projection "artist_ratings": columns.votes: type: "bigint(20)": type modifiers are not supported: write bigint (line 10)`,
 		}},
 		{"duplicate_projection.yaml", []string{
-			`testdata/defs/duplicate_projection.yaml: projections[1] ("artist_followers"): name: duplicate projection name (also projections[0])`,
+			`testdata/defs/duplicate_projection.yaml: projections[1] ("artist_followers"): name: duplicate projection name (also projections[0]) (line 10)`,
 		}},
 		{"unknown_key.yaml", []string{
 			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: unknown key "form" (want one of derive, from, notNull, type) (line 7)`,
-			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: neither from nor derive is set; set exactly one`,
+			`testdata/defs/unknown_key.yaml: projection "artist_followers": columns.artist_id: neither from nor derive is set; set exactly one (line 7)`,
 		}},
 		// New-user trial: validated, then every event dead-lettered.
 		{"number_into_uuid.yaml", []string{
-			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.at: from: ts is a JSON number, which a uuid column never takes (docs/definitions.md); use timestamptz (the event time) or bigint`,
-			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.version: from: sequenceNumber is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint`,
+			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.at: from: ts is a JSON number, which a uuid column never takes (docs/definitions.md); use timestamptz (the event time) or bigint (line 9)`,
+			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.version: from: sequenceNumber is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint (line 8)`,
 		}},
 		{"from_and_derive.yaml", []string{
-			`testdata/defs/from_and_derive.yaml: projection "artist_followers": columns.score: both from and derive are set; set exactly one`,
+			`testdata/defs/from_and_derive.yaml: projection "artist_followers": columns.score: both from and derive are set; set exactly one (line 8)`,
 		}},
 		{"duplicate_key.yaml", []string{
 			`testdata/defs/duplicate_key.yaml: projection "artist_followers": columns: duplicate key "artist_id" (line 8; first at line 7)`,
 		}},
 		{"many_problems.yaml", []string{
 			`testdata/defs/many_problems.yaml: irVersion: missing`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": name: "Artist-Followers" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": table: "_causet_tombstones" starts with the reserved prefix "_causet"`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.artist_id: from: "paylod.artist_id" does not start with an event field (want one of payload, eventType, entityId, forkId, tenantSchema, irVersion, sequenceNumber, ts)`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.seen: neither from nor derive is set; set exactly one`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.ts_seq: from: "ts.seq": event field ts has no subfields`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.user id: "user id" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": primaryKey: column "artist_id" listed twice`,
-			`testdata/defs/many_problems.yaml: projection "Artist-Followers": events.ARTIST_UNFOLLOWED: unknown operation "remove" (want upsert or delete)`,
-			`testdata/defs/many_problems.yaml: projections[1]: name: missing`,
-			`testdata/defs/many_problems.yaml: projections[1]: columns: none defined`,
-			`testdata/defs/many_problems.yaml: projections[1]: primaryKey: missing`,
-			`testdata/defs/many_problems.yaml: projections[1]: events: none defined`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": name: "Artist-Followers" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 3)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": table: "_causet_tombstones" starts with the reserved prefix "_causet" (line 4)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.artist_id: from: "paylod.artist_id" does not start with an event field (want one of payload, eventType, entityId, forkId, tenantSchema, irVersion, sequenceNumber, ts) (line 7)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.seen: neither from nor derive is set; set exactly one (line 9)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.ts_seq: from: "ts.seq": event field ts has no subfields (line 10)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": columns.user id: "user id" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 8)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": primaryKey: column "artist_id" listed twice (line 5)`,
+			`testdata/defs/many_problems.yaml: projection "Artist-Followers": events.ARTIST_UNFOLLOWED: unknown operation "remove" (want upsert or delete) (line 13)`,
+			`testdata/defs/many_problems.yaml: projections[1]: name: missing (line 14)`,
+			`testdata/defs/many_problems.yaml: projections[1]: columns: none defined (line 16)`,
+			`testdata/defs/many_problems.yaml: projections[1]: primaryKey: missing (line 15)`,
+			`testdata/defs/many_problems.yaml: projections[1]: events: none defined (line 17)`,
 		}},
 	}
 	for _, tt := range tests {
@@ -186,11 +186,11 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		}},
 		{"two documents", "irVersion: v1\nprojections: []\n---\nirVersion: v2\n", []string{
 			`d.yaml: more than one YAML document`,
-			`d.yaml: projections: none defined`,
+			`d.yaml: projections: none defined (line 2)`,
 		}},
 		{"top-level unknown key", "irVersion: v1\nirversion: v2\nprojections: []\n", []string{
 			`d.yaml: unknown key "irversion" (want one of irVersion, projections) (line 2)`,
-			`d.yaml: projections: none defined`,
+			`d.yaml: projections: none defined (line 3)`,
 		}},
 		{"irVersion a number", "irVersion: 42\nprojections: {a: 1}\n", []string{
 			`d.yaml: irVersion: must be a string (quote it: "42") (line 1)`,
@@ -248,35 +248,35 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: irVersion: missing`,
 		}},
 		{"empty path segment", head + "    columns:\n      id: {type: text, from: payload..id}\n", []string{
-			`d.yaml: projection "p": columns.id: from: "payload..id" has an empty path segment`,
+			`d.yaml: projection "p": columns.id: from: "payload..id" has an empty path segment (line 8)`,
 		}},
 		{"reserved column", head + "    columns:\n      id: {type: text, from: entityId}\n      _causet_seq: {type: bigint, from: sequenceNumber}\n", []string{
-			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet"`,
+			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet" (line 9)`,
 		}},
 		{"identifier too long", head + "    columns:\n      id: {type: text, from: entityId}\n      " + strings.Repeat("c", 64) + ": {type: text, from: forkId}\n", []string{
-			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)`,
+			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 9)`,
 		}},
 		{"derive runtime-only problems compile", head + "    columns:\n      id: {type: text, derive: 'string(payload.a / payload.b)'}\n", nil},
 		{"duplicate table", "irVersion: v1\nprojections:\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
 			"  - {name: b, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
-			`d.yaml: projection "b": table: "t" is also the table of projections[0] ("a")`,
+			`d.yaml: projection "b": table: "t" is also the table of projections[0] ("a") (line 4)`,
 		}},
 		{"duplicate name and table", "irVersion: v1\nprojections:\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
-			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0])`,
-			`d.yaml: projections[1] ("a"): table: "t" is also the table of projections[0] ("a")`,
+			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0]) (line 4)`,
+			`d.yaml: projections[1] ("a"): table: "t" is also the table of projections[0] ("a") (line 4)`,
 		}},
 		// The parser's messages (an unknown key) tell two projections of one name apart too.
 		{"duplicate name and an unknown key", "irVersion: v1\nprojections:\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
 			"  - {name: a, table: u, primaryKey: [id], columns: {id: {type: text, from: entityId, colour: red}}, events: {E: upsert}}\n", []string{
 			`d.yaml: projections[1] ("a"): columns.id: unknown key "colour" (want one of derive, from, notNull, type) (line 4)`,
-			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0])`,
+			`d.yaml: projections[1] ("a"): name: duplicate projection name (also projections[0]) (line 4)`,
 		}},
 		{"empty event type", head[:len(head)-len("    events: {E: upsert}\n")] + "    events: {'': upsert}\n    columns: {id: {type: text, from: entityId}}\n", []string{
-			`d.yaml: projection "p": events: empty event type`,
+			`d.yaml: projection "p": events: empty event type (line 6)`,
 		}},
 	}
 	for _, tt := range tests {

@@ -25,7 +25,11 @@ func (d *Definitions) Validate() error {
 		if d.refusedAt(path) {
 			return
 		}
-		errs = append(errs, fmt.Errorf("%s: %s: "+format, append([]any{file, path}, args...)...))
+		err := fmt.Errorf("%s: %s: "+format, append([]any{file, path}, args...)...)
+		if line := d.lineOf(path); line > 0 {
+			err = fmt.Errorf("%w (line %d)", err, line)
+		}
+		errs = append(errs, err)
 	}
 	if d.IRVersion == "" {
 		fail("irVersion", "missing")
@@ -202,8 +206,27 @@ func (d *Definitions) refusedAt(path string) bool {
 	if d.refused[""] { // the file is not a mapping
 		return true
 	}
+	return upPath(path, func(p string) bool { return d.refused[p] })
+}
+
+// lineOf returns the line of the value at path in the file, or of the
+// innermost value holding it that the parser read (a missing key's
+// mapping); 0 when unknown (hand-built definitions).
+func (d *Definitions) lineOf(path string) int {
+	line := 0
+	upPath(path, func(p string) bool {
+		line = d.lines[p]
+		return line > 0
+	})
+	return line
+}
+
+// upPath calls f with path and then with each path holding it, innermost
+// first ("projection \"p\": columns.c: type", "projection \"p\":
+// columns.c", ...), until f returns true; it reports whether one did.
+func upPath(path string, f func(string) bool) bool {
 	for {
-		if d.refused[path] {
+		if f(path) {
 			return true
 		}
 		i := strings.LastIndexAny(path, ":.")

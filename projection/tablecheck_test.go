@@ -393,7 +393,7 @@ func TestDeriveNoSuchOverloadNamesTheCallAndTypes(t *testing.T) {
 // projection, the column, the operator and the argument types.
 func TestDeriveOverloadAtLoadNamesTheCallAndTypes(t *testing.T) {
 	_, err := ParseDefinitions("d.yaml", inlineDefinitions(`n: { type: bigint, derive: "size(payload.tags) + 'x'" }`))
-	want := `d.yaml: projection "p": columns.n: derive: "size(payload.tags) + 'x'" does not compile: 1:20: found no matching overload for '_+_' applied to '(int, string)'`
+	want := `d.yaml: projection "p": columns.n: derive: "size(payload.tags) + 'x'" does not compile: 1:20: found no matching overload for '_+_' applied to '(int, string)' (line 8)`
 	if err == nil || err.Error() != want {
 		t.Errorf("ParseDefinitions error = %v, want %q", err, want)
 	}
