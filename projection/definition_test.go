@@ -253,6 +253,13 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"reserved column", head + "    columns:\n      id: {type: text, from: entityId}\n      _causet_seq: {type: bigint, from: sequenceNumber}\n", []string{
 			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet" (line 9)`,
 		}},
+		{"system column", head + "    columns:\n      id: {type: text, from: entityId}\n      xmin: {type: text, from: forkId}\n      ctid: {type: bigint, from: sequenceNumber}\n", []string{
+			`d.yaml: projection "p": columns.ctid: "ctid" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 10)`,
+			`d.yaml: projection "p": columns.xmin: "xmin" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 9)`,
+		}},
+		{"payload into a column not jsonb", head + "    columns:\n      id: {type: text, from: entityId}\n      doc: {type: jsonb, from: payload}\n      all: {type: text, from: payload}\n", []string{
+			`d.yaml: projection "p": columns.all: from: payload is the whole JSON object, which only a jsonb column takes (docs/definitions.md); make the column jsonb or take a field, payload.<key> (line 10)`,
+		}},
 		{"identifier too long", head + "    columns:\n      id: {type: text, from: entityId}\n      " + strings.Repeat("c", 64) + ": {type: text, from: forkId}\n", []string{
 			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 9)`,
 		}},

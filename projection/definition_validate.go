@@ -127,6 +127,10 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 		}
 		if !validName(name) {
 			cfail("", "%s", nameProblem(name))
+		} else if slices.Contains(systemColumns, name) {
+			// PostgreSQL refuses the table (42701) only when migrate
+			// creates it (new-user trial: validate said ok).
+			cfail("", "%q is the name of a PostgreSQL system column (%s), which no table column may take; rename it", name, strings.Join(systemColumns, ", "))
 		}
 		if t := normalizeType(col.Type); t != "" {
 			col.Type = t
@@ -164,6 +168,10 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 					fix = "timestamptz (the event time) or bigint"
 				}
 				cfail("from", "%s is a JSON number, which a uuid column never takes (docs/definitions.md); use %s", col.From, fix)
+			} else if col.From == "payload" && col.Type != "" && kindOf(col.Type) != kindJSONB {
+				// Always an object (SPEC section 3), which only jsonb
+				// takes (new-user trial: every event was dead-lettered).
+				cfail("from", "payload is the whole JSON object, which only a jsonb column takes (docs/definitions.md); make the column jsonb or take a field, payload.<key>")
 			}
 		default:
 			if _, ok := d.programs[col.Derive]; !ok {
@@ -236,6 +244,11 @@ func upPath(path string, f func(string) bool) bool {
 		path = path[:i]
 	}
 }
+
+// systemColumns are the names of the system columns every PostgreSQL table
+// has (PostgreSQL documentation, "System Columns"): CREATE TABLE refuses a
+// column of these names (42701).
+var systemColumns = []string{"tableoid", "xmin", "cmin", "xmax", "cmax", "ctid"}
 
 // validName reports whether s may name a projection, table or column.
 func validName(s string) bool {
