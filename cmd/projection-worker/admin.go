@@ -23,7 +23,13 @@ import (
 // database password.
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	var s settings
-	if err := parseFlags(migrateFlags(&s, stderr), args); err != nil {
+	fs := migrateFlags(&s, stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	// --grant takes one role: a second one used to drop the first without
+	// a word, the role then failing on privileges at run (new-user trial).
+	if err := fs.Repeated(args, "grant"); err != nil {
 		return err
 	}
 	if _, err := s.logger(io.Discard); err != nil {

@@ -159,6 +159,8 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "run -h", args: []string{"run", "-h"}, wantCode: 0, wantStderr: []string{"-database-url", "DATABASE_URL", "-on-infra-error"}},
 		{name: "run unknown flag", args: runArgs("--frobnicate"), wantCode: 2, wantStderr: []string{"unknown flag --frobnicate (projection-worker run -h lists the flags)"}},
 		{name: "migrate unknown flag", args: []string{"migrate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
+		{name: "migrate grant given twice", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t", "--grant", "a", "--grant", "b"},
+			wantCode: 2, wantStderr: []string{"--grant is given 2 times"}},
 		{name: "topics unknown flag", args: []string{"topics", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "validate unknown flag", args: []string{"validate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "run positional argument", args: runArgs("extra"), wantCode: 2, wantStderr: []string{`unexpected argument "extra"`}},
