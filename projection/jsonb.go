@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/causet/projection-worker/internal/jsonstrict"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -224,4 +225,79 @@ func validJSONNumber(s string) bool {
 		}
 	}
 	return i == len(s)
+}
+
+// canonicalJSONNumbers returns the JSON text s (valid JSON, as jsonbText
+// writes it) with each number written in one spelling per numeric value:
+// its significant digits without trailing zeros, then an exponent
+// ("1.50" → "15e-1", "100" → "1e2", "-0.0" → "0"). PostgreSQL reads such a
+// number as a numeric of the smallest scale that holds it (scale
+// max(0, −exponent)), so that every spelling of one value, which jsonb
+// compares equal, prints as one text: "1.0", "1" and "10e-1" all as 1.
+// The value is unchanged; only a jsonb primary key needs it (its tombstone
+// is its text).
+func canonicalJSONNumbers(s string) string {
+	var out []byte // nil until a number differs from its canonical spelling
+	last := 0      // s[:last] is in out
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c == '"':
+			i++
+			for i < len(s) && s[i] != '"' {
+				if s[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i++
+		case c == '-' || c >= '0' && c <= '9':
+			j := i + 1
+			for j < len(s) && strings.IndexByte("0123456789.eE+-", s[j]) >= 0 {
+				j++
+			}
+			if n := canonicalNumber(s[i:j]); n != s[i:j] {
+				out = append(append(out, s[last:i]...), n...)
+				last = j
+			}
+			i = j
+		default:
+			i++
+		}
+	}
+	if out == nil {
+		return s
+	}
+	return string(append(out, s[last:]...))
+}
+
+// canonicalNumber is canonicalJSONNumbers of one JSON number n.
+func canonicalNumber(n string) string {
+	neg := strings.HasPrefix(n, "-")
+	mant, expText, _ := strings.Cut(strings.ToLower(strings.TrimPrefix(n, "-")), "e")
+	whole, frac, _ := strings.Cut(mant, ".")
+	exp, err := strconv.ParseInt(expText, 10, 64)
+	if expText == "" {
+		exp, err = 0, nil
+	}
+	if err != nil { // an exponent beyond int64, which jsonb refuses anyway
+		return n
+	}
+	digits := strings.TrimLeft(whole+frac, "0")
+	exp -= int64(len(frac))
+	trimmed := strings.TrimRight(digits, "0")
+	exp += int64(len(digits) - len(trimmed))
+	if trimmed == "" {
+		return "0"
+	}
+	b := make([]byte, 0, len(trimmed)+8)
+	if neg {
+		b = append(b, '-')
+	}
+	b = append(b, trimmed...)
+	if exp != 0 {
+		b = append(b, 'e')
+		b = strconv.AppendInt(b, exp, 10)
+	}
+	return string(b)
 }

@@ -85,6 +85,9 @@ type column struct {
 	path    []string   // from, split at dots; nil for derive
 	fromTS  bool       // from ts into a timestamptz or date column: formatted from Event.TS
 	prog    *derivePrg // derive; nil for from
+	// jsonbKey: a jsonb column of the primary key, whose numbers are
+	// written in one spelling per value (canonicalJSONNumbers).
+	jsonbKey bool
 }
 
 // NewTableProjections validates d (see Definitions.Validate) and returns one
@@ -103,7 +106,9 @@ func NewTableProjections(d *Definitions) ([]*TableProjection, error) {
 		keyIndex := map[string]int{}
 		for _, name := range pd.ColumnNames {
 			cd := pd.Columns[name]
-			c := column{name: name, typ: cd.Type, kind: kindOf(cd.Type), notNull: cd.NotNull && !slices.Contains(pd.PrimaryKey, name)}
+			key := slices.Contains(pd.PrimaryKey, name)
+			c := column{name: name, typ: cd.Type, kind: kindOf(cd.Type), notNull: cd.NotNull && !key}
+			c.jsonbKey = key && c.kind == kindJSONB
 			if cd.From != "" {
 				c.path = strings.Split(cd.From, ".")
 				c.fromTS = cd.From == "ts" && (c.kind == kindTimestamptz || c.kind == kindDate)
@@ -251,6 +256,13 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 		s, err := toParam(c.typ, v)
 		if err != nil {
 			return nil, p.permanent(fmt.Errorf("column %s: %w", c.name, err))
+		}
+		if c.jsonbKey {
+			// PostgreSQL deems {"x": 1.0} and {"x": 1} one key, but its
+			// text, the tombstone's, keeps the spelling: one spelling
+			// makes one tombstone text (new-user trial: an older upsert
+			// of 1.0 brought back the row a delete of 1 had deleted).
+			s = canonicalJSONNumbers(s.(string))
 		}
 		return s, nil
 	}

@@ -1116,6 +1116,108 @@ projections:
 	}
 }
 
+// TestTombstoneStopsEverySpellingOfAJSONBKey: a jsonb primary key value
+// that PostgreSQL deems equal to the deleted one ({"x": 1.0} and {"x": 1})
+// is stopped by the delete's tombstone, on the statement path and on the
+// COPY path (new-user trial: an older upsert of {"x": 1.0} after the delete
+// of {"x": 1} brought the row back); and an upsert of another spelling
+// lands on the row of the first, as PostgreSQL's primary key has it.
+func TestTombstoneStopsEverySpellingOfAJSONBKey(t *testing.T) {
+	src := `irVersion: v42
+projections:
+  - name: jk
+    table: jk
+    primaryKey: [u, j]
+    columns:
+      u: { type: text, from: payload.u }
+      j: { type: jsonb, from: payload.j }
+      v: { type: text, from: payload.v }
+    events: { K_UP: upsert, K_DEL: delete }
+`
+	defs, err := ParseDefinitions("keys.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := NewTableProjections(defs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tps[0]
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	cases := []struct{ deleted, late string }{
+		{`{"x":1}`, `{"x":1.0}`},
+		{`{"x":1.0}`, `{"x":1}`},
+		{`[100, "a"]`, `[1e2, "a"]`},
+		{`{"a":{"b":[0.5]}}`, `{"a":{"b":[5.00e-1]}}`},
+		{`0`, `-0.0`},
+		{`2.5`, `25E-1`},
+	}
+	for _, path := range []string{"statements", "copy"} {
+		for _, tc := range cases {
+			t.Run(path+"/"+tc.late+" after a delete of "+tc.deleted, func(t *testing.T) {
+				schema := pgtest.NewSchemaName(t)
+				if err := Migrate(ctx, pool, defs, schema); err != nil {
+					t.Fatal(err)
+				}
+				apply := func(typ string, seq int64, j, v string, viaCopy bool) {
+					ev := tblEvent(t, schema, typ, seq, 1719331200000, `{"u":"a","j":`+j+`,"v":"`+v+`"}`)
+					if viaCopy {
+						applyByCopy(t, pool, p, ev)
+						return
+					}
+					stmt, err := p.Plan(ev)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := pool.Exec(ctx, stmt.SQL, stmt.Args...); err != nil {
+						t.Fatalf("%s %d: %v", typ, seq, err)
+					}
+				}
+				table := pgx.Identifier{schema, "jk"}.Sanitize()
+				apply("K_UP", 100, tc.deleted, "first", false)
+				apply("K_UP", 110, tc.late, "second", path == "copy")
+				var n int
+				var v string
+				if err := pool.QueryRow(ctx, "SELECT count(*), max(v) FROM "+table).Scan(&n, &v); err != nil {
+					t.Fatal(err)
+				}
+				if n != 1 || v != "second" {
+					t.Fatalf("after upserts of %s and %s: %d rows, v %q; want one row, v second", tc.deleted, tc.late, n, v)
+				}
+				apply("K_DEL", 200, tc.deleted, "", false)
+				apply("K_UP", 150, tc.late, "back", path == "copy")
+				if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != 0 {
+					t.Errorf("%d rows after the late upsert of %s; want the tombstone of %s to stop it", n, tc.late, tc.deleted)
+				}
+			})
+		}
+	}
+}
+
+// TestCanonicalJSONNumbers: every spelling of a number becomes one, outside
+// strings only, and a text without numbers to change is returned as it is.
+func TestCanonicalJSONNumbers(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"x":1.0}`:              `{"x":1}`,
+		`{"x":1}`:                `{"x":1}`,
+		`[100,1e2,1.00E+2,10e1]`: `[1e2,1e2,1e2,1e2]`,
+		`[0,-0,0.000,-0.0e5]`:    `[0,0,0,0]`,
+		`[1.50,15e-1,0.15e1]`:    `[15e-1,15e-1,15e-1]`,
+		`-12.3400`:               `-1234e-2`,
+		`{"a-1.0":"-1.0 \"2.0\"","b":[true,null,-7]}`: `{"a-1.0":"-1.0 \"2.0\"","b":[true,null,-7]}`,
+		`"1.0"`:                    `"1.0"`,
+		`[1e99999999999999999999]`: `[1e99999999999999999999]`,
+	} {
+		if got := canonicalJSONNumbers(in); got != want {
+			t.Errorf("canonicalJSONNumbers(%s) = %s, want %s", in, got, want)
+		}
+	}
+}
+
 // applyByCopy applies the upsert of ev to p as a COPY group of one would
 // (copyRows in a transaction).
 func applyByCopy(t *testing.T, pool *pgxpool.Pool, p *TableProjection, ev *Event) {

@@ -98,8 +98,8 @@ func keyText(n int, typ string) string { return keyTextOf(param(n, typ), typ) }
 // numeric without the trailing zeros of its scale (trim_scale, PostgreSQL
 // 13: 7.5 and 7.50 are one key), real and double precision with −0 as 0 (a
 // zero of the type added); the others as text, which is one per value.
-// (jsonb, compared as values too, keeps its numbers' scale in its text: a
-// jsonb key holding 1.0 and one holding 1 have two tombstone texts.)
+// (jsonb, compared as values too, keeps its numbers' scale in its text:
+// Plan writes a jsonb key's numbers in one spelling, canonicalJSONNumbers.)
 func keyTextOf(expr, typ string) string {
 	switch typ {
 	case "text":
