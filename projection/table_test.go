@@ -1031,14 +1031,7 @@ projections:
       v: { type: text, from: payload.v }
     events: { K_UP: upsert, K_DEL: delete }
 `
-	defs, err := ParseDefinitions("keys.yaml", []byte(src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := NewTableProjections(defs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defs, tps := keyProjections(t, src)
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
 	type step struct {
@@ -1134,14 +1127,7 @@ projections:
       v: { type: text, from: payload.v }
     events: { K_UP: upsert, K_DEL: delete }
 `
-	defs, err := ParseDefinitions("keys.yaml", []byte(src))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := NewTableProjections(defs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defs, tps := keyProjections(t, src)
 	p := tps[0]
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
@@ -1216,6 +1202,20 @@ func TestCanonicalJSONNumbers(t *testing.T) {
 			t.Errorf("canonicalJSONNumbers(%s) = %s, want %s", in, got, want)
 		}
 	}
+}
+
+// keyProjections returns the definitions src and their projections.
+func keyProjections(t *testing.T, src string) (*Definitions, []*TableProjection) {
+	t.Helper()
+	defs, err := ParseDefinitions("keys.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := NewTableProjections(defs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return defs, tps
 }
 
 // applyByCopy applies the upsert of ev to p as a COPY group of one would
