@@ -526,7 +526,13 @@ func checkTimeText(k colKind, typ, s string) string {
 		tm, err = time.Parse(time.DateOnly, t)
 	}
 	if err != nil {
-		return "invalid input syntax for type " + typ + ": " + quoteValue(s) + " (want RFC 3339, such as 2024-06-25T16:00:00Z)"
+		want := " (want RFC 3339, such as 2024-06-25T16:00:00Z)"
+		if k == kindDate {
+			// A date column takes a timestamp too, but a date is what it
+			// holds (new-user trial: 2024-02-30 was told of a timestamp).
+			want = " (want a date, such as 2024-06-25, or an RFC 3339 timestamp)"
+		}
+		return "invalid input syntax for type " + typ + ": " + quoteValue(s) + want
 	}
 	if tm.Year() < 1 {
 		return "date/time field value out of range: " + quoteValue(s) // year 0000 does not exist

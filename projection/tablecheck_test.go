@@ -157,6 +157,7 @@ func checkValueTests() []checkValueTest {
 		{"date", n(fmt.Sprint(EndTimestampMillis)), ""},
 		{"date", n(fmt.Sprint(endDateMillis)), fmt.Sprintf("epoch milliseconds %d are out of range for type date", endDateMillis)},
 		{"date", "2024-06-25", ""},
+		{"date", "2024-02-30", `invalid input syntax for type date: "2024-02-30" (want a date, such as 2024-06-25, or an RFC 3339 timestamp)`},
 		{"date", "2024-06-25T23:00:00-05:00", ""},
 		// NUL: text and jsonb refuse it anywhere.
 		{"text", "a\x00b", `a string with a NUL character (\u0000) cannot be stored in a text column`},
