@@ -343,7 +343,11 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 				e.OriginalTopic, cfg.EventsTopic, e.OriginalTopic, cfg.EventsTopic)
 		case e.ReplayCount >= cfg.MaxReplays && !cfg.Force:
 			o.Kind = OutcomeRefused
-			o.Reason = fmt.Sprintf("event already replayed %d times (max %d; force to replay)", e.ReplayCount, cfg.MaxReplays)
+			times := "times"
+			if e.ReplayCount == 1 {
+				times = "time"
+			}
+			o.Reason = fmt.Sprintf("event already replayed %d %s (--max-replays %d; --force to replay it all the same)", e.ReplayCount, times, cfg.MaxReplays)
 		default:
 			p, fromHeader := parter.Partition(e.OriginalPartition, e.Key)
 			if cfg.DryRun {

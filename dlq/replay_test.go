@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -682,6 +683,8 @@ func TestRetryMaxReplays(t *testing.T) {
 		f.add(deadLetter{key: "user-" + strconv.Itoa(n), fork: "production", tenant: "acme_prod", eventType: "E",
 			projection: "p", replayCount: n, firstFailedAt: first})
 	}
+	// The count said in words, and the flags that change the outcome.
+	refusedReplayed := regexp.MustCompile(`^event already replayed (1 time|[2-9] times) \(--max-replays [0-9]; --force to replay it all the same\)$`)
 	tests := []struct {
 		name string
 		cfg  dlq.ReplayConfig
@@ -690,6 +693,7 @@ func TestRetryMaxReplays(t *testing.T) {
 	}{
 		{"default 3", dlq.ReplayConfig{}, "matched=4 replayed=3 skipped=0 already-replayed=0 refused=1 failed=0", []int{0, 1, 2}},
 		{"max 2", dlq.ReplayConfig{MaxReplays: 2, IncludeReplayed: true}, "matched=4 replayed=2 skipped=0 already-replayed=0 refused=2 failed=0", []int{0, 1}},
+		{"max 1", dlq.ReplayConfig{MaxReplays: 1, IncludeReplayed: true}, "matched=4 replayed=1 skipped=0 already-replayed=0 refused=3 failed=0", []int{0}},
 		{"force", dlq.ReplayConfig{Force: true}, "matched=4 replayed=1 skipped=0 already-replayed=3 refused=0 failed=0", []int{3}},
 	}
 	for _, tt := range tests {
@@ -700,8 +704,8 @@ func TestRetryMaxReplays(t *testing.T) {
 				t.Fatalf("result %s, want %s (scan %+v)", res, tt.want, res.Scan)
 			}
 			for _, o := range outs {
-				if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "already replayed") {
-					t.Errorf("refusal reason %q", o.Reason)
+				if o.Kind == dlq.OutcomeRefused && !refusedReplayed.MatchString(o.Reason) {
+					t.Errorf("refusal reason %q, want it to match %s", o.Reason, refusedReplayed)
 				}
 			}
 			var sent []int
