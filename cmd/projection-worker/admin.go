@@ -111,7 +111,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // run needs, printing a line for each.
 func migrateTenant(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions, t, role string, stdout io.Writer) error {
 	if err := projection.Migrate(ctx, pool, defs, t); err != nil {
-		return fmt.Errorf("migrate %s: %w", t, err)
+		return err // Migrate's error names the tenant schema
 	}
 	fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
 	if role == "" {

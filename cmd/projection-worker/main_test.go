@@ -279,7 +279,7 @@ func TestExitStatusIsOneRuleForEveryCommand(t *testing.T) {
 		{name: "migrate bad definitions", args: []string{"migrate", "--database-url", noDB, "--projections", badDefs, "--tenant-schema", "t1"},
 			wantCode: 2, wantStderr: "--projections (PROJECTIONS_FILE): " + badDefs},
 		{name: "migrate database unreachable", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t1"},
-			wantCode: 1, wantStderr: "migrate t1"},
+			wantCode: 1, wantStderr: "migrate tenant schema t1"},
 		{name: "validate bad definitions", args: []string{"validate", "--projections", badDefs},
 			wantCode: 2, wantStderr: "--projections (PROJECTIONS_FILE): " + badDefs},
 		{name: "topics bad flag value", args: []string{"topics", "--brokers", noKafka, "--partitions", "eight"},

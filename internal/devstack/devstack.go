@@ -135,7 +135,7 @@ func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.De
 	}
 	for _, t := range tenants[:2] {
 		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
-			return fmt.Errorf("migrate %s: %w", t, err)
+			return err // Migrate's error names the tenant schema
 		}
 		if _, err := pool.Exec(ctx, "COMMENT ON SCHEMA "+pgx.Identifier{t}.Sanitize()+" IS '"+exampleMark+"'"); err != nil {
 			return fmt.Errorf("mark %s as the example's: %w", t, err)
