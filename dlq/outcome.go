@@ -10,9 +10,9 @@ const (
 	// OutcomeReplayed: republished and acknowledged, then recorded in the
 	// ledger (in a dry run: would be republished).
 	OutcomeReplayed OutcomeKind = "replayed"
-	// OutcomeSkipped: the ledger says "skipped" (Retry: not sent; Skip:
-	// the first decision kept, Outcome.Decided), or the skip was recorded
-	// (Skip).
+	// OutcomeSkipped: the skip was recorded (Skip), or the ledger says
+	// "skipped" (Outcome.Decided; Retry: not sent; Skip: the first decision
+	// kept), counted as Result.AlreadySkipped.
 	OutcomeSkipped OutcomeKind = "skipped"
 	// OutcomeAlreadyReplayed: the ledger says "replayed" (Retry: and
 	// IncludeReplayed is off), so it was not sent (Retry) or not marked
@@ -53,8 +53,12 @@ type Result struct {
 	Replayed        int
 	Skipped         int
 	AlreadyReplayed int
-	Refused         int
-	Failed          int
+	// AlreadySkipped counts the dead letters the ledger had skipped before
+	// the run (OutcomeSkipped with Decided): not sent (Retry), the first
+	// decision kept (Skip). Skipped counts only this run's skips.
+	AlreadySkipped int
+	Refused        int
+	Failed         int
 	// Action is what the run does to the selected dead letters:
 	// OutcomeReplayed for Retry, OutcomeSkipped for Skip.
 	Action OutcomeKind
@@ -83,22 +87,27 @@ func (r Result) CounterNames() (replayed, skipped string) {
 }
 
 // String returns the summary line
-// "matched=N replayed=N skipped=N already-replayed=N refused=N failed=N".
+// "matched=N replayed=N skipped=N already-replayed=N already-skipped=N
+// refused=N failed=N".
 // In a dry run the counter of what would have been done is named for it:
 // "would-replay=N" in place of "replayed=N" (Retry), "would-skip=N" in
 // place of "skipped=N" (Skip).
 func (r Result) String() string {
 	replayed, skipped := r.CounterNames()
-	return fmt.Sprintf("matched=%d %s=%d %s=%d already-replayed=%d refused=%d failed=%d",
-		r.Matched, replayed, r.Replayed, skipped, r.Skipped, r.AlreadyReplayed, r.Refused, r.Failed)
+	return fmt.Sprintf("matched=%d %s=%d %s=%d already-replayed=%d already-skipped=%d refused=%d failed=%d",
+		r.Matched, replayed, r.Replayed, skipped, r.Skipped, r.AlreadyReplayed, r.AlreadySkipped, r.Refused, r.Failed)
 }
 
-func (r *Result) count(k OutcomeKind) {
-	switch k {
+func (r *Result) count(o Outcome) {
+	switch o.Kind {
 	case OutcomeReplayed:
 		r.Replayed++
 	case OutcomeSkipped:
-		r.Skipped++
+		if o.Decided { // the ledger's decision, not this run's (new-user trial: a second skip said skipped=1)
+			r.AlreadySkipped++
+		} else {
+			r.Skipped++
+		}
 	case OutcomeAlreadyReplayed:
 		r.AlreadyReplayed++
 	case OutcomeRefused:

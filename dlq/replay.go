@@ -240,7 +240,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	}
 
 	emit := func(o Outcome) {
-		res.count(o.Kind)
+		res.count(o)
 		switch o.Kind {
 		case OutcomeFailed:
 			log.Error("replay failed", "partition", o.Entry.Partition, "offset", o.Entry.Offset,
@@ -407,7 +407,7 @@ func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 		return res, errors.New("skip needs a reason and an actor")
 	}
 	emit := func(o Outcome) {
-		res.count(o.Kind)
+		res.count(o)
 		if o.Kind == OutcomeFailed {
 			cfg.Logger.Error("skip failed", "partition", o.Entry.Partition, "offset", o.Entry.Offset, "err", o.Err)
 		}

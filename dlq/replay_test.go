@@ -405,7 +405,7 @@ func TestRetryRepublishesByteForByte(t *testing.T) {
 		}})
 
 	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice", RunID: "run-1"})
-	if res.String() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+	if res.String() != "matched=1 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("result = %s", res)
 	}
 	if len(outs) != 1 || outs[0].Partition != 3 || !outs[0].FromHeader {
@@ -571,18 +571,18 @@ func TestRetryLedger(t *testing.T) {
 	prod := dlq.Filters{ForkID: "production"} // A, B, D
 
 	res, _ := f.retry(dlq.ReplayConfig{Filters: prod})
-	if got, want := res.String(), "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0"; got != want {
+	if got, want := res.String(), "matched=3 replayed=3 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0"; got != want {
 		t.Fatalf("first run: %s, want %s", got, want)
 	}
 	res, _ = f.retry(dlq.ReplayConfig{Filters: prod})
-	if got, want := res.String(), "matched=3 replayed=0 skipped=0 already-replayed=3 refused=0 failed=0"; got != want {
+	if got, want := res.String(), "matched=3 replayed=0 skipped=0 already-replayed=3 already-skipped=0 refused=0 failed=0"; got != want {
 		t.Fatalf("second run: %s, want %s", got, want)
 	}
 	if n := len(readTopic(t, b, f.events)); n != 3 {
 		t.Fatalf("events topic has %d records after two runs, want 3", n)
 	}
 	res, _ = f.retry(dlq.ReplayConfig{Filters: prod, IncludeReplayed: true})
-	if got, want := res.String(), "matched=3 replayed=3 skipped=0 already-replayed=0 refused=0 failed=0"; got != want {
+	if got, want := res.String(), "matched=3 replayed=3 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0"; got != want {
 		t.Fatalf("--include-replayed: %s, want %s", got, want)
 	}
 
@@ -593,7 +593,7 @@ func TestRetryLedger(t *testing.T) {
 	}
 	before := len(readTopic(t, b, f.events))
 	res, outs := f.retry(dlq.ReplayConfig{IncludeReplayed: true, Force: true})
-	if got, want := res.String(), "matched=5 replayed=3 skipped=1 already-replayed=0 refused=1 failed=0"; got != want {
+	if got, want := res.String(), "matched=5 replayed=3 skipped=0 already-replayed=0 already-skipped=1 refused=1 failed=0"; got != want {
 		t.Fatalf("retry --all after skip: %s, want %s", got, want)
 	}
 	for _, o := range outs {
@@ -632,13 +632,13 @@ func TestResultStringNamesWhatADryRunWouldDo(t *testing.T) {
 		want string
 	}{
 		{"retry", dlq.Result{Action: dlq.OutcomeReplayed, Matched: 4, Replayed: 3, Skipped: 1},
-			"matched=4 replayed=3 skipped=1 already-replayed=0 refused=0 failed=0"},
+			"matched=4 replayed=3 skipped=1 already-replayed=0 already-skipped=0 refused=0 failed=0"},
 		{"retry dry run", dlq.Result{Action: dlq.OutcomeReplayed, DryRun: true, Matched: 4, Replayed: 3, Skipped: 1},
-			"matched=4 would-replay=3 skipped=1 already-replayed=0 refused=0 failed=0"},
+			"matched=4 would-replay=3 skipped=1 already-replayed=0 already-skipped=0 refused=0 failed=0"},
 		{"skip", dlq.Result{Action: dlq.OutcomeSkipped, Matched: 2, Skipped: 2},
-			"matched=2 replayed=0 skipped=2 already-replayed=0 refused=0 failed=0"},
+			"matched=2 replayed=0 skipped=2 already-replayed=0 already-skipped=0 refused=0 failed=0"},
 		{"skip dry run", dlq.Result{Action: dlq.OutcomeSkipped, DryRun: true, Matched: 2, Skipped: 2},
-			"matched=2 replayed=0 would-skip=2 already-replayed=0 refused=0 failed=0"},
+			"matched=2 replayed=0 would-skip=2 already-replayed=0 already-skipped=0 refused=0 failed=0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -654,7 +654,7 @@ func TestRetryDryRunSendsAndRecordsNothing(t *testing.T) {
 	f := newFixture(t, b, 3, 2)
 	filterFixture(f, false)
 	res, outs := f.retry(dlq.ReplayConfig{DryRun: true})
-	if got, want := res.String(), "matched=5 would-replay=4 skipped=0 already-replayed=0 refused=1 failed=0"; got != want || !res.DryRun {
+	if got, want := res.String(), "matched=5 would-replay=4 skipped=0 already-replayed=0 already-skipped=0 refused=1 failed=0"; got != want || !res.DryRun {
 		t.Fatalf("dry run: %s (dry %t), want %s", got, res.DryRun, want)
 	}
 	for _, o := range outs {
@@ -691,10 +691,10 @@ func TestRetryMaxReplays(t *testing.T) {
 		want string
 		sent []int // replay counts of the sent entries
 	}{
-		{"default 3", dlq.ReplayConfig{}, "matched=4 replayed=3 skipped=0 already-replayed=0 refused=1 failed=0", []int{0, 1, 2}},
-		{"max 2", dlq.ReplayConfig{MaxReplays: 2, IncludeReplayed: true}, "matched=4 replayed=2 skipped=0 already-replayed=0 refused=2 failed=0", []int{0, 1}},
-		{"max 1", dlq.ReplayConfig{MaxReplays: 1, IncludeReplayed: true}, "matched=4 replayed=1 skipped=0 already-replayed=0 refused=3 failed=0", []int{0}},
-		{"force", dlq.ReplayConfig{Force: true}, "matched=4 replayed=1 skipped=0 already-replayed=3 refused=0 failed=0", []int{3}},
+		{"default 3", dlq.ReplayConfig{}, "matched=4 replayed=3 skipped=0 already-replayed=0 already-skipped=0 refused=1 failed=0", []int{0, 1, 2}},
+		{"max 2", dlq.ReplayConfig{MaxReplays: 2, IncludeReplayed: true}, "matched=4 replayed=2 skipped=0 already-replayed=0 already-skipped=0 refused=2 failed=0", []int{0, 1}},
+		{"max 1", dlq.ReplayConfig{MaxReplays: 1, IncludeReplayed: true}, "matched=4 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=3 failed=0", []int{0}},
+		{"force", dlq.ReplayConfig{Force: true}, "matched=4 replayed=1 skipped=0 already-replayed=3 already-skipped=0 refused=0 failed=0", []int{3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -755,7 +755,7 @@ func TestRetryProduceFailureLeavesNoLedgerEntry(t *testing.T) {
 	failProduce(t, b, f.events)
 
 	res, outs := f.retry(dlq.ReplayConfig{})
-	if got, want := res.String(), "matched=1 replayed=0 skipped=0 already-replayed=0 refused=0 failed=1"; got != want {
+	if got, want := res.String(), "matched=1 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=1"; got != want {
 		t.Fatalf("result %s, want %s", got, want)
 	}
 	if len(outs) != 1 || !errors.Is(outs[0].Err, kerr.InvalidRecord) {
@@ -1066,7 +1066,7 @@ func ExampleReplayer_Retry() {
 		return
 	}
 	res, err := r.Retry(ctx)
-	fmt.Println(res, err) // matched=N replayed=N skipped=N already-replayed=N refused=N failed=N
+	fmt.Println(res, err) // matched=N replayed=N skipped=N already-replayed=N already-skipped=N refused=N failed=N
 }
 
 // Scan reads the dead-letter topic up to the end offsets it lists when it
@@ -1092,7 +1092,7 @@ func TestRetryRefusesADeadLetterOfAnotherTopic(t *testing.T) {
 	f.add(deadLetter{key: "user-1", fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
 		projection: "artist_followers", originalPartition: 1, topic: "other.events"})
 	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice", RunID: "run-1"})
-	if res.String() != "matched=1 replayed=0 skipped=0 already-replayed=0 refused=1 failed=0" {
+	if res.String() != "matched=1 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=1 failed=0" {
 		t.Fatalf("result = %s", res)
 	}
 	if len(outs) != 1 || !strings.Contains(outs[0].Reason, `first read from topic "other.events"`) || !strings.Contains(outs[0].Reason, "--topic other.events") {
@@ -1102,7 +1102,7 @@ func TestRetryRefusesADeadLetterOfAnotherTopic(t *testing.T) {
 		t.Fatalf("events topic has %d records, want none", len(got))
 	}
 	res, _ = f.retry(dlq.ReplayConfig{Actor: "alice", RunID: "run-2", Force: true})
-	if res.String() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+	if res.String() != "matched=1 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("with Force: result = %s", res)
 	}
 }

@@ -140,7 +140,7 @@ func TestLoopFailMigrateRetry(t *testing.T) {
 
 	// Retry before the fix: fails again.
 	r := runCmd(t, f.env, "retry", "--fork-id", "production", "--projection", "artist_followers")
-	if r.code != 0 || r.lastLine() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=1 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("retry before the fix: exit %d %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	second := waitDeadLetters(ctx, t, f, 2)[1]
@@ -154,7 +154,7 @@ func TestLoopFailMigrateRetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--projection", "artist_followers")
-	if r.code != 0 || r.lastLine() != "matched=2 replayed=1 skipped=0 already-replayed=1 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=1 skipped=0 already-replayed=1 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("retry after the fix: exit %d %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	var seq int64
@@ -192,7 +192,7 @@ func TestLoopFailMigrateRetry(t *testing.T) {
 		}
 	}
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--projection", "artist_followers")
-	if r.code != 0 || r.lastLine() != "matched=2 replayed=0 skipped=0 already-replayed=2 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=0 skipped=0 already-replayed=2 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("second retry after the fix: exit %d %q", r.code, r.stdout)
 	}
 }

@@ -290,14 +290,14 @@ func TestSeedCommands(t *testing.T) {
 	}
 
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
-	if r.code != 0 || r.lastLine() != "matched=2 replayed=2 skipped=0 already-replayed=0 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=2 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("retry: exit %d, stdout %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	if n := f.eventsCount(t); n != 2 {
 		t.Errorf("events topic has %d records, want 2", n)
 	}
 	r = runCmd(t, f.env, "retry", "--fork-id", "production", "--all")
-	if r.code != 0 || r.lastLine() != "matched=2 replayed=0 skipped=0 already-replayed=2 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=0 skipped=0 already-replayed=2 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("second retry: exit %d, stdout %q", r.code, r.stdout)
 	}
 	l, err := dlq.OpenLedger(context.Background(), f.b.Opts(), dlq.LedgerConfig{Topic: f.ledger, ReadOnly: true})
@@ -375,11 +375,11 @@ func TestSkipThenRetryAllSendsNothingForTheSkippedEntry(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
 	f.seed(t)
 	r := runCmd(t, f.env, "skip", "--fork-id", "staging", "--reason", "division by zero is upstream's bug", "--actor", "alice")
-	if r.code != 0 || r.lastLine() != "matched=1 replayed=0 skipped=1 already-replayed=0 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=1 replayed=0 skipped=1 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("skip: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCmd(t, f.env, "retry", "--all", "--include-replayed", "--force")
-	if r.code != 0 || r.lastLine() != "matched=3 replayed=2 skipped=1 already-replayed=0 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=3 replayed=2 skipped=0 already-replayed=0 already-skipped=1 refused=0 failed=0" {
 		t.Fatalf("retry --all: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCmd(t, f.env, "list", "--fork-id", "staging")
@@ -397,15 +397,17 @@ func TestSkipKeepsTheLedgersEarlierDecision(t *testing.T) {
 	f := newFixture(t, kafkatest.New(t))
 	f.seed(t)
 	r := runCmd(t, f.env, "retry", "--fork-id", "production")
-	if r.code != 0 || r.lastLine() != "matched=2 replayed=2 skipped=0 already-replayed=0 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=2 replayed=2 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("retry: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCmd(t, f.env, "skip", "--all", "--reason", "bad upstream data", "--actor", "alice")
-	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=1 already-replayed=2 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=1 already-replayed=2 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("skip after the replay: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
+	// The second skip records nothing: already-skipped, not skipped
+	// (new-user trial: it said skipped=1).
 	r = runCmd(t, f.env, "skip", "--all", "--reason", "again", "--actor", "bob")
-	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=1 already-replayed=2 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=0 already-replayed=2 already-skipped=1 refused=0 failed=0" {
 		t.Fatalf("second skip: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCmd(t, f.env, "list", "--all", "--output", "json")
@@ -451,7 +453,7 @@ func TestDryRunSendsNothing(t *testing.T) {
 	if !strings.Contains(r.stdout, "would replay "+at[0].String()+" -> "+f.events+"[2] (original partition)") {
 		t.Errorf("dry run output:\n%s", r.stdout)
 	}
-	if got := r.lastLine(); got != "matched=3 would-replay=3 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
+	if got := r.lastLine(); got != "matched=3 would-replay=3 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0 (dry run: nothing sent or recorded)" {
 		t.Errorf("summary line %q", got)
 	}
 	// The log line says what would have been done too, not "replayed".
@@ -491,14 +493,14 @@ func TestProduceFailureExitsOne(t *testing.T) {
 	f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0)
 	b.RefuseProduce(t, f.events, kerr.InvalidRecord.Code, func(n int64) bool { return n == 1 })
 	r := runCmd(t, f.env, "retry", "--all")
-	if r.code != 1 || r.lastLine() != "matched=1 replayed=0 skipped=0 already-replayed=0 refused=0 failed=1" {
+	if r.code != 1 || r.lastLine() != "matched=1 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=1" {
 		t.Fatalf("retry: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
 	if !strings.Contains(r.stderr, `"level":"ERROR"`) || !strings.Contains(r.stderr, "INVALID_RECORD") {
 		t.Errorf("stderr has no error log of the produce failure:\n%s", r.stderr)
 	}
 	r = runCmd(t, f.env, "retry", "--all")
-	if r.code != 0 || r.lastLine() != "matched=1 replayed=1 skipped=0 already-replayed=0 refused=0 failed=0" {
+	if r.code != 0 || r.lastLine() != "matched=1 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0" {
 		t.Fatalf("second retry: exit %d, %q", r.code, r.stdout)
 	}
 }
@@ -541,18 +543,18 @@ func TestRetryAndSkipSayWhenNothingMatched(t *testing.T) {
 		wantOut  string
 	}{
 		{"retry", []string{"retry", "--projection", "nope"}, 0,
-			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0\n"},
 		{"retry --fail-on-empty", []string{"retry", "--projection", "nope", "--fail-on-empty"}, 3,
-			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0\n"},
 		{"retry --dry-run --fail-on-empty", []string{"retry", "--projection", "nope", "--dry-run", "--fail-on-empty"}, 3,
-			"no dead letter matched the filter\nmatched=0 would-replay=0 skipped=0 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
+			"no dead letter matched the filter\nmatched=0 would-replay=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
 		{"skip", []string{"skip", "--fork-id", "nope", "--reason", "r", "--actor", "a"}, 0,
-			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0\n"},
 		{"skip --fail-on-empty", []string{"skip", "--fork-id", "nope", "--reason", "r", "--actor", "a", "--fail-on-empty"}, 3,
-			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 refused=0 failed=0\n"},
+			"no dead letter matched the filter\nmatched=0 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=0 failed=0\n"},
 		{"skip --fail-on-empty with a match", []string{"skip", "--fork-id", "staging", "--reason", "r", "--actor", "a", "--fail-on-empty", "--dry-run"}, 0,
 			"would skip 0:2 key=\"user-3\" projection=\"artist_stats\" tenant=\"acme_staging\" event=\"ARTIST_FOLLOWED\" replay-count=0: r\n" +
-				"matched=1 replayed=0 would-skip=1 already-replayed=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
+				"matched=1 replayed=0 would-skip=1 already-replayed=0 already-skipped=0 refused=0 failed=0 (dry run: nothing sent or recorded)\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
