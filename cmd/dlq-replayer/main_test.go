@@ -357,6 +357,11 @@ func TestSummary(t *testing.T) {
 			t.Errorf("line %d = %q, want prefix %q", i, lines[i], want)
 		}
 	}
+	// By projection, the projection is the key: no PROJECTIONS column
+	// beside it (new-user trial).
+	if got, want := strings.Fields(lines[0]), []string{"COUNT", "REPLAYED", "SKIPPED", "FIRST", "FAILED", "LAST", "FAILED", "PROJECTION", "SAMPLE", "ERROR"}; !slices.Equal(got, want) {
+		t.Errorf("header %q, want the words %q", lines[0], want)
+	}
 	if !strings.Contains(lines[1], "artist_followers") || !strings.Contains(lines[1], "2024-06-25T12:00:00Z") || !strings.Contains(lines[1], "2024-06-25T12:01:00Z") {
 		t.Errorf("largest group: %s", lines[1])
 	}

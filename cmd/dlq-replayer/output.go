@@ -55,7 +55,8 @@ func outcomeLine(o dlq.Outcome) string {
 
 // writeSummaryTable writes the groups of s as an aligned table: COUNT,
 // REPLAYED and SKIPPED (by their newest ledger decision), the grouping key
-// (never cut, unless it is an error text), PROJECTIONS and the first line of a SAMPLE
+// (never cut, unless it is an error text), PROJECTIONS (unless the key is
+// the projection) and the first line of a SAMPLE
 // ERROR, cut with an ellipsis so that lines fit width columns; wide (width
 // 0) adds FIRST FAILED and LAST FAILED (UTC, RFC 3339) and cuts only very
 // long cells.
@@ -66,7 +67,10 @@ func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error 
 		// an error text (a fingerprint, tenant schema or projection name is
 		// at most 63 characters; second new-user trial: tenants of a long
 		// common prefix looked alike).
-		column{name: key, shrink: s.By() == dlq.GroupByError}, shrinkCol("PROJECTIONS"), shrinkCol("SAMPLE ERROR"))
+		column{name: key, shrink: s.By() == dlq.GroupByError},
+		// By projection, each group's projections are its key (new-user
+		// trial: PROJECTION and PROJECTIONS side by side).
+		column{name: "PROJECTIONS", shrink: true, hidden: s.By() == dlq.GroupByProjection}, shrinkCol("SAMPLE ERROR"))
 	for _, g := range s.Groups() {
 		t.add(strconv.Itoa(g.Count), strconv.Itoa(g.Replayed), strconv.Itoa(g.Skipped), fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
 			cell(orDash(g.Key), 80), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))

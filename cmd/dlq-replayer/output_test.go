@@ -27,17 +27,17 @@ func TestSummaryTableAlignsGroupsLargestFirst(t *testing.T) {
 		wide  bool
 		want  string
 	}{
-		{"default", 100, false, `COUNT  REPLAYED  SKIPPED  PROJECTION        PROJECTIONS       SAMPLE ERROR
-2      1         0        artist_followers  artist_followers  ERROR: column "followed_at" does not …
-1      0         1        artist_ratings    artist_ratings    derive stars: division by zero
+		{"default", 100, false, `COUNT  REPLAYED  SKIPPED  PROJECTION        SAMPLE ERROR
+2      1         0        artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42…
+1      0         1        artist_ratings    derive stars: division by zero
 `},
-		{"narrow terminal", 80, false, `COUNT  REPLAYED  SKIPPED  PROJECTION        PROJECTIONS       SAMPLE ERROR
-2      1         0        artist_followers  artist_followers  ERROR: column "fo…
-1      0         1        artist_ratings    artist_ratings    derive stars: div…
+		{"narrow terminal", 80, false, `COUNT  REPLAYED  SKIPPED  PROJECTION        SAMPLE ERROR
+2      1         0        artist_followers  ERROR: column "followed_at" does no…
+1      0         1        artist_ratings    derive stars: division by zero
 `},
-		{"wide", 0, true, `COUNT  REPLAYED  SKIPPED  FIRST FAILED          LAST FAILED           PROJECTION        PROJECTIONS       SAMPLE ERROR
-2      1         0        2024-06-25T16:00:00Z  2024-06-25T17:00:00Z  artist_followers  artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42703)
-1      0         1        2024-06-25T18:00:00Z  2024-06-25T18:00:00Z  artist_ratings    artist_ratings    derive stars: division by zero
+		{"wide", 0, true, `COUNT  REPLAYED  SKIPPED  FIRST FAILED          LAST FAILED           PROJECTION        SAMPLE ERROR
+2      1         0        2024-06-25T16:00:00Z  2024-06-25T17:00:00Z  artist_followers  ERROR: column "followed_at" does not exist (SQLSTATE 42703)
+1      0         1        2024-06-25T18:00:00Z  2024-06-25T18:00:00Z  artist_ratings    derive stars: division by zero
 `},
 	}
 	for _, tt := range tests {
