@@ -178,6 +178,12 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 			}
 			pd.Events = map[string]Op{}
 			p.eachPair(where+": events", v, func(k, ov *yaml.Node) {
+				if k.Tag == "!!null" || k.Tag == "!!bool" {
+					// YAML reads ~, null and true as no string at all
+					// (new-user trial: they were taken as event types).
+					p.fail(where+": events", k, "key %s is YAML's %s, not an event type name: quote it (\"%s\") if an event type is spelt so", k.Value, strings.TrimPrefix(k.Tag, "!!"), k.Value)
+					return
+				}
 				pd.Events[k.Value] = Op(p.str(where+": events."+k.Value, ov))
 			})
 		},

@@ -253,6 +253,10 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"reserved column", head + "    columns:\n      id: {type: text, from: entityId}\n      _causet_seq: {type: bigint, from: sequenceNumber}\n", []string{
 			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet" (line 9)`,
 		}},
+		{"event type that YAML reads as null or a bool", "irVersion: v1\nprojections:\n  - name: p\n    table: t\n    primaryKey: [id]\n    columns: {id: {type: text, from: entityId}}\n    events: {~: upsert, true: upsert, \"null\": upsert, 123: delete}\n", []string{
+			`d.yaml: projection "p": events: key ~ is YAML's null, not an event type name: quote it ("~") if an event type is spelt so (line 7)`,
+			`d.yaml: projection "p": events: key true is YAML's bool, not an event type name: quote it ("true") if an event type is spelt so (line 7)`,
+		}},
 		{"system column", head + "    columns:\n      id: {type: text, from: entityId}\n      xmin: {type: text, from: forkId}\n      ctid: {type: bigint, from: sequenceNumber}\n", []string{
 			`d.yaml: projection "p": columns.ctid: "ctid" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 10)`,
 			`d.yaml: projection "p": columns.xmin: "xmin" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 9)`,
