@@ -284,7 +284,7 @@ func parseFlags(fs *flagenv.Set, args []string) error {
 // topicConfig returns the topic settings, or a usage error naming the flag.
 func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 	if s.partitions < 1 || s.partitions > 10000 {
-		return dlq.TopicConfig{}, flagenv.Usagef("--partitions must be in 1..10000, got %d", s.partitions)
+		return dlq.TopicConfig{}, flagenv.Usagef("--partitions (EVENTS_PARTITIONS) must be in 1..10000, got %d", s.partitions)
 	}
 	for _, t := range []struct{ flag, name string }{{"--topic", s.topic}, {"--dlq-topic", s.dlqTopic}, {"--ledger-topic", s.ledgerTopic}} {
 		if t.name == "" {
@@ -416,7 +416,7 @@ func (s *settings) checkRun() error {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)
 	}
 	if s.dlqMaxBytes != 0 && (s.dlqMaxBytes < 1024 || s.dlqMaxBytes > maxDLQBytes) {
-		return flagenv.Usagef("--dlq-max-bytes must be in 1024..%d (or 0: the dead-letter topic's max.message.bytes), got %d", maxDLQBytes, s.dlqMaxBytes)
+		return flagenv.Usagef("--dlq-max-bytes (DLQ_MAX_BYTES) must be in 1024..%d (or 0: the dead-letter topic's max.message.bytes), got %d", maxDLQBytes, s.dlqMaxBytes)
 	}
 	if s.copyMinRows == 0 || s.copyMinRows < -1 {
 		return flagenv.Usagef("--copy-min-rows must be >= 1, or -1 for never, got %d", s.copyMinRows)
