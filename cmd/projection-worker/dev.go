@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -50,6 +51,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return nil
 		}
 		return err
+	}
+	if s.httpAddr != "" {
+		// Before the stack, which takes seconds to start (new-user trial:
+		// a taken port was said after initdb and the migrations).
+		ln, err := net.Listen("tcp", s.httpAddr)
+		if err != nil {
+			return fmt.Errorf("--http-addr %s: %w (another port: make run ARGS='--http-addr 127.0.0.1:18080')", s.httpAddr, err)
+		}
+		ln.Close()
 	}
 	stack, err := devstack.Start(ctx, devstack.Options{
 		KafkaPort:   kafkaPort,

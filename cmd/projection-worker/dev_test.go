@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -123,6 +124,23 @@ func TestDevCtrlCWhileStartingIsAStop(t *testing.T) {
 		if code != 0 || strings.Contains(stderr.String(), "FATAL") || strings.Contains(stderr.String(), "initdb") {
 			t.Errorf("Ctrl-C after %s: exit %d, want 0 without initdb's log\nstdout:\n%s\nstderr:\n%s", after, code, stdout.String(), stderr.String())
 		}
+	}
+}
+
+// TestDevSaysATakenHTTPAddressFirst: a taken --http-addr stops make run
+// with status 1 before the throwaway PostgreSQL and the embedded Kafka
+// start (new-user trial: it was said after initdb and the migrations).
+func TestDevSaysATakenHTTPAddressFirst(t *testing.T) {
+	clearSettingsEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), []string{"dev", "--kafka-port", "-1", "--http-addr", ln.Addr().String(), "--projections", exampleProjections}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "--http-addr "+ln.Addr().String()) || strings.Contains(stdout.String(), "throwaway") || strings.Contains(stdout.String(), "kfake") {
+		t.Errorf("exit %d, want 1 naming --http-addr before anything starts\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
 }
 
