@@ -191,9 +191,61 @@ func appendKeyText(b []byte, tp *TableProjection, args []any) []byte {
 	for _, i := range tp.pk {
 		s, _ := args[i].(string)
 		b = append(b, 0)
-		b = append(b, s...)
+		b = append(b, keyValueText(tp.cols[i].kind, s)...)
 	}
 	return b
+}
+
+// keyValueText returns one text for all the spellings of a primary key
+// value s that PostgreSQL reads as one value of a column of kind k, so that
+// the batch tells rows apart as the table's primary key does: 7 and 7.0
+// (numeric), +1 and 01 (integers), -0 and 0 (floating point), yes and t
+// (boolean), upper-case and braced uuids, one instant at two UTC offsets
+// (timestamptz), one date with two times after it (date). Two spellings of one row in one COPY group made its
+// INSERT ... ON CONFLICT fail (21000), and the group's isolation then
+// applied them out of order (new-user trial: the older of two equal
+// sequence numbers won). A spelling it cannot read stays as it is; text
+// (and jsonb, which Plan writes canonically) are returned unchanged.
+func keyValueText(k colKind, s string) string {
+	switch k {
+	case kindSmallint, kindInteger, kindBigint:
+		if n, err := strconv.ParseInt(strings.TrimPrefix(pgTrim(s), "+"), 10, 64); err == nil {
+			return strconv.FormatInt(n, 10)
+		}
+	case kindNumeric:
+		t := strings.TrimPrefix(pgTrim(s), "+")
+		if t != "" && strings.Trim(t, "0123456789.eE+-") == "" {
+			return canonicalNumber(t)
+		}
+		return strings.ToLower(t) // NaN, Infinity
+	case kindDouble, kindReal:
+		bits := 64
+		if k == kindReal {
+			bits = 32
+		}
+		if f, err := strconv.ParseFloat(pgTrim(s), bits); err == nil {
+			return strconv.FormatFloat(f+0, 'g', -1, bits) // +0: -0 is 0
+		}
+	case kindBoolean:
+		if b, ok := pgBool(pgTrim(s)); ok {
+			return strconv.FormatBool(b)
+		}
+	case kindUUID:
+		if u := strings.ToLower(strings.NewReplacer("{", "", "}", "", "-", "").Replace(pgTrim(s))); len(u) == 32 {
+			return u
+		}
+	case kindTimestamptz:
+		if tm, infinite, err := parseTimeText(k, s); err == nil && !infinite {
+			return tm.UTC().Format(time.RFC3339Nano)
+		}
+	case kindDate:
+		// PostgreSQL takes the date as written, whatever the time and
+		// offset after it.
+		if _, infinite, err := parseTimeText(k, s); err == nil && !infinite {
+			return pgTrim(s)[:10]
+		}
+	}
+	return s
 }
 
 // rowKey identifies a row of a table projection in a tenant schema by the
@@ -203,10 +255,10 @@ func rowKey(tp *TableProjection, schema string, keyArgs []any) string {
 	b.WriteString(tp.def.Table)
 	b.WriteByte(0)
 	b.WriteString(schema)
-	for _, a := range keyArgs {
+	for j, a := range keyArgs {
 		b.WriteByte(0)
 		s, _ := a.(string)
-		b.WriteString(s)
+		b.WriteString(keyValueText(tp.cols[tp.pk[j]].kind, s))
 	}
 	return b.String()
 }

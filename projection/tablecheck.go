@@ -199,7 +199,7 @@ func checkString(k colKind, typ, s string) string {
 	case kindReal:
 		return checkFloatText(pgTrim(s), 32, typ, s)
 	case kindBoolean:
-		if !validBool(pgTrim(s)) {
+		if _, ok := pgBool(pgTrim(s)); !ok {
 			return invalidSyntax(typ, s)
 		}
 		return ""
@@ -432,12 +432,12 @@ func hasNonZeroDigit(t string) bool {
 	return false
 }
 
-// validBool reports whether t is a boolean as PostgreSQL's boolin reads it:
-// true, yes, on, 1, false, no, off, 0, or a unique prefix of one of the
-// words (t, tr, f, y, n, of, ...), in any case.
-func validBool(t string) bool {
+// pgBool reads t as a boolean as PostgreSQL's boolin reads it: true, yes,
+// on, 1, false, no, off, 0, or a unique prefix of one of the words (t, tr,
+// f, y, n, of, ...), in any case; ok is false when it is none of them.
+func pgBool(t string) (value, ok bool) {
 	if t == "" || len(t) > 5 {
-		return false
+		return false, false
 	}
 	var buf [5]byte
 	for i := 0; i < len(t); i++ {
@@ -449,13 +449,12 @@ func validBool(t string) bool {
 	}
 	l := string(buf[:len(t)]) // no allocation: compared only
 	switch {
-	case strings.HasPrefix("true", l), strings.HasPrefix("false", l),
-		strings.HasPrefix("yes", l), strings.HasPrefix("no", l):
-		return true
-	case l == "on" || l == "off" || l == "of" || l == "1" || l == "0":
-		return true
+	case strings.HasPrefix("true", l), strings.HasPrefix("yes", l), l == "on", l == "1":
+		return true, true
+	case strings.HasPrefix("false", l), strings.HasPrefix("no", l), l == "off", l == "of", l == "0":
+		return false, true
 	}
-	return false
+	return false, false
 }
 
 // validUUID reports whether s is a uuid as PostgreSQL's uuid_in reads it:
@@ -492,15 +491,12 @@ func isHex(c byte) bool {
 // rfc3339Space is RFC 3339 with the space separator its section 5.6 allows.
 const rfc3339Space = "2006-01-02 15:04:05.999999999Z07:00"
 
-// checkTimeText checks a string for a timestamptz or date column: an RFC
-// 3339 timestamp ('T', 't' or space between date and time; 'Z' or 'z' for
-// UTC), for date also a full-date (2024-06-25), or infinity and -infinity.
-// Other spellings PostgreSQL reads ("yesterday", "June 25") are refused:
-// the definitions format takes RFC 3339.
-func checkTimeText(k colKind, typ, s string) string {
+// parseTimeText reads s as checkTimeText takes it: the time, or that it is
+// infinity or -infinity, or the parse error.
+func parseTimeText(k colKind, s string) (tm time.Time, infinite bool, err error) {
 	t := pgTrim(s)
 	if strings.EqualFold(t, "infinity") || strings.EqualFold(t, "-infinity") || strings.EqualFold(t, "+infinity") {
-		return ""
+		return time.Time{}, true, nil
 	}
 	// RFC 3339 (section 5.6) allows a lowercase t and z, as PostgreSQL
 	// reads them; Go's layout wants T and Z.
@@ -510,8 +506,6 @@ func checkTimeText(k colKind, typ, s string) string {
 	if n := len(t); n > 10 && t[n-1] == 'z' {
 		t = t[:n-1] + "Z"
 	}
-	var tm time.Time
-	var err error
 	if len(t) > 10 && t[10] == ' ' {
 		tm, err = time.Parse(rfc3339Space, t)
 	} else {
@@ -520,10 +514,25 @@ func checkTimeText(k colKind, typ, s string) string {
 	if err != nil && leapSecond(t) {
 		// RFC 3339 and PostgreSQL take second 60 (PostgreSQL as the next
 		// minute, with no fraction); Go's parser does not.
-		tm, err = time.Parse(time.RFC3339Nano, t[:10]+"T"+t[11:17]+"59"+t[19:])
+		if tm, err = time.Parse(time.RFC3339Nano, t[:10]+"T"+t[11:17]+"59"+t[19:]); err == nil {
+			tm = tm.Truncate(time.Second).Add(time.Second) // the instant PostgreSQL reads
+		}
 	}
 	if err != nil && k == kindDate {
 		tm, err = time.Parse(time.DateOnly, t)
+	}
+	return tm, false, err
+}
+
+// checkTimeText checks a string for a timestamptz or date column: an RFC
+// 3339 timestamp ('T', 't' or space between date and time; 'Z' or 'z' for
+// UTC), for date also a full-date (2024-06-25), or infinity and -infinity.
+// Other spellings PostgreSQL reads ("yesterday", "June 25") are refused:
+// the definitions format takes RFC 3339.
+func checkTimeText(k colKind, typ, s string) string {
+	tm, infinite, err := parseTimeText(k, s)
+	if infinite {
+		return ""
 	}
 	if err != nil {
 		want := " (want RFC 3339, such as 2024-06-25T16:00:00Z)"
