@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,15 +31,21 @@ import (
 // everything from the watermark again (re-applied records are no-ops under
 // the sequence guard; dead letters of that span can appear twice).
 
-// handoffPrefix starts the metadata of a hand-off; other metadata (kgo
-// commits the member id) is ignored.
-const handoffPrefix = "causet.handoff.v1:"
+// handoffPrefix starts the metadata of a hand-off of the first format
+// (JSON maps, about 90 bytes per open pair: 42 open records fitted),
+// still read from an owner of an older version; handoffPrefixV2 starts
+// the one written now (handoffWire). Other metadata (kgo commits the
+// member id) is ignored.
+const (
+	handoffPrefix   = "causet.handoff.v1:"
+	handoffPrefixV2 = "causet.handoff.v2:"
+)
 
 // maxHandoffBytes keeps a hand-off within Kafka's default
 // offset.metadata.max.bytes (4096).
 const maxHandoffBytes = 4000
 
-// handoff is the JSON after handoffPrefix.
+// handoff is what a hand-off tells the next owner.
 type handoff struct {
 	// Offset is the watermark: the committed offset, the first open record.
 	Offset int64 `json:"offset"`
@@ -55,6 +63,75 @@ type handoff struct {
 	Retries map[string]map[string]int `json:"retries,omitempty"`
 }
 
+// handoffWire is the JSON after handoffPrefixV2: the open pairs as
+// integers, each a difference from the pair before, so that a few hundred
+// open records fit in maxHandoffBytes (about 10 bytes a pair).
+type handoffWire struct {
+	Offset int64 `json:"offset"`
+	UpTo   int64 `json:"upTo"`
+	// Names are the projections of Pairs ("" for the record itself), in
+	// the order they first appear there.
+	Names []string `json:"names"`
+	// Pairs holds 4 integers per open pair, by offset and then by name:
+	// its record's offset minus the previous pair's (the first pair's:
+	// minus Offset), the index of its projection in Names, the epoch ms of
+	// its first failure minus the previous pair's (the first pair's: minus
+	// 0), and the retries it made.
+	Pairs []int64 `json:"pairs"`
+}
+
+// handoffEncoder appends open records to a handoffWire, keeping count of
+// the bytes of its JSON.
+type handoffEncoder struct {
+	w              handoffWire
+	names          map[string]int
+	prevOff, prevT int64
+	size           int // bytes of the metadata so far
+}
+
+func newHandoffEncoder(offset, upTo int64) *handoffEncoder {
+	e := &handoffEncoder{w: handoffWire{Offset: offset, UpTo: upTo, Names: []string{}, Pairs: []int64{}}, names: map[string]int{}, prevOff: offset}
+	b, _ := json.Marshal(e.w)
+	e.size = len(handoffPrefixV2) + len(b) + 40 // room for a longer upTo
+	return e
+}
+
+// add appends the pairs of the record at offset (projection → first
+// failure, retries made) unless the metadata would then exceed max bytes:
+// false, and e is unchanged.
+func (e *handoffEncoder) add(offset int64, pending map[string]int64, retries map[string]int, max int) bool {
+	names := sortedKeys(pending)
+	size, newNames := e.size, 0
+	prevOff, prevT := e.prevOff, e.prevT
+	var pairs []int64
+	for _, name := range names {
+		idx, ok := e.names[name]
+		if !ok {
+			idx = len(e.names) + newNames
+			newNames++
+			size += len(strconv.Quote(name)) + 1 // strconv.Quote's escapes cover JSON's for the names kept
+		}
+		t := pending[name]
+		pairs = append(pairs, offset-prevOff, int64(idx), t-prevT, int64(retries[name]))
+		prevOff, prevT = offset, t
+	}
+	for _, v := range pairs {
+		size += len(strconv.FormatInt(v, 10)) + 1
+	}
+	if size > max {
+		return false
+	}
+	for _, name := range names {
+		if _, ok := e.names[name]; !ok {
+			e.names[name] = len(e.w.Names)
+			e.w.Names = append(e.w.Names, name)
+		}
+	}
+	e.w.Pairs = append(e.w.Pairs, pairs...)
+	e.size, e.prevOff, e.prevT = size, prevOff, prevT
+	return true
+}
+
 // newHandoff describes a stopped partition's open records, or returns nil
 // when it has nothing to hand off. Past maxHandoffBytes it hands off a
 // prefix: UpTo stops before the first open record that does not fit, and
@@ -64,30 +141,26 @@ func newHandoff(open []*recordState, last *kgo.Record, retried map[pairKey]int) 
 		return nil
 	}
 	h := &handoff{Offset: open[0].d.rec.Offset, UpTo: last.Offset, Open: make(map[string]map[string]int64, len(open))}
-	size := len(handoffPrefix) + 64
+	enc := newHandoffEncoder(h.Offset, h.UpTo)
 	for _, rs := range open {
 		if len(rs.pending) == 0 {
 			continue
 		}
 		entry := make(map[string]int64, len(rs.pending))
 		var counts map[string]int
-		n := 24
 		for name, t := range rs.pending {
 			entry[name] = t.UnixMilli()
-			n += len(name) + 24
 			if r := retried[pairKey{rs.d.rec.Offset, name}]; r > 0 {
 				if counts == nil {
 					counts = map[string]int{}
 				}
 				counts[name] = r
-				n += len(name) + 32
 			}
 		}
-		if size+n > maxHandoffBytes {
+		if !enc.add(rs.d.rec.Offset, entry, counts, maxHandoffBytes) {
 			h.UpTo = rs.d.rec.Offset - 1
 			break
 		}
-		size += n
 		off := strconv.FormatInt(rs.d.rec.Offset, 10)
 		h.Open[off] = entry
 		if counts != nil {
@@ -107,20 +180,65 @@ type pairKey struct {
 	projection string
 }
 
+// metadata is h in the current format (handoffWire), its open records by
+// offset as newHandoff added them.
 func (h handoff) metadata() string {
-	b, _ := json.Marshal(h) // maps of strings to integers always encode
-	return handoffPrefix + string(b)
+	offsets := make([]int64, 0, len(h.Open))
+	for off := range h.Open {
+		n, _ := strconv.ParseInt(off, 10, 64)
+		offsets = append(offsets, n)
+	}
+	slices.Sort(offsets)
+	enc := newHandoffEncoder(h.Offset, h.UpTo)
+	for _, off := range offsets {
+		k := strconv.FormatInt(off, 10)
+		enc.add(off, h.Open[k], h.Retries[k], math.MaxInt)
+	}
+	b, _ := json.Marshal(enc.w) // strings and integers always encode
+	return handoffPrefixV2 + string(b)
 }
 
-// parseHandoff returns the hand-off in a committed offset's metadata, and
-// false when there is none for offset at.
+// parseHandoff returns the hand-off in a committed offset's metadata, of
+// either format, and false when there is none for offset at (or it does
+// not read as one).
 func parseHandoff(metadata string, at int64) (handoff, bool) {
-	rest, ok := strings.CutPrefix(metadata, handoffPrefix)
-	if !ok {
+	var h handoff
+	if rest, ok := strings.CutPrefix(metadata, handoffPrefix); ok {
+		if err := json.Unmarshal([]byte(rest), &h); err != nil {
+			return handoff{}, false
+		}
+	} else if rest, ok := strings.CutPrefix(metadata, handoffPrefixV2); ok {
+		var w handoffWire
+		if err := json.Unmarshal([]byte(rest), &w); err != nil || len(w.Pairs)%4 != 0 {
+			return handoff{}, false
+		}
+		h = handoff{Offset: w.Offset, UpTo: w.UpTo, Open: map[string]map[string]int64{}}
+		off, t := w.Offset, int64(0)
+		for i := 0; i < len(w.Pairs); i += 4 {
+			off, t = off+w.Pairs[i], t+w.Pairs[i+2]
+			idx, retries := w.Pairs[i+1], w.Pairs[i+3]
+			if idx < 0 || idx >= int64(len(w.Names)) || off < w.Offset || off > w.UpTo || retries < 0 {
+				return handoff{}, false
+			}
+			k, name := strconv.FormatInt(off, 10), w.Names[idx]
+			if h.Open[k] == nil {
+				h.Open[k] = map[string]int64{}
+			}
+			h.Open[k][name] = t
+			if retries > 0 {
+				if h.Retries == nil {
+					h.Retries = map[string]map[string]int{}
+				}
+				if h.Retries[k] == nil {
+					h.Retries[k] = map[string]int{}
+				}
+				h.Retries[k][name] = int(retries)
+			}
+		}
+	} else {
 		return handoff{}, false
 	}
-	var h handoff
-	if err := json.Unmarshal([]byte(rest), &h); err != nil || h.Offset != at || h.UpTo < h.Offset {
+	if h.Offset != at || h.UpTo < h.Offset {
 		return handoff{}, false
 	}
 	return h, true
@@ -285,7 +403,7 @@ func (w *Worker) receiveHandoffs(ctx context.Context, cl *kgo.Client, assigned [
 			pc.received = &h
 			pc.mu.Unlock()
 			w.log.Info("hand-off received", "topic", w.cfg.Topic, "partition", pc.partition, "offset", h.Offset, "up_to", h.UpTo, "open_records", len(h.Open))
-		} else if strings.HasPrefix(o.Metadata, handoffPrefix) {
+		} else if strings.HasPrefix(o.Metadata, handoffPrefix) || strings.HasPrefix(o.Metadata, handoffPrefixV2) {
 			w.log.Warn("hand-off ignored: it is not for the committed offset", "topic", w.cfg.Topic, "partition", pc.partition, "offset", o.At)
 		}
 	}

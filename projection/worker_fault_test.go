@@ -97,6 +97,53 @@ func testRevokeDuringRetry(t *testing.T, brokers int) {
 	}
 }
 
+// TestWorkerHandOffOfManyOpenRecordsDeadLettersNothingTwice: a partition
+// stopped with more open records than the first hand-off format held (42
+// of them in its 4000 bytes: second new-user trial, SIGTERM with 45
+// retried records) still tells the next owner which records after them it
+// finished: the poison after 300 retried records is dead-lettered once,
+// not again by the next owner.
+func TestWorkerHandOffOfManyOpenRecordsDeadLettersNothingTwice(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	const retried, poison = 300, 20
+	for i := range retried {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, `{"user_id":"`+user+`","artist_id":"a","stars":3}`)))
+	}
+	for i := range poison {
+		r.produce(fmt.Sprintf("poison-%d", i), []byte("not json"))
+	}
+	first := r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+	})
+	waitFor(t, "the poison's dead letters", func() bool { return len(r.deadLetters()) == poison })
+	if err := first.stop(t); err != nil {
+		t.Fatalf("first worker Run = %v", err)
+	}
+	// A record after the hand-off: its dead letter says the next owner went
+	// past the records handed off.
+	r.produce("marker", []byte("not json either"))
+	r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+	})
+	waitFor(t, "the marker's dead letter", func() bool { return len(r.deadLetters()) >= poison+1 })
+	time.Sleep(200 * time.Millisecond)
+	perOffset := map[string]int{}
+	for _, d := range r.deadLetters() {
+		perOffset[d.headers[dlq.HeaderOriginalOffset]]++
+	}
+	for off, n := range perOffset {
+		if n != 1 {
+			t.Errorf("offset %s: %d dead letters, want 1", off, n)
+		}
+	}
+	if len(perOffset) != poison+1 {
+		t.Errorf("dead letters for %d offsets, want %d", len(perOffset), poison+1)
+	}
+}
+
 // TestWorkerStuckOnDeadLetterCommitsTheRecordsBeforeIt: while a dead letter
 // cannot be written, the records before it are finished and their offsets
 // are committed; only the record itself and what follows wait.
