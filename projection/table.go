@@ -80,14 +80,15 @@ type column struct {
 	name    string
 	typ     string
 	kind    colKind
-	notNull bool       // notNull and not a primary key column (nullKey reports those)
-	source  string     // "from payload.x" or `derive "expr"`, for errors
-	path    []string   // from, split at dots; nil for derive
-	fromTS  bool       // from ts into a timestamptz or date column: formatted from Event.TS
-	prog    *derivePrg // derive; nil for from
+	notNull bool     // notNull and not a primary key column (nullKey reports those)
+	source  string   // "from payload.x" or `derive "expr"`, for errors
+	path    []string // from, split at dots; nil for derive
+	fromTS  bool     // from ts into a timestamptz or date column: formatted from Event.TS
 	// jsonbKey: a jsonb column of the primary key, whose numbers are
-	// written in one spelling per value (canonicalJSONNumbers).
+	// written in one spelling per value (canonicalJSONNumbers); next to
+	// fromTS, with which it shares a word.
 	jsonbKey bool
+	prog     *derivePrg // derive; nil for from
 }
 
 // NewTableProjections validates d (see Definitions.Validate) and returns one
