@@ -317,6 +317,7 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck
 	}
 	t := kmsg.NewOffsetCommitRequestTopic()
 	t.Topic = w.cfg.Topic
+	openRecords := map[int32]int{}
 	for _, pc := range stopped {
 		if containsPartition(stuck, pc.partition) {
 			continue
@@ -325,6 +326,11 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck
 		if h == nil {
 			continue
 		}
+		if h.UpTo < pc.lastDone.Offset {
+			w.log.Warn("hand-off holds only the open records that fit in the offset metadata: the next owner processes the records after up_to again (their dead letters can be written twice)",
+				"topic", w.cfg.Topic, "partition", pc.partition, "open_records", len(h.Open), "up_to", h.UpTo, "last_offset", pc.lastDone.Offset)
+		}
+		openRecords[pc.partition] = len(h.Open)
 		// Every record before h.Offset is finished, so committing it is
 		// right even when the marks had not reached it; a committed offset
 		// past it (never expected) is not rewound.
@@ -360,7 +366,7 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck
 		return
 	}
 	for _, p := range t.Partitions {
-		w.log.Info("hand-off committed", "topic", w.cfg.Topic, "partition", p.Partition, "offset", p.Offset, "metadata_bytes", len(*p.Metadata))
+		w.log.Info("hand-off committed", "topic", w.cfg.Topic, "partition", p.Partition, "offset", p.Offset, "open_records", openRecords[p.Partition], "metadata_bytes", len(*p.Metadata))
 	}
 }
 

@@ -115,12 +115,22 @@ func TestWorkerHandOffOfManyOpenRecordsDeadLettersNothingTwice(t *testing.T) {
 	for i := range poison {
 		r.produce(fmt.Sprintf("poison-%d", i), []byte("not json"))
 	}
+	firstLogs := &logCounter{msgs: map[string][]slog.Record{}}
 	first := r.start(func(c *projection.Config) {
 		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 5}
+		c.Logger = slog.New(firstLogs)
 	})
 	waitFor(t, "the poison's dead letters", func() bool { return len(r.deadLetters()) == poison })
 	if err := first.stop(t); err != nil {
 		t.Fatalf("first worker Run = %v", err)
+	}
+	if n, open := len(firstLogs.records("hand-off committed")), logSum(firstLogs, "hand-off committed", "open_records"); n != 1 || open != retried {
+		t.Errorf("%d hand-off committed lines with open_records=%d in all, want one with %d", n, open, retried)
+	}
+	for msg := range firstLogs.msgs {
+		if strings.HasPrefix(msg, "hand-off holds only") {
+			t.Errorf("the hand-off of %d open records was cut: %s", retried, msg)
+		}
 	}
 	// A record after the hand-off: its dead letter says the next owner went
 	// past the records handed off.
