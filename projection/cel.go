@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/cel-go/cel"
@@ -136,6 +137,40 @@ func compileDerive(expr string) (*derivePrg, error) {
 		return env.Program(ast, append(opts, cel.EvalOptions(cel.OptTrackState))...)
 	})
 	return &derivePrg{Program: prg, ast: ast, traced: traced}, nil
+}
+
+// neverFits returns why no result of d can be stored in a column of kind
+// k (type typ), when the type checker knows d's result type and every value
+// of that type is refused alike (checkValue, on one value of the type as
+// fromCEL converts it): a bool into a number, timestamp or uuid column, a
+// timestamp into anything but timestamptz, date and text, a list or a map
+// into anything but jsonb, a number into a uuid column. "" otherwise: a
+// dyn, string or null result, or a number some values of which fit.
+func (d *derivePrg) neverFits(expr string, k colKind, typ string) string {
+	var v any
+	name := ""
+	switch d.ast.OutputType().Kind() {
+	case types.BoolKind:
+		v, name = true, "bool"
+	case types.TimestampKind:
+		v, name = time.Unix(0, 0).UTC(), "timestamp"
+	case types.ListKind:
+		v, name = []any{}, "list"
+	case types.MapKind:
+		v, name = map[string]any{}, "map"
+	case types.IntKind, types.UintKind, types.DoubleKind:
+		if k != kindUUID { // which numbers fit depends on the value
+			return ""
+		}
+		v, name = json.Number("0"), d.ast.OutputType().String()
+	default:
+		return ""
+	}
+	why := checkValue(k, typ, v)
+	if why == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s returns %s, and %s: every event would be dead-lettered", quoteExpr(expr), article(name), why)
 }
 
 // explainOverload returns err, cel-go's "no such overload" of evaluating d

@@ -267,6 +267,29 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"identifier too long", head + "    columns:\n      id: {type: text, from: entityId}\n      " + strings.Repeat("c", 64) + ": {type: text, from: forkId}\n", []string{
 			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 9)`,
 		}},
+		// New-user trial: validated, then every event dead-lettered. A
+		// derive whose type the checker knows, and which no value of fits
+		// the column; a dyn, a string and a number into a number column
+		// may fit, by value.
+		{"derive of a type the column never takes", head + "    columns:\n      id: {type: text, from: entityId}\n" +
+			"      flag: {type: bigint, derive: 'payload.n > 3'}\n" +
+			"      at: {type: integer, derive: \"timestamp('2024-01-01T00:00:00Z')\"}\n" +
+			"      tags: {type: text, derive: '[1, 2]'}\n" +
+			"      u: {type: uuid, derive: '1 + 2'}\n" +
+			"      m: {type: numeric, derive: \"{'a': payload.n}\"}\n" +
+			"      ok1: {type: boolean, derive: 'payload.n > 3'}\n" +
+			"      ok2: {type: jsonb, derive: \"{'a': [1]}\"}\n" +
+			"      ok3: {type: date, derive: \"timestamp('2024-01-01T00:00:00Z')\"}\n" +
+			"      ok4: {type: smallint, derive: '1 + 2'}\n" +
+			"      ok5: {type: text, derive: 'payload.n > 3'}\n" +
+			"      ok6: {type: bigint, derive: 'payload.n'}\n" +
+			"      ok7: {type: uuid, derive: \"payload.n > 3 ? 'x' : dyn(null)\"}\n", []string{
+			`d.yaml: projection "p": columns.at: derive: "timestamp('2024-01-01T00:00:00Z')" returns a timestamp, and a timestamp cannot be stored in an integer column: every event would be dead-lettered (line 10)`,
+			`d.yaml: projection "p": columns.flag: derive: "payload.n > 3" returns a bool, and a JSON boolean cannot be stored in a bigint column: every event would be dead-lettered (line 9)`,
+			`d.yaml: projection "p": columns.m: derive: "{'a': payload.n}" returns a map, and a JSON object cannot be stored in a numeric column (only jsonb): every event would be dead-lettered (line 13)`,
+			`d.yaml: projection "p": columns.tags: derive: "[1, 2]" returns a list, and a JSON array cannot be stored in a text column (only jsonb): every event would be dead-lettered (line 11)`,
+			`d.yaml: projection "p": columns.u: derive: "1 + 2" returns an int, and a JSON number cannot be stored in a uuid column: every event would be dead-lettered (line 12)`,
+		}},
 		{"derive runtime-only problems compile", head + "    columns:\n      id: {type: text, derive: 'string(payload.a / payload.b)'}\n", nil},
 		{"duplicate table", "irVersion: v1\nprojections:\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +

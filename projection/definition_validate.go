@@ -185,6 +185,12 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 					d.programs[col.Derive] = prg
 				}
 			}
+			if prg := d.programs[col.Derive]; prg != nil && col.Type != "" && normalizeType(col.Type) == col.Type {
+				if why := prg.neverFits(col.Derive, kindOf(col.Type), col.Type); why != "" {
+					// Every event would be dead-lettered (new-user trial).
+					cfail("derive", "%s", why)
+				}
+			}
 		}
 		if col != pd.Columns[name] {
 			pd.Columns[name] = col // normalised type; only the first Validate writes
