@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"hash/maphash"
 	"iter"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,10 +27,12 @@ import (
 type copyGroup struct {
 	p      *TableProjection
 	schema string
-	rows   map[string]int // primary key (appendKeyText) → index into pairs of the newest, while the groups are formed
-	pairs  []pair         // one per primary key
-	n      int            // upserts in the group, before deduplication
-	all    []pair         // every upsert of the group, in batch order
+	// pairs is one upsert per primary key, the newest. When the group
+	// holds no primary key twice it is all itself (the same array), not a
+	// copy: see sharesPairs.
+	pairs []pair
+	n     int    // upserts in the group, before deduplication
+	all   []pair // every upsert of the group, in batch order
 	// wholeRefused: PostgreSQL is known to refuse a row of the group as a
 	// whole (rowError), so isolateGroup starts from its parts.
 	wholeRefused bool
@@ -100,17 +104,22 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 		g.n++ // counted here, counted again by add
 	}
 	order := groups.order
+	upserts := 0
 	for _, g := range order {
-		n := g.n
-		g.n = 0
-		g.rows, g.pairs, g.all = make(map[string]int, n), make([]pair, 0, n), make([]pair, 0, n)
+		upserts += g.n
+		g.all, g.n = make([]pair, 0, g.n), 0
 	}
+	keys := newKeyIndex(upserts)
+	defer keys.release()
 	var key []byte // the primary key of an upsert in its group, reused
 	for i, pr := range planned {
 		if g := in[i]; g != nil {
 			key = appendKeyText(key[:0], g.p, pr.stmt.Args)
-			g.add(pr, key)
+			g.add(pr, key, keys)
 		}
+	}
+	for _, g := range order {
+		g.formed()
 	}
 	var suspect map[*copyGroup]map[string]bool // primary keys (appendKeyText) left to statements
 	var suspects []pair
@@ -162,26 +171,121 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 
 // newCopyGroup returns an empty group of p's upserts in schema.
 func newCopyGroup(p *TableProjection, schema string) *copyGroup {
-	return &copyGroup{p: p, schema: schema, rows: map[string]int{}}
+	return &copyGroup{p: p, schema: schema}
 }
 
 // add adds the upsert pr of the row with primary key k (appendKeyText) to
 // g, in batch order: it replaces the pair of the same key unless that one is
-// newer. It keeps a copy of k. It is called only while the groups are
-// formed (copyGroupsChecked): without drops the key index.
-func (g *copyGroup) add(pr pair, k []byte) {
+// newer. It is called only while the groups are formed (copyGroupsChecked,
+// with one keys for all its groups), after which a group whose pairs is
+// still nil (no key twice) takes all as its pairs.
+func (g *copyGroup) add(pr pair, k []byte, keys *keyIndex) {
 	g.n++
 	g.all = append(g.all, pr)
-	if i, ok := g.rows[string(k)]; ok {
-		// Last sequence wins; on a tie, the later record (as applying
-		// them in order would).
-		if pr.d.ev.SequenceNumber >= g.pairs[i].d.ev.SequenceNumber {
-			g.pairs[i] = pr
+	// Until a key comes twice, pairs is all (kept nil meanwhile): an index
+	// into one is an index into the other.
+	dedup := g.pairs
+	if dedup == nil {
+		dedup = g.all[:len(g.all)-1]
+	}
+	i, ok := keys.find(g, k, dedup)
+	if !ok {
+		keys.put(g, k, len(dedup))
+		if g.pairs != nil {
+			g.pairs = append(g.pairs, pr)
 		}
 		return
 	}
-	g.rows[string(k)] = len(g.pairs)
-	g.pairs = append(g.pairs, pr)
+	if g.pairs == nil { // the first key twice: pairs becomes a copy
+		g.pairs = append(make([]pair, 0, cap(g.all)), dedup...)
+	}
+	// Last sequence wins; on a tie, the later record (as applying them in
+	// order would).
+	if pr.d.ev.SequenceNumber >= g.pairs[i].d.ev.SequenceNumber {
+		g.pairs[i] = pr
+	}
+}
+
+// formed ends the adds to g: pairs is all when no primary key came twice.
+func (g *copyGroup) formed() {
+	if g.pairs == nil {
+		g.pairs = g.all
+	}
+}
+
+// sharesPairs reports whether g.pairs is g.all itself (no primary key
+// twice), so that removing upserts from one removes them from both.
+func (g *copyGroup) sharesPairs() bool {
+	return len(g.pairs) == len(g.all) && (len(g.all) == 0 || &g.pairs[0] == &g.all[0])
+}
+
+// keyIndex finds, while copyGroupsChecked forms its groups, the upsert of
+// a primary key in its group: by a hash of the key's text, so that no
+// string is kept per upsert (a map of the keys' text cost an allocation
+// per upsert: BenchmarkHotCopy). A hit is compared with the key of the
+// upsert it names; a key whose hash another key of its group took first
+// goes to spill, by its text.
+type keyIndex struct {
+	seed  maphash.Seed
+	slots map[keySlot]int32
+	spill map[keySpill]int32
+}
+
+type keySlot struct {
+	g *copyGroup
+	h uint64
+}
+
+type keySpill struct {
+	g *copyGroup
+	k string
+}
+
+var keyIndexes = sync.Pool{New: func() any { return &keyIndex{seed: maphash.MakeSeed()} }}
+
+// newKeyIndex returns an empty keyIndex for about n keys, from a pool.
+func newKeyIndex(n int) *keyIndex {
+	x := keyIndexes.Get().(*keyIndex)
+	if x.slots == nil {
+		x.slots = make(map[keySlot]int32, n)
+	}
+	return x
+}
+
+// release empties x and puts it back in the pool.
+func (x *keyIndex) release() {
+	clear(x.slots)
+	x.spill = nil
+	keyIndexes.Put(x)
+}
+
+// find returns the index in pairs (g's upserts, one per key so far) of the
+// upsert of primary key k, and whether there is one.
+func (x *keyIndex) find(g *copyGroup, k []byte, pairs []pair) (int, bool) {
+	i, ok := x.slots[keySlot{g, maphash.Bytes(x.seed, k)}]
+	if !ok {
+		return 0, false
+	}
+	var buf [64]byte
+	if string(appendKeyText(buf[:0], g.p, pairs[i].stmt.Args)) == string(k) {
+		return int(i), true
+	}
+	i, ok = x.spill[keySpill{g, string(k)}]
+	return int(i), ok
+}
+
+// put records i as the index of the upsert of primary key k in g, a key
+// find did not find.
+func (x *keyIndex) put(g *copyGroup, k []byte, i int) {
+	s := keySlot{g, maphash.Bytes(x.seed, k)}
+	if _, taken := x.slots[s]; !taken {
+		x.slots[s] = int32(i)
+		return
+	}
+	if x.spill == nil {
+		x.spill = map[keySpill]int32{}
+	}
+	x.spill[keySpill{g, string(k)}] = int32(i)
 }
 
 // appendKeyText appends to b the primary key values of tp's upsert

@@ -1310,14 +1310,15 @@ func keyProjections(t *testing.T, src string) (*Definitions, []*TableProjection)
 // (copyRows in a transaction).
 func applyByCopy(t *testing.T, pool *pgxpool.Pool, p *TableProjection, evs ...*Event) {
 	t.Helper()
-	g := &copyGroup{p: p, schema: evs[0].TenantSchema, rows: map[string]int{}}
+	var pairs []pair
 	for _, ev := range evs {
 		st, err := p.Plan(ev)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.add(pair{d: &decoded{ev: ev}, h: p, stmt: st}, appendKeyText(nil, p, st.Args))
+		pairs = append(pairs, pair{d: &decoded{ev: ev}, h: p, stmt: st})
 	}
+	g := formGroup(newCopyGroup(p, evs[0].TenantSchema), pairs)
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		_, _, err := copyRows(context.Background(), tx, g, tempTables{})
 		return err

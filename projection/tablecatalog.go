@@ -527,12 +527,10 @@ func (rc *rowCheck) suspectKeys(g *copyGroup) map[string]bool {
 
 // without removes from g every upsert of the primary keys keys, in
 // place, and returns them in batch order: g.all and g.pairs keep their
-// order, g.n counts what is left. The key index (g.rows) is not rebuilt:
-// it only serves add while the groups are formed, and is dropped here
-// (rebuilding it cost a map insert per upsert at every batch that had a
-// suspect: BenchmarkHotCopy's group_checked_1pct_suspect).
+// order, g.n counts what is left.
 func (g *copyGroup) without(keys map[string]bool) (removed []pair) {
 	var key []byte
+	shared := g.sharesPairs()
 	all := g.all[:0]
 	for _, pr := range g.all {
 		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
@@ -544,6 +542,11 @@ func (g *copyGroup) without(keys map[string]bool) (removed []pair) {
 	}
 	clear(g.all[len(all):]) // no event held beyond the slice
 	g.all = all
+	g.n = len(g.all)
+	if shared {
+		g.pairs = g.all
+		return removed
+	}
 	pairs := g.pairs[:0]
 	for _, pr := range g.pairs {
 		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
@@ -553,8 +556,6 @@ func (g *copyGroup) without(keys map[string]bool) (removed []pair) {
 	}
 	clear(g.pairs[len(pairs):])
 	g.pairs = pairs
-	g.n = len(g.all)
-	g.rows = nil
 	return removed
 }
 
