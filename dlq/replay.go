@@ -201,7 +201,9 @@ func (r *Replayer) RunID() string { return r.cfg.RunID }
 // is recorded in the ledger as "replayed" only after Kafka acknowledged its
 // record (acks=all). Not sent: entries the ledger marks skipped (never), or
 // replayed (unless IncludeReplayed); entries replayed MaxReplays times
-// already and entries first read from another topic than EventsTopic
+// already (the count of the entry's causet.dlq.replay-count header, or of
+// the ledger's last replay of the entry when that is higher: replaying one
+// entry again counts up) and entries first read from another topic than EventsTopic
 // (unless Force), and entries whose originalEvent is null, are refused. In a dry run nothing is sent or recorded and Replayed counts what
 // would be.
 //
@@ -311,6 +313,14 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		d, decided := r.ledger.Lookup(e.Coordinates())
 		var omittedErr, invalid error
 		wanted := !decided || d.Action == ActionReplayed && cfg.IncludeReplayed
+		if wanted && decided {
+			// Replayed before (IncludeReplayed): each replay of this entry
+			// counts, not only the chain of dead letters its header counts
+			// (new-user trial: retry --include-replayed sent one dead
+			// letter five times, each with causet.replay.count 1, and
+			// --max-replays never refused it).
+			e.ReplayCount = max(e.ReplayCount, d.ReplayCount)
+		}
 		if e.Omitted != nil && wanted {
 			// Read again only for an entry that would be replayed.
 			omittedErr = r.restoreOmitted(ctx, e)

@@ -692,8 +692,10 @@ func TestRetryMaxReplays(t *testing.T) {
 		sent []int // replay counts of the sent entries
 	}{
 		{"default 3", dlq.ReplayConfig{}, "matched=4 replayed=3 skipped=0 already-replayed=0 already-skipped=0 refused=1 failed=0", []int{0, 1, 2}},
-		{"max 2", dlq.ReplayConfig{MaxReplays: 2, IncludeReplayed: true}, "matched=4 replayed=2 skipped=0 already-replayed=0 already-skipped=0 refused=2 failed=0", []int{0, 1}},
-		{"max 1", dlq.ReplayConfig{MaxReplays: 1, IncludeReplayed: true}, "matched=4 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=3 failed=0", []int{0}},
+		// Replayed once each by the run above: its replays count too (the
+		// entry of count 0 goes out with 2, the others are at 2 and more).
+		{"max 2", dlq.ReplayConfig{MaxReplays: 2, IncludeReplayed: true}, "matched=4 replayed=1 skipped=0 already-replayed=0 already-skipped=0 refused=3 failed=0", []int{1}},
+		{"max 1", dlq.ReplayConfig{MaxReplays: 1, IncludeReplayed: true}, "matched=4 replayed=0 skipped=0 already-replayed=0 already-skipped=0 refused=4 failed=0", nil},
 		{"force", dlq.ReplayConfig{Force: true}, "matched=4 replayed=1 skipped=0 already-replayed=3 already-skipped=0 refused=0 failed=0", []int{3}},
 	}
 	for _, tt := range tests {
@@ -722,6 +724,36 @@ func TestRetryMaxReplays(t *testing.T) {
 				t.Errorf("replay counts of the sent entries (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestRetryIncludeReplayedCountsEachReplay: replaying one dead letter again
+// (--include-replayed) counts up, from the ledger's last replay of it, so
+// that --max-replays refuses it in the end (new-user trial: five runs sent
+// it five times, each with causet.replay.count 1).
+func TestRetryIncludeReplayedCountsEachReplay(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	f.add(deadLetter{key: "user-203", fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+	var counts []string
+	for run := 1; run <= 4; run++ {
+		res, outs := f.retry(dlq.ReplayConfig{IncludeReplayed: true})
+		if run == 4 {
+			if res.Replayed != 0 || res.Refused != 1 || len(outs) != 1 || outs[0].Reason != "event already replayed 3 times (--max-replays 3; --force to replay it all the same)" {
+				t.Fatalf("run 4: %s, %+v; want it refused, replayed 3 times", res, outs)
+			}
+			break
+		}
+		if res.Replayed != 1 {
+			t.Fatalf("run %d: %s, want it replayed", run, res)
+		}
+	}
+	for _, r := range readTopic(t, b, f.events) {
+		c, _ := headerValue(r.Headers, dlq.HeaderReplayCountOut)
+		counts = append(counts, c)
+	}
+	if diff := cmp.Diff([]string{"1", "2", "3"}, counts); diff != "" {
+		t.Errorf("causet.replay.count of the replays (-want +got):\n%s", diff)
 	}
 }
 
