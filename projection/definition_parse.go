@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"unicode"
 
@@ -74,7 +75,7 @@ func (p *defParser) parse(data []byte) *Definitions {
 			p.fail("", nil, "empty file")
 		} else {
 			// JSON is read as YAML: say so, a JSON file's error reads "yaml: ...".
-			p.fail("", nil, "not valid YAML or JSON: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+			p.fail("", nil, "not valid YAML or JSON: %s", yamlErrorText(err))
 		}
 		return d
 	}
@@ -272,4 +273,19 @@ func resolve(n *yaml.Node) *yaml.Node {
 		n = n.Alias
 	}
 	return n
+}
+
+// yamlLine is the line the YAML parser names in its error ("yaml: line 3:
+// found character that cannot start any token").
+var yamlLine = regexp.MustCompile(`^(?:yaml: )?line ([0-9]+): (.*)$`)
+
+// yamlErrorText returns the YAML parser's error err as the other problems
+// of a definitions file read: its message, then "(line N)" when it names a
+// line.
+func yamlErrorText(err error) string {
+	msg := err.Error()
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		return m[2] + " (line " + m[1] + ")"
+	}
+	return strings.TrimPrefix(msg, "yaml: ")
 }

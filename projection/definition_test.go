@@ -182,7 +182,7 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: empty file`,
 		}},
 		{"yaml syntax", "irVersion: [", []string{
-			`d.yaml: not valid YAML or JSON: line 1: did not find expected node content`,
+			`d.yaml: not valid YAML or JSON: did not find expected node content (line 1)`,
 		}},
 		{"two documents", "irVersion: v1\nprojections: []\n---\nirVersion: v2\n", []string{
 			`d.yaml: more than one YAML document`,
@@ -237,6 +237,10 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		}},
 		{"type a list", head + "    columns:\n      id: {type: [text], from: entityId}\n", []string{
 			`d.yaml: projection "p": columns.id: type: must be a string (line 8)`,
+		}},
+		// New-user trial: a tab, with the line as the other problems give it.
+		{"tab indent", "irVersion: v1\nprojections:\n\t- name: a\n", []string{
+			`d.yaml: not valid YAML or JSON: found character that cannot start any token (line 3)`,
 		}},
 		{"file a list", "- irVersion: v1\n", []string{
 			`d.yaml: must be a mapping (line 1)`,
