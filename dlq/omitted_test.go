@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -72,6 +73,24 @@ func TestRetryReadsAnOmittedOriginalAgain(t *testing.T) {
 		if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "no longer in the topic") {
 			t.Errorf("refused with %q, want it to say the original is no longer in the topic", o.Reason)
 		}
+	}
+}
+
+// TestRetryRefusalOfAnOmittedOriginalThatIsNoEventSaysWhereItIs: an
+// original left out for size that, read again, is not an event the worker
+// reads is refused with where its bytes are, not with originalValueBase64,
+// which the dead letter left empty too (new-user trial).
+func TestRetryRefusalOfAnOmittedOriginalThatIsNoEventSaysWhereItIs(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	src := omittedDeadLetter(t, f, "user-1", []byte(strings.Repeat("not json ", 1000)))
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
+	if res.Refused != 1 || len(outs) != 1 {
+		t.Fatalf("result %s, outcomes %+v; want it refused", res, outs)
+	}
+	where := fmt.Sprintf("at %s[%d]@%d (9000 bytes)", f.events, src.Partition, src.Offset)
+	if r := outs[0].Reason; !strings.Contains(r, "originalEvent is null") || !strings.Contains(r, where) || strings.Contains(r, "originalValueBase64") {
+		t.Errorf("refused with %q, want it to say its bytes are %s", r, where)
 	}
 }
 

@@ -341,7 +341,14 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			// refuse them again at once: the same bytes, nothing a fix of
 			// the worker changes (new-user trial: "nothing to replay" read
 			// as if the bytes were lost).
-			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null: the record value is not an event the worker reads (not JSON, not an object, or nested too deeply: the dead letter's error says which; originalValueBase64 keeps its bytes), so a replay of it would be dead-lettered again at once, --force or not; skip it"
+			// Its bytes: in originalValueBase64, or, left out for size, at
+			// their offset (new-user trial: the reason pointed at an empty
+			// originalValueBase64).
+			kept := "originalValueBase64 keeps its bytes"
+			if e.Omitted != nil {
+				kept = "its bytes, left out of the dead letter for size, are at " + e.Omitted.String()
+			}
+			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null: the record value is not an event the worker reads (not JSON, not an object, or nested too deeply: the dead letter's error says which; "+kept+"), so a replay of it would be dead-lettered again at once, --force or not; skip it"
 		case invalid != nil:
 			o.Kind = OutcomeRefused
 			o.Reason = fmt.Sprintf("the event fails validation, which a replay cannot change (%v): the worker would dead-letter it again at once; skip it (--force to replay it all the same)", invalid)
