@@ -207,7 +207,7 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	replayedKey, skippedKey := res.CounterNames()
 	log.Info(cmd+" finished", "run_id", r.RunID(), "matched", res.Matched,
 		strings.ReplaceAll(replayedKey, "-", "_"), res.Replayed, strings.ReplaceAll(skippedKey, "-", "_"), res.Skipped,
-		"already_replayed", res.AlreadyReplayed, "refused", res.Refused, "failed", res.Failed, "scanned", res.Scan.Scanned,
+		"already_replayed", res.AlreadyReplayed, "already_skipped", res.AlreadySkipped, "refused", res.Refused, "failed", res.Failed, "scanned", res.Scan.Scanned,
 		"elapsed", res.Scan.Elapsed)
 	if res.Failed > 0 {
 		return fmt.Errorf("%d of %d dead letters failed (see the errors above); run again to retry them", res.Failed, res.Matched)

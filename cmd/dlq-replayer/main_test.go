@@ -415,6 +415,11 @@ func TestSkipKeepsTheLedgersEarlierDecision(t *testing.T) {
 	if r.code != 0 || r.lastLine() != "matched=3 replayed=0 skipped=0 already-replayed=2 already-skipped=1 refused=0 failed=0" {
 		t.Fatalf("second skip: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
+	// The finished log line has the summary line's counts (new-user trial:
+	// it lacked already_skipped).
+	if !strings.Contains(r.stderr, `"already_replayed":2,"already_skipped":1,`) {
+		t.Errorf("the finished log line does not count already_skipped=1:\n%s", r.stderr)
+	}
 	r = runCmd(t, f.env, "list", "--all", "--output", "json")
 	var replayed, skipped int
 	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
