@@ -256,11 +256,12 @@ func (pc *partition) handedOff(d *decoded) (only map[string]bool, skip bool) {
 		return nil, false
 	}
 	off := d.rec.Offset
-	if off > h.UpTo {
-		pc.received = nil // past the hand-off
-		return nil, false
-	}
-	if off < h.Offset {
+	if off > h.UpTo || off < h.Offset {
+		// Past the hand-off (or before it). It is kept all the same, for
+		// the assignment: the pairs it lists may fail in this very batch,
+		// and settle then reads their first failure and retries from it
+		// (ops trial: dropped here at the first record past it, they were
+		// dated anew with their retries counted from 0).
 		return nil, false
 	}
 	entry, ok := h.Open[strconv.FormatInt(off, 10)]

@@ -154,6 +154,50 @@ func TestWorkerHandOffOfManyOpenRecordsDeadLettersNothingTwice(t *testing.T) {
 	}
 }
 
+// TestWorkerHandOffKeepsRetryStateWhenTheBatchGoesPastIt: the next owner
+// keeps the handed-off pairs' first failure and retries also when its first
+// batch holds records after the hand-off (a record produced after the stop
+// here; a hand-off cut to what fits in the offset metadata has them too).
+// It once dropped the hand-off at the first record past it, before that
+// batch's failures were settled (ops trial: 2400 dead letters dated at the
+// restart, each with the second owner's full --max-retries).
+func TestWorkerHandOffKeepsRetryStateWhenTheBatchGoesPastIt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	const retried = 5
+	for i := range retried {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, `{"user_id":"`+user+`","artist_id":"a","stars":3}`)))
+	}
+	firstLogs := &logCounter{msgs: map[string][]slog.Record{}}
+	first := r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: 100 * time.Millisecond, Multiplier: 1, MaxInterval: 100 * time.Millisecond, MaxRetries: 1000}
+		c.Logger = slog.New(firstLogs)
+	})
+	waitFor(t, "the first owner's retries", func() bool { return len(firstLogs.records("projection failed, retrying")) >= 3*retried })
+	if err := first.stop(t); err != nil {
+		t.Fatalf("first worker Run = %v", err)
+	}
+	stopped := time.Now()
+	if open := logSum(firstLogs, "hand-off committed", "open_records"); open != retried {
+		t.Fatalf("hand-off committed with open_records=%d, want %d", open, retried)
+	}
+	r.produce("marker", []byte(r.follow("marker", "artist-1", 1))) // after the hand-off's last record
+	// Fewer retries than the pairs made at the first owner: each is
+	// dead-lettered at its first attempt here, with the retries it made.
+	r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Minute, Multiplier: 2, MaxInterval: time.Minute, MaxRetries: 2}
+	})
+	waitFor(t, "the retried pairs' dead letters", func() bool { return len(r.deadLetters()) >= retried })
+	for _, d := range r.deadLetters() {
+		if first := time.UnixMilli(d.msg.FirstFailedAt); !first.Before(stopped) || d.msg.RetryCount < 3 {
+			t.Errorf("dead letter of offset %s: firstFailedAt %s, retryCount %d; want the first owner's first failure (before %s) and its retries (3 or more)",
+				d.headers[dlq.HeaderOriginalOffset], first.Format(time.RFC3339Nano), d.msg.RetryCount, stopped.Format(time.RFC3339Nano))
+		}
+	}
+}
+
 // TestWorkerStuckOnDeadLetterCommitsTheRecordsBeforeIt: while a dead letter
 // cannot be written, the records before it are finished and their offsets
 // are committed; only the record itself and what follows wait.
