@@ -3,7 +3,16 @@ package projection
 import (
 	"context"
 	"time"
+
+	"github.com/causet/projection-worker/retry"
 )
+
+// Resetter closes a pool's connections (*pgxpool.Pool's Reset): the next
+// attempt opens a new one. A DB that implements it is reset when the
+// database answers that it is read-only (SQLSTATE 25006).
+type Resetter interface {
+	Reset()
+}
 
 // waitForDatabase is the InfraPause middleware: while the next step fails
 // with an infrastructure error (SPEC §5: the database is unreachable, read
@@ -30,6 +39,16 @@ func (pc *partition) waitForDatabase(next applyFunc) applyFunc {
 func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context) error, logArgs ...any) error {
 	err := pc.w.cfg.InfraRetry.UntilAvailable(ctx, op, func(err error, n int, wait time.Duration) {
 		pc.setDBWait(true)
+		if pc.w.reset != nil && retry.SQLState(err) == "25006" {
+			// A read-only answer holds for the session, not only for the
+			// server: a connection opened while the database was read-only
+			// (ALTER DATABASE ... SET default_transaction_read_only, a
+			// demoted primary) stays so after it is writable again, or
+			// after a failover moved the address to the new primary. The
+			// next attempt gets a new connection (ops trial: paused for
+			// over 10 minutes after the database was writable again).
+			pc.w.reset.Reset()
+		}
 		pc.w.log.Warn("database unavailable, waiting",
 			append([]any{"topic", pc.w.cfg.Topic, "partition", pc.partition, "attempt", n, "wait", wait, "error", err}, logArgs...)...)
 	})

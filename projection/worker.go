@@ -46,6 +46,7 @@ type Worker struct {
 	db       DB
 	begin    Beginner // nil: no batches
 	acquire  Acquirer // nil: each retry on its own (retrypipe.go)
+	reset    Resetter // nil: connections are not closed on a read-only answer (dbwait.go)
 	dead     DeadLetterWriter
 	handlers []Handler
 	breaker  *breaker
@@ -112,6 +113,9 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	}
 	if a, ok := db.(Acquirer); ok {
 		w.acquire = a
+	}
+	if r, ok := db.(Resetter); ok {
+		w.reset = r
 	}
 	w.catalog = newTableCatalog(db, w.log)
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)

@@ -810,6 +810,55 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	}
 }
 
+// TestWorkerReadOnlyDatabaseResumesOnNewConnections: while the database
+// answers read-only (25006: here its default_transaction_read_only, which
+// holds for a session from its start) the partition waits; once it is
+// writable, the worker resumes, although the connections it opened in
+// between are read-only for good: it closes them at each read-only answer
+// (ops trial: paused for over 10 minutes after the database was writable
+// again, until its sessions were terminated by hand).
+func TestWorkerReadOnlyDatabaseResumesOnNewConnections(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartOwn(t)
+	r := newRig(t, rigOptions{db: db})
+	rn := r.start(nil)
+	r.produce("user-0", []byte(r.follow("user-0", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	// From a connection of its own, so that no session of the pool
+	// outlives the change.
+	admin, err := pgx.Connect(context.Background(), db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	name := pgx.Identifier{admin.Config().Database}.Sanitize()
+	for _, sql := range []string{"ALTER DATABASE " + name + " SET default_transaction_read_only = on",
+		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"} {
+		if _, err := admin.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
+	}
+	waitFor(t, "the partition to wait for a writable database", func() bool {
+		err := rn.w.Ready()
+
+		return err != nil && strings.Contains(err.Error(), "paused")
+	})
+	time.Sleep(300 * time.Millisecond) // attempts on read-only connections
+	if _, err := admin.Exec(context.Background(), "ALTER DATABASE "+name+" RESET default_transaction_read_only"); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_followers"); n != 4 {
+		t.Errorf("rows = %d, want 4", n)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("dead letters = %d, want 0 while the database was read-only", len(dls))
+	}
+}
+
 func TestWorkerDatabaseOutageDeadLettersWithOnInfraErrorDLQ(t *testing.T) {
 	t.Parallel()
 	db := pgtest.StartOwn(t)

@@ -109,7 +109,7 @@ var sqlStateRules = [...]Rule{
 	{"22", "data_exception", Permanent, "PostgreSQL refuses the value itself (22P02, 22003, 22P05 NUL in text or a character the database's encoding lacks: the worker always speaks UTF-8, `client_encoding=UTF8`, and PostgreSQL converts); a retry sends the same value"},
 	{"23", "integrity_constraint_violation", Projection, "23505, 23502: may pass once other rows or the definitions change"},
 	{"25", "invalid_transaction_state", Projection, "an earlier statement of the transaction failed (25P02); the pair is retried on its own"},
-	{"25006", "read_only_sql_transaction", Infrastructure, "the database is read-only, as during a failover: wait for a writable primary instead of dead-lettering every event"},
+	{"25006", "read_only_sql_transaction", Infrastructure, "the database is read-only, as during a failover: wait for a writable primary instead of dead-lettering every event; each read-only answer closes the pool's connections, so the next attempt opens a new one (a session opened read-only stays so)"},
 	{"25P03", "idle_in_transaction_session_timeout", Infrastructure, "the server closed the session; no event is at fault"},
 	{"28", "invalid_authorization_specification", Infrastructure, "the worker's credentials are refused; no event can pass"},
 	{"3D", "invalid_catalog_name", Infrastructure, "the database does not exist; no event can pass"},
