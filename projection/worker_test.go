@@ -798,16 +798,7 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	if err := db.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	r.waitCommitted(testTimeout)
-	if n := r.count("artist_followers"); n != 4 {
-		t.Errorf("rows = %d, want 4", n)
-	}
-	if dls := r.deadLetters(); len(dls) != 0 {
-		t.Errorf("dead letters = %d, want 0 during an outage", len(dls))
-	}
-	if err := rn.w.Ready(); err != nil {
-		t.Errorf("Ready() after the outage = %v", err)
-	}
+	r.waitAppliedWithoutDeadLetters(rn, 4)
 }
 
 // TestWorkerReadOnlyDatabaseResumesOnNewConnections: while the database
@@ -850,12 +841,25 @@ func TestWorkerReadOnlyDatabaseResumesOnNewConnections(t *testing.T) {
 	if _, err := admin.Exec(context.Background(), "ALTER DATABASE "+name+" RESET default_transaction_read_only"); err != nil {
 		t.Fatal(err)
 	}
+	r.waitAppliedWithoutDeadLetters(rn, 4)
+}
+
+// waitAppliedWithoutDeadLetters waits until every record is committed,
+// then checks that artist_followers has rows rows, that nothing was
+// dead-lettered (the database was unavailable, not refusing) and that rn
+// is ready.
+func (r *rig) waitAppliedWithoutDeadLetters(rn *running, rows int) {
+	t := r.t
+	t.Helper()
 	r.waitCommitted(testTimeout)
-	if n := r.count("artist_followers"); n != 4 {
-		t.Errorf("rows = %d, want 4", n)
+	if n := r.count("artist_followers"); n != rows {
+		t.Errorf("rows = %d, want %d", n, rows)
 	}
 	if dls := r.deadLetters(); len(dls) != 0 {
-		t.Errorf("dead letters = %d, want 0 while the database was read-only", len(dls))
+		t.Errorf("dead letters = %d, want 0 while the database was unavailable", len(dls))
+	}
+	if err := rn.w.Ready(); err != nil {
+		t.Errorf("Ready() once the database is available = %v", err)
 	}
 }
 
