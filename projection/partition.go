@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -188,7 +189,10 @@ func (pc *partition) run() {
 			return
 		}
 		pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
-		if err := pc.retryDue(pc.ctx); err != nil {
+		stop := pc.watchSlow("retries")
+		err := pc.retryDue(pc.ctx)
+		stop()
+		if err != nil {
 			return
 		}
 		for pc.retries.hasRoom(pc.w.cfg) {
@@ -199,7 +203,10 @@ func (pc *partition) run() {
 			for len(recs) > 0 {
 				n := inOrder(recs)
 				pc.rewound(recs[0])
-				if err := pc.processWithinBudget(recs[:n]); err != nil {
+				stop := pc.watchSlow("batch")
+				err := pc.processWithinBudget(recs[:n])
+				stop()
+				if err != nil {
 					return // ctx is done: the unfinished records go to the next owner
 				}
 				recs = recs[n:]
@@ -222,6 +229,46 @@ func (pc *partition) run() {
 		case <-timer.C:
 		case <-pc.writingDone():
 		}
+	}
+}
+
+// slowWork is how long a batch (or a round of retries) of a partition may
+// take before watchSlow says so: 30 s (nanoseconds; tests shorten it).
+var slowWork atomic.Int64
+
+func init() { slowWork.Store(int64(30 * time.Second)) }
+
+// watchSlow returns a func that ends the watch of a partition's batch or
+// round of retries (what): when it is still running after slowWork, and
+// the partition is not waiting for the database (which says so itself), a
+// WARN line says so, then one every slowWork while it lasts (ops trial: a
+// table locked by another session stalled the partition with no line at
+// all). Nothing stops such a statement unless lock_timeout or
+// statement_timeout is set for the worker's sessions (README).
+func (pc *partition) watchSlow(what string) (stop func()) {
+	start := time.Now()
+	var t *time.Timer
+	var mu sync.Mutex
+	stopped := false
+	var warn func()
+	warn = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		if !pc.waitingForDB() {
+			pc.w.log.Warn("a partition's "+what+" is taking long: a statement waits for a lock another session holds, or runs long; set lock_timeout and statement_timeout for the worker's sessions to have such statements fail, be retried and, for good, dead-lettered (README, Failure handling)",
+				"topic", pc.w.cfg.Topic, "partition", pc.partition, "elapsed", time.Since(start))
+		}
+		t.Reset(time.Duration(slowWork.Load()))
+	}
+	t = time.AfterFunc(time.Duration(slowWork.Load()), warn)
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		t.Stop()
 	}
 }
 

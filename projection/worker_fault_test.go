@@ -198,6 +198,42 @@ func TestWorkerHandOffKeepsRetryStateWhenTheBatchGoesPastIt(t *testing.T) {
 	}
 }
 
+// TestWorkerSaysWhenABatchWaitsOnALock: a table locked by another session
+// holds the batch (the worker sets no lock_timeout); a WARN line says the
+// partition's batch is taking long, naming the partition and the fix, and
+// the batch is applied once the lock is released (ops trial: no line at
+// all for 75 s). Not parallel: it shortens the watch for every worker.
+func TestWorkerSaysWhenABatchWaitsOnALock(t *testing.T) {
+	defer projection.SetSlowWork(300 * time.Millisecond)()
+	r := newRig(t, rigOptions{})
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
+	ctx := context.Background()
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	const slow = "a partition's batch is taking long"
+	waitFor(t, "the slow batch's WARN line", func() bool { return len(logs.withPrefix(slow)) > 0 })
+	for _, rec := range logs.withPrefix(slow) {
+		if !strings.Contains(rec.Message, "lock_timeout") || rec.Level != slog.LevelWarn {
+			t.Errorf("slow batch line %q at %s, want a WARN naming lock_timeout", rec.Message, rec.Level)
+		}
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted(testTimeout)
+	if n := r.count("artist_followers"); n != 1 {
+		t.Errorf("rows = %d, want 1", n)
+	}
+}
+
 // TestWorkerStuckOnDeadLetterCommitsTheRecordsBeforeIt: while a dead letter
 // cannot be written, the records before it are finished and their offsets
 // are committed; only the record itself and what follows wait.

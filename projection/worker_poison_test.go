@@ -168,6 +168,19 @@ func (c *logCounter) records(msg string) []slog.Record {
 	return c.msgs[msg]
 }
 
+// withPrefix returns the records whose message starts with prefix.
+func (c *logCounter) withPrefix(prefix string) []slog.Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []slog.Record
+	for msg, recs := range c.msgs {
+		if strings.HasPrefix(msg, prefix) {
+			out = append(out, recs...)
+		}
+	}
+	return out
+}
+
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
 // PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
 // with CopyMinRows 16: the failed group's copied rows are upserted by parts

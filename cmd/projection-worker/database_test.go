@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/pgtest"
 )
 
 // TestRunWarnsAtStartWhenTheDatabaseIsUnreachable (issue 12): a database
@@ -66,5 +70,50 @@ func TestOnInfraErrorTakesAnyCase(t *testing.T) {
 		case want != "" && (err != nil || s.onInfraError != want):
 			t.Errorf("ON_INFRA_ERROR=%s: checkRun error %v, mode %q; want %q", v, err, s.onInfraError, want)
 		}
+	}
+}
+
+// TestReadyzSaysBusyWhenEveryConnectionIsInUse: a ping that waited for a
+// connection until its deadline, every connection of the pool in use, is
+// "database busy" with the fix, not "database unreachable" (ops trial: a
+// table locked by another session read as unreachable); a ping refused is
+// still unreachable.
+func TestReadyzSaysBusyWhenEveryConnectionIsInUse(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx) // the one connection, held as a locked statement holds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	got := pingError(pool.Ping(pctx), pool.Stat()).Error()
+	conn.Release()
+	if !strings.HasPrefix(got, "database busy: all 1 connections of the pool in use") || !strings.Contains(got, "lock_timeout") {
+		t.Errorf("busy pool: %q, want database busy naming lock_timeout", got)
+	}
+
+	cfg, err = pgxpool.ParseConfig("postgres://postgres:postgres@" + closedAddr(t) + "/postgres?sslmode=disable&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refused.Close()
+	pctx2, cancel2 := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel2()
+	if got := pingError(refused.Ping(pctx2), refused.Stat()).Error(); !strings.HasPrefix(got, "database unreachable: ") {
+		t.Errorf("refused: %q, want database unreachable", got)
 	}
 }

@@ -465,7 +465,7 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 		// because Kafka refuses it may also not reach its database.
 		err := w.Ready()
 		if perr := pool.Ping(ctx); perr != nil {
-			err = errors.Join(err, fmt.Errorf("database unreachable: %w", perr))
+			err = errors.Join(err, pingError(perr, pool.Stat()))
 		}
 		if err != nil {
 			msg := err.Error()
@@ -482,6 +482,18 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 	})
 	mux.Handle("GET /metrics", tel.metricsHandler())
 	return mux
+}
+
+// pingError is /readyz's reason for a failed ping of the pool: the
+// database unreachable, or, when the ping found every connection of the
+// pool in use (it waited for one until its deadline), busy: statements
+// that wait for a lock or run long (ops trial: a locked table read
+// "database unreachable: context deadline exceeded").
+func pingError(err error, st *pgxpool.Stat) error {
+	if errors.Is(err, context.DeadlineExceeded) && st.MaxConns() > 0 && st.AcquiredConns() >= st.MaxConns() {
+		return fmt.Errorf("database busy: all %d connections of the pool in use (statements waiting for a lock another session holds, or running long; lock_timeout and statement_timeout make them fail: README, Failure handling): %w", st.MaxConns(), err)
+	}
+	return fmt.Errorf("database unreachable: %w", err)
 }
 
 // setMemoryLimit sets Go's soft memory limit to 90 % of the container's
