@@ -115,7 +115,7 @@ var sqlStateRules = [...]Rule{
 	{"3D", "invalid_catalog_name", Infrastructure, "the database does not exist; no event can pass"},
 	{"40001", "serialization_failure", Infrastructure, "contention; the same statement passes when run again"},
 	{"40P01", "deadlock_detected", Infrastructure, "contention; the same statement passes when run again"},
-	{"42", "syntax_error_or_access_rule_violation", Projection, "42703 undefined column, 42P01 undefined table: passes once the tenant is migrated"},
+	{"42", "syntax_error_or_access_rule_violation", Projection, "42703 undefined column, 42P01 undefined table: passes once the tenant is migrated; 42501 insufficient privilege (a GRANT missing or revoked): passes once granted (migrate --grant); until then every pair of the table is dead-lettered (the breaker cuts the retries short), to replay after the fix, while /readyz stays ready"},
 	{"53", "insufficient_resources", Infrastructure, "disk full, out of memory, too many connections"},
 	{"55P03", "lock_not_available", Projection, "a lock wait timed out (lock_timeout): usually passes on retry, but a lock held for good must end in the dead-letter topic, not pause the partition forever"},
 	{"57", "operator_intervention", Infrastructure, "57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now: wait for the database"},
