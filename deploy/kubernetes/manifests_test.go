@@ -362,6 +362,51 @@ func TestKafkaTriggers(t *testing.T) {
 	}
 }
 
+// TestSecretKeysAreTheExamples: every key of the Secret that the
+// Deployment and the Jobs read (secretKeyRef, not optional) is a key of
+// secret.example.yaml, so that a Secret made from it has them all (ops
+// trial: the migrate Job read the worker's DATABASE_URL, whose role may not
+// create tables), and the migrator's Secret is the migrate Job's alone.
+func TestSecretKeysAreTheExamples(t *testing.T) {
+	secret, err := deploytest.DecodeFile(filepath.Join(dir(t), "secret.example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]map[string]string{} // Secret → its keys
+	for _, sec := range secret.Secrets {
+		keys[sec.Name] = sec.StringData
+	}
+	var specs []corev1.PodSpec
+	specs = append(specs, build(t, "overlays/example").Deployments[0].Spec.Template.Spec)
+	for _, name := range []string{"migrate", "replay-dry-run", "replay-retry"} {
+		specs = append(specs, build(t, "overlays/example/jobs/"+name).Jobs[0].Spec.Template.Spec)
+	}
+	read := map[string]bool{}
+	for _, spec := range specs {
+		for _, c := range append(spec.InitContainers, spec.Containers...) {
+			for _, e := range c.Env {
+				ref := e.ValueFrom
+				if ref == nil || ref.SecretKeyRef == nil || (ref.SecretKeyRef.Optional != nil && *ref.SecretKeyRef.Optional) {
+					continue
+				}
+				read[ref.SecretKeyRef.Name+"/"+ref.SecretKeyRef.Key] = true
+				if keys[ref.SecretKeyRef.Name][ref.SecretKeyRef.Key] == "" {
+					t.Errorf("container %s reads %s/%s: not a key of the Secret example", c.Name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key)
+				}
+			}
+		}
+	}
+	if !read["projection-worker-migrate/DATABASE_URL"] {
+		t.Errorf("Secret keys read %v: want the migrator's projection-worker-migrate/DATABASE_URL (the migrate Job)", read)
+	}
+	// The migrator's password in no pod of the worker.
+	for _, f := range specs[0].Containers[0].EnvFrom {
+		if f.SecretRef != nil && f.SecretRef.Name == "projection-worker-migrate" {
+			t.Errorf("the worker's pods read the migrator's Secret")
+		}
+	}
+}
+
 // TestJobs: the one-shot Jobs run to completion once (restartPolicy Never,
 // a backoffLimit, a deadline, cleaned up by ttlSecondsAfterFinished), with
 // the worker's hardening, and use the worker's image in each kustomization
