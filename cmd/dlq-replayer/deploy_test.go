@@ -30,7 +30,7 @@ func TestDeployReplayJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret, err := deploytest.ExampleSecret()
+	secrets, err := deploytest.ExampleSecrets()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestDeployReplayJobs(t *testing.T) {
 			if !slices.Equal(c.Command, []string{"/usr/local/bin/dlq-replayer"}) || len(c.Args) == 0 || c.Args[0] != "retry" {
 				t.Fatalf("Job runs %q %q, want /usr/local/bin/dlq-replayer retry ...", c.Command, c.Args)
 			}
-			env, err := deploytest.ResolveEnv(worker, secret, c)
+			env, err := deploytest.ResolveEnv(worker, secrets, c)
 			if err != nil {
 				t.Fatal(err)
 			}

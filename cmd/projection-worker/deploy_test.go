@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -64,14 +65,14 @@ func containerEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Contain
 }
 
 // exampleSecretEnv is c's environment with secret.example.yaml as its
-// Secret, every key of it kept.
+// Secrets, every key of them kept.
 func exampleSecretEnv(t *testing.T, configMaps *deploytest.Objects, c corev1.Container) deploytest.Env {
 	t.Helper()
-	secret, err := deploytest.ExampleSecret()
+	secrets, err := deploytest.ExampleSecrets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := deploytest.ResolveEnv(configMaps, secret, c)
+	env, err := deploytest.ResolveEnv(configMaps, secrets, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,8 +317,15 @@ func TestDeployMigrateJob(t *testing.T) {
 	if err := ms.requireDatabase(); err != nil {
 		t.Error(err)
 	}
-	if ms.databaseURL != ws.databaseURL || ms.projections != ws.projections {
+	// The worker's database and definitions, as the migrator (a role of
+	// its own), granting the worker's role what run needs.
+	mu, err1 := url.Parse(ms.databaseURL)
+	wu, err2 := url.Parse(ws.databaseURL)
+	if err1 != nil || err2 != nil || mu.Host != wu.Host || mu.Path != wu.Path || ms.projections != ws.projections {
 		t.Errorf("migrate uses database %q and definitions %q, the worker %q and %q", ms.databaseURL, ms.projections, ws.databaseURL, ws.projections)
+	}
+	if wu != nil && ms.grantRole != wu.User.Username() {
+		t.Errorf("migrate grants %q, want the worker's role %q (the user of its DATABASE_URL)", ms.grantRole, wu.User.Username())
 	}
 	checkProjectionsMount(t, worker, pod, migrate, ms.projections)
 	if len(ms.tenantSchemas) == 0 {

@@ -37,11 +37,11 @@ func (e Env) Names() []string {
 
 // ResolveEnv returns the environment of container c: its envFrom and env,
 // with ConfigMaps from configMaps (the worker's, for a Job built on its own),
-// Secret keys from secret (the example), metadata.name as PodName and a
+// Secret keys from secrets (the example), metadata.name as PodName and a
 // resourceFieldRef as the container's limit in the ref's unit (bytes for a
 // divisor of 1). A missing ConfigMap or Secret, or a missing key that is not
 // optional, is an error.
-func ResolveEnv(configMaps *Objects, secret *corev1.Secret, c corev1.Container) (Env, error) {
+func ResolveEnv(configMaps *Objects, secrets []*corev1.Secret, c corev1.Container) (Env, error) {
 	env := Env{Values: map[string]string{}}
 	configMap := func(name string) (map[string]string, error) {
 		cm := configMaps.ConfigMap(name)
@@ -51,10 +51,12 @@ func ResolveEnv(configMaps *Objects, secret *corev1.Secret, c corev1.Container) 
 		return cm.Data, nil
 	}
 	fromSecret := func(name string) (map[string]string, error) {
-		if name != secret.Name {
-			return nil, fmt.Errorf("container %s reads Secret %q, want %q (secret.example.yaml)", c.Name, name, secret.Name)
+		for _, sec := range secrets {
+			if sec.Name == name {
+				return sec.StringData, nil
+			}
 		}
-		return secret.StringData, nil
+		return nil, fmt.Errorf("container %s reads Secret %q, which secret.example.yaml does not hold", c.Name, name)
 	}
 	for _, from := range c.EnvFrom {
 		var data map[string]string
@@ -116,8 +118,8 @@ func ResolveEnv(configMaps *Objects, secret *corev1.Secret, c corev1.Container) 
 	return env, nil
 }
 
-// ExampleSecret returns the Secret of deploy/kubernetes/secret.example.yaml.
-func ExampleSecret() (*corev1.Secret, error) {
+// ExampleSecrets returns the Secrets of deploy/kubernetes/secret.example.yaml.
+func ExampleSecrets() ([]*corev1.Secret, error) {
 	dir, err := Dir()
 	if err != nil {
 		return nil, err
@@ -126,10 +128,10 @@ func ExampleSecret() (*corev1.Secret, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(objs.Secrets) != 1 {
-		return nil, fmt.Errorf("secret.example.yaml holds %d Secrets, want 1", len(objs.Secrets))
+	if len(objs.Secrets) == 0 {
+		return nil, fmt.Errorf("secret.example.yaml holds no Secret")
 	}
-	return objs.Secrets[0], nil
+	return objs.Secrets, nil
 }
 
 // RuntimeEnv are variables the Go runtime reads, not the flags.
