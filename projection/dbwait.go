@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/causet/projection-worker/retry"
@@ -49,7 +50,14 @@ func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context
 			// over 10 minutes after the database was writable again).
 			pc.w.reset.Reset()
 		}
-		pc.w.log.Warn("database unavailable, waiting",
+		// Folded by --failure-log-interval as failing pairs are, by the
+		// database's answer (ops trial: a 10-minute outage wrote over 70
+		// lines per partition): the first in full, the rest counted.
+		fp := "database"
+		if code := retry.SQLState(err); code != "" {
+			fp += "/" + code
+		}
+		pc.w.failures.write(ctx, slog.LevelWarn, "database unavailable, waiting", fp,
 			append([]any{"topic", pc.w.cfg.Topic, "partition", pc.partition, "attempt", n, "wait", wait, "error", err}, logArgs...)...)
 	})
 	pc.setDBWait(false)

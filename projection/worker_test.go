@@ -775,7 +775,8 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	t.Parallel()
 	db := pgtest.StartOwn(t)
 	r := newRig(t, rigOptions{db: db})
-	rn := r.start(nil)
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	rn := r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
 	r.produce("user-0", []byte(r.follow("user-0", "artist-1", 1)))
 	r.waitCommitted(testTimeout)
 	if err := db.Stop(context.Background()); err != nil {
@@ -794,6 +795,11 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // well past 5 retries of fastRetry
 	if got := r.committed(); got != 1 {
 		t.Errorf("committed offset during the outage = %d, want 1", got)
+	}
+	// One line in full for the outage, the other attempts folded
+	// (--failure-log-interval, 1 min), not a line per attempt.
+	if n := len(logs.records("database unavailable, waiting")); n != 1 {
+		t.Errorf("%d lines 'database unavailable, waiting' in the outage's first interval, want 1", n)
 	}
 	if err := db.Restart(context.Background()); err != nil {
 		t.Fatal(err)
