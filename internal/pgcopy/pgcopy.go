@@ -23,6 +23,7 @@ package pgcopy
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -94,6 +95,11 @@ var chunks = sync.Pool{New: func() any { b := make([]byte, chunk); return &b }}
 // stream is the io.Reader pgconn's CopyFrom sends: it encodes rows as it
 // is read.
 type stream struct {
+	// mu orders Read, on pgconn's writing goroutine, with end: pgconn's
+	// CopyFrom can return (a server or connection error) before that
+	// goroutine has ended, and the goroutine may then call Read again.
+	mu     sync.Mutex
+	ended  bool // end was called: Read encodes nothing more
 	row    Row
 	off    int // bytes of row.buf already read
 	n      int // rows to encode
@@ -101,8 +107,16 @@ type stream struct {
 	done   bool // the trailer is in row.buf
 }
 
+// errEnded is what Read returns once the COPY it served has returned.
+var errEnded = errors.New("pgcopy: read after the COPY returned")
+
 // Read encodes rows until p can be filled (or the rows end), then copies.
 func (s *stream) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return 0, errEnded
+	}
 	if s.off > 0 { // keep only what was not read yet, at the front
 		s.row.buf = s.row.buf[:copy(s.row.buf, s.row.buf[s.off:])]
 		s.off = 0
@@ -137,11 +151,31 @@ func (s *stream) Read(p []byte) (int, error) {
 func newStream(fields, n int, encode func(i int, r *Row)) *stream {
 	s := pool.Get().(*stream)
 	s.row = Row{buf: append(s.row.buf[:0], header...), want: fields}
-	s.off, s.n, s.encode, s.done = 0, n, encode, false
+	s.off, s.n, s.encode, s.done, s.ended = 0, n, encode, false, false
 	return s
 }
 
-func (s *stream) release() {
+// end stops s: a Read after it (pgconn's writing goroutine, still running
+// after CopyFrom returned) encodes nothing and fails, so that encode is
+// not called once From has returned. It returns the encoding error, if
+// any.
+func (s *stream) end() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ended = true
+	return s.row.err
+}
+
+// release gives s back to the pool when reuse is set: only once no Read
+// can come (the COPY ended normally, pgconn having waited for its writing
+// goroutine, or Write's own reads). Otherwise s is left to the garbage
+// collector: a late Read on it fails (end), where on a pooled stream it
+// would encode another COPY's rows.
+func (s *stream) release(reuse bool) {
+	s.end()
+	if !reuse {
+		return
+	}
 	if cap(s.row.buf) > maxPooled {
 		s.row.buf = nil
 	}
@@ -155,7 +189,7 @@ func (s *stream) release() {
 // benchmarks.
 func Write(w io.Writer, fields, n int, encode func(i int, r *Row)) (int64, error) {
 	s := newStream(fields, n, encode)
-	defer s.release()
+	defer s.release(true)
 	bp := chunks.Get().(*[]byte)
 	defer chunks.Put(bp)
 	buf := *bp
@@ -188,9 +222,9 @@ func Write(w io.Writer, fields, n int, encode func(i int, r *Row)) (int64, error
 // (to a savepoint), PostgreSQL's error (*pgconn.PgError), or the
 // connection's. The connection's tracer, when it is a pgx.CopyFromTracer,
 // sees the COPY as Conn.CopyFrom's.
-func From(ctx context.Context, tx pgx.Tx, table pgx.Identifier, columns []string, n int, encode func(i int, r *Row)) (int64, error) {
+func From(ctx context.Context, tx pgx.Tx, table pgx.Identifier, columns []string, n int, encode func(i int, r *Row)) (rows int64, err error) {
 	s := newStream(len(columns), n, encode)
-	defer s.release()
+	defer func() { s.release(err == nil) }()
 
 	conn := tx.Conn()
 	tracer, _ := conn.Config().Tracer.(pgx.CopyFromTracer)
@@ -209,8 +243,8 @@ func From(ctx context.Context, tx pgx.Tx, table pgx.Identifier, columns []string
 	}
 	sql.WriteString(") FROM STDIN (FORMAT binary)")
 	tag, err := conn.PgConn().CopyFrom(ctx, s, sql.String())
-	if s.row.err != nil {
-		err = s.row.err // PostgreSQL's error only says the COPY was aborted
+	if rowErr := s.end(); rowErr != nil {
+		err = rowErr // PostgreSQL's error only says the COPY was aborted
 	}
 	if tracer != nil {
 		tracer.TraceCopyFromEnd(ctx, conn, pgx.TraceCopyFromEndData{CommandTag: tag, Err: err})
