@@ -40,7 +40,8 @@ func (pc *partition) waitForDatabase(next applyFunc) applyFunc {
 func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context) error, logArgs ...any) error {
 	err := pc.w.cfg.InfraRetry.UntilAvailable(ctx, op, func(err error, n int, wait time.Duration) {
 		pc.setDBWait(true)
-		if pc.w.reset != nil && retry.SQLState(err) == "25006" {
+		code := retry.SQLState(err)
+		if pc.w.reset != nil && code == "25006" {
 			// A read-only answer holds for the session, not only for the
 			// server: a connection opened while the database was read-only
 			// (ALTER DATABASE ... SET default_transaction_read_only, a
@@ -54,7 +55,7 @@ func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context
 		// database's answer (ops trial: a 10-minute outage wrote over 70
 		// lines per partition): the first in full, the rest counted.
 		fp := "database"
-		if code := retry.SQLState(err); code != "" {
+		if code != "" {
 			fp += "/" + code
 		}
 		pc.w.failures.write(ctx, slog.LevelWarn, "database unavailable, waiting", fp,

@@ -189,7 +189,7 @@ func (pc *partition) run() {
 			return
 		}
 		pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
-		stop := pc.watchSlow("retries")
+		stop := pc.watchSlow("round of retries")
 		err := pc.retryDue(pc.ctx)
 		stop()
 		if err != nil {
