@@ -175,7 +175,29 @@ func TestWorkerHandOffKeepsRetryStateWhenTheBatchGoesPastIt(t *testing.T) {
 		c.Retry = retry.Policy{Initial: 100 * time.Millisecond, Multiplier: 1, MaxInterval: 100 * time.Millisecond, MaxRetries: 1000}
 		c.Logger = slog.New(firstLogs)
 	})
-	waitFor(t, "the first owner's retries", func() bool { return len(firstLogs.records("projection failed, retrying")) >= 3*retried })
+	// Each pair has made 3 retries once its 4th is scheduled.
+	waitFor(t, "3 retries of each pair at the first owner", func() bool {
+		scheduled := map[int64]int64{} // offset → highest retry scheduled
+		for _, rec := range firstLogs.records("projection failed, retrying") {
+			var off, n int64
+			rec.Attrs(func(a slog.Attr) bool {
+				switch a.Key {
+				case "offset":
+					off = a.Value.Int64()
+				case "retry":
+					n = a.Value.Int64()
+				}
+				return true
+			})
+			scheduled[off] = max(scheduled[off], n)
+		}
+		for off := range int64(retried) {
+			if scheduled[off] < 4 {
+				return false
+			}
+		}
+		return true
+	})
 	if err := first.stop(t); err != nil {
 		t.Fatalf("first worker Run = %v", err)
 	}
