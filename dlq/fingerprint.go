@@ -26,7 +26,9 @@ const (
 // its bytes, so no two different field tuples hash the same input.
 //
 // NewRecord passes the untruncated Message.Error text, so a reader can
-// recompute the fingerprint of a message whose error was not truncated.
+// recompute the fingerprint of a message whose error was not truncated,
+// unless the error gives a text of its own to group by (FingerprintTexter:
+// a record value that is not JSON, whatever the parser says of its bytes).
 func Fingerprint(projection string, class retry.Class, sqlstate, message string) string {
 	h := sha256.New()
 	for _, f := range [...]string{projection, class.String(), sqlstate, MaskLiterals(message)} {

@@ -218,9 +218,10 @@ const (
 
 // Fingerprint returns the dead letter's failure group, as NewRecord writes
 // it in the causet.dlq.fingerprint header: Fingerprint of its projection,
-// class, SQLSTATE and error text.
+// class, SQLSTATE and error text (its FingerprintText when the error gives
+// one: FingerprintTexter).
 func (dl DeadLetter) Fingerprint() string {
-	return Fingerprint(dl.Projection, dl.Class, retry.SQLState(dl.Err), errorText(dl.Err))
+	return Fingerprint(dl.Projection, dl.Class, retry.SQLState(dl.Err), fingerprintText(dl.Err))
 }
 
 // MarshalJSON returns the dead-letter JSON of m: its fields in the order

@@ -260,7 +260,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		{HeaderEventType, dl.EventType},
 		{HeaderErrorClass, dl.Class.String()},
 		{HeaderSQLState, sqlstate},
-		{HeaderFingerprint, Fingerprint(dl.Projection, dl.Class, sqlstate, errText)},
+		{HeaderFingerprint, dl.Fingerprint()},
 		{HeaderWorker, cfg.Worker},
 		{HeaderGeneration, cfg.Generation},
 		{HeaderReplayCount, strconv.Itoa(dl.ReplayCount)},

@@ -18,6 +18,27 @@ func errorText(err error) string {
 	return err.Error()
 }
 
+// FingerprintTexter is an error whose dead letters group by another text
+// than their error's: one whose details vary with the data in words that
+// MaskLiterals does not mask (a parser's account of where a value stops
+// being JSON). FingerprintText returns that text, "" for the error's own.
+type FingerprintTexter interface {
+	FingerprintText() string
+}
+
+// fingerprintText is the text Fingerprint reads for err: the
+// FingerprintText of the first error in its chain that gives one, else
+// errorText(err).
+func fingerprintText(err error) string {
+	var ft FingerprintTexter
+	if errors.As(err, &ft) {
+		if s := ft.FingerprintText(); s != "" {
+			return s
+		}
+	}
+	return errorText(err)
+}
+
 // stackTrace is the Message.StackTrace of err: the wrapped error chain,
 // one level a line, indented two spaces per level and followed by its Go
 // type ("apply x: ERROR: ... [*fmt.wrapError]"; the branches of an

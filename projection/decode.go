@@ -37,6 +37,21 @@ type ValidationError struct {
 	// not an object, or that strict parsers may read differently (a
 	// duplicate key, an unpaired surrogate escape, excess nesting).
 	StrictObject bool
+	// group is what the dead letters of the failure group by, when Reason's
+	// words vary with the bytes (FingerprintText); "" for Reason itself.
+	group string
+}
+
+// FingerprintText returns what the dead letters of e group by
+// (dlq.FingerprintTexter): "invalid event: not valid JSON" for a record
+// value that is not JSON, whatever the parser says of where and why (new-user
+// trial: two values that were not JSON gave two fingerprints, so no one
+// --fingerprint selected them all); "" (the error's text) otherwise.
+func (e *ValidationError) FingerprintText() string {
+	if e.group == "" {
+		return ""
+	}
+	return "invalid event: " + e.group
 }
 
 // Error returns "invalid event: <field>: <reason>", or "invalid event:
@@ -139,9 +154,10 @@ func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	default: // *jsonstrict.SyntaxError
 		if bytes.HasPrefix(value, utf8BOM) {
 			// Said, rather than "invalid character 'ï'" (new-user trial).
-			return nil, &ValidationError{Reason: "record value starts with a UTF-8 byte order mark (EF BB BF), which JSON text must not (RFC 8259 §8.1): " + err.Error()}
+			return nil, &ValidationError{Reason: "record value starts with a UTF-8 byte order mark (EF BB BF), which JSON text must not (RFC 8259 §8.1): " + err.Error(),
+				group: "record value starts with a UTF-8 byte order mark"}
 		}
-		return nil, &ValidationError{Reason: err.Error()}
+		return nil, &ValidationError{Reason: err.Error(), group: "not valid JSON"}
 	}
 	if !isObject {
 		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(t.Nodes[0].Kind) + ", want an object"}

@@ -11,6 +11,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/dlq"
 
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
@@ -574,5 +577,45 @@ func TestDecodeEventKeepsWhatIsReadableOfAValueStrictParsersRefuse(t *testing.T)
 				t.Errorf("readable event type, fork, tenant schema = %q, want %q", got, want)
 			}
 		})
+	}
+}
+
+// TestDeadLettersOfValuesThatAreNotJSONShareAFingerprint: values that are
+// not JSON fail with the parser's account of their bytes, in words
+// MaskLiterals keeps; their dead letters still group as one failure
+// (FingerprintText), in the record's header too, while their error text
+// keeps the details (new-user trial: "hello, not json {" and the example's
+// value gave two fingerprints). A value that is JSON but not an object is
+// another failure.
+func TestDeadLettersOfValuesThatAreNotJSONShareAFingerprint(t *testing.T) {
+	fingerprint := func(value string) (string, string) {
+		t.Helper()
+		_, err := DecodeEvent([]byte(value))
+		if err == nil {
+			t.Fatalf("%q decoded", value)
+		}
+		dl := dlq.DeadLetter{Source: &kgo.Record{Topic: "events", Value: []byte(value)}, Class: retry.Classify(err), Err: err}
+		rec, rerr := dlq.NewRecord(dl, dlq.RecordConfig{Topic: "dlq", Worker: "w"}, time.Unix(0, 0))
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		for _, h := range rec.Headers {
+			if h.Key == dlq.HeaderFingerprint && string(h.Value) != dl.Fingerprint() {
+				t.Errorf("%q: header fingerprint %s, DeadLetter.Fingerprint %s", value, h.Value, dl.Fingerprint())
+			}
+		}
+		return dl.Fingerprint(), err.Error()
+	}
+	a, errA := fingerprint("hello, not json {")
+	b, errB := fingerprint("this is not json")
+	c, _ := fingerprint("{\"eventType\": tru}")
+	if errA == errB {
+		t.Fatalf("the test needs errors that differ in words: both %q", errA)
+	}
+	if a != b || a != c {
+		t.Errorf("fingerprints %s (%s), %s (%s), %s: want one", a, errA, b, errB, c)
+	}
+	if d, _ := fingerprint("[1, 2]"); d == a {
+		t.Errorf("a JSON array has the not-JSON fingerprint %s", d)
 	}
 }
