@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -75,7 +76,7 @@ func (p *defParser) parse(data []byte) *Definitions {
 			p.fail("", nil, "empty file")
 		} else {
 			// JSON is read as YAML: say so, a JSON file's error reads "yaml: ...".
-			p.fail("", nil, "not valid YAML or JSON: %s", yamlErrorText(err))
+			p.fail("", nil, "not valid YAML or JSON: %s", yamlErrorText(err, data))
 		}
 		return d
 	}
@@ -279,13 +280,22 @@ func resolve(n *yaml.Node) *yaml.Node {
 // found character that cannot start any token").
 var yamlLine = regexp.MustCompile(`^(?:yaml: )?line ([0-9]+): (.*)$`)
 
-// yamlErrorText returns the YAML parser's error err as the other problems
-// of a definitions file read: its message, then "(line N)" when it names a
-// line.
-func yamlErrorText(err error) string {
+// yamlErrorText returns the YAML parser's error err about data as the
+// other problems of a definitions file read: its message, then "(line N)"
+// when it names a line, and what is wrong when that line holds a tab (YAML
+// indents with spaces; new-user trial: "found character that cannot start
+// any token" did not say so).
+func yamlErrorText(err error, data []byte) string {
 	msg := err.Error()
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		return m[2] + " (line " + m[1] + ")"
+	m := yamlLine.FindStringSubmatch(msg)
+	if m == nil {
+		return strings.TrimPrefix(msg, "yaml: ")
 	}
-	return strings.TrimPrefix(msg, "yaml: ")
+	text := m[2] + " (line " + m[1] + ")"
+	if n, _ := strconv.Atoi(m[1]); n > 0 {
+		if lines := bytes.Split(data, []byte("\n")); n <= len(lines) && bytes.IndexByte(lines[n-1], '\t') >= 0 {
+			text += ": the line holds a tab; YAML indents with spaces"
+		}
+	}
+	return text
 }

@@ -240,7 +240,7 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		}},
 		// New-user trial: a tab, with the line as the other problems give it.
 		{"tab indent", "irVersion: v1\nprojections:\n\t- name: a\n", []string{
-			`d.yaml: not valid YAML or JSON: found character that cannot start any token (line 3)`,
+			`d.yaml: not valid YAML or JSON: found character that cannot start any token (line 3): the line holds a tab; YAML indents with spaces`,
 		}},
 		{"file a list", "- irVersion: v1\n", []string{
 			`d.yaml: must be a mapping (line 1)`,
