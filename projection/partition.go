@@ -163,10 +163,9 @@ func (pc *partition) take(n int) ([]*kgo.Record, bool) {
 		pc.queue, pc.queuedBytes = nil, 0
 		return q, false
 	}
-	// The head is handed out in place (capped, so that appending to either
-	// never writes into the other): no copy of the rest per take.
-	q := pc.queue[:n:n]
-	pc.queue = pc.queue[n:]
+	q := make([]*kgo.Record, n)
+	copy(q, pc.queue)
+	pc.queue = append(pc.queue[:0:0], pc.queue[n:]...)
 	taken := 0
 	for _, r := range q {
 		taken += recordBytes(r)
