@@ -249,8 +249,7 @@ func (pc *partition) watchSlow(what string) (stop func()) {
 	var t *time.Timer
 	var mu sync.Mutex
 	stopped := false
-	var warn func()
-	warn = func() {
+	warn := func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if stopped {
