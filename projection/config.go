@@ -29,7 +29,7 @@ const (
 	DefaultGroup           = "causet-projection-worker"
 	DefaultMaxPollRecords  = 10000
 	DefaultMaxQueuedBytes  = 8 << 20
-	DefaultMaxBatchRecords = 500
+	DefaultMaxBatchRecords = 1000
 	DefaultShutdownGrace   = 25 * time.Second
 	DefaultMaxRetrying     = 1000
 	DefaultMaxRetryingByte = 16 << 20
@@ -56,7 +56,12 @@ type Config struct {
 	// Default 10000.
 	MaxPollRecords int
 	// MaxBatchRecords bounds the records of one partition applied in one
-	// transaction. Default 500; 1 applies records one at a time.
+	// transaction. Default 1000; 1 applies records one at a time. A larger
+	// batch pays a transaction's round trips and its COPY set-up over more
+	// records (make bench, 3 alternated rounds: 1000 ran at 1.26× the
+	// throughput of 500 with 7.3 against 9.5 µs of worker CPU per event and
+	// 210 against 196 MiB peak RSS; 2000 at 1.12–1.23× of 500 with 253 MiB)
+	// and holds its row locks longer.
 	MaxBatchRecords int
 	// CopyMinRows is the smallest group of upserts of one table in one
 	// tenant schema, within a batch, that is applied with COPY into a

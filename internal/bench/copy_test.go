@@ -15,8 +15,11 @@ import (
 )
 
 // copyBatchEvents is the number of events per transaction of
-// BenchmarkApplyBatchVsCopy (issue 5: a poll's records, applied together).
-const copyBatchEvents = 500
+// BenchmarkApplyBatchVsCopy and of the raw ceiling (issue 5: a poll's
+// records, applied together): the worker's own batch,
+// projection.DefaultMaxBatchRecords, so that the raw methods pay a
+// transaction's costs over as many events as the worker does.
+const copyBatchEvents = projection.DefaultMaxBatchRecords
 
 // applyMode is how BenchmarkApplyBatchVsCopy applies a batch.
 type applyMode string
@@ -31,7 +34,8 @@ const (
 // (default 200000) and the bench's three projections, each in a fresh tenant
 // schema (projection.Migrate), from 8 goroutines (the worker's 8 partitions;
 // goroutine g takes the partitions p with p mod 8 == g, in order) and from 1,
-// each goroutine on its own connection, 500 events per transaction:
+// each goroutine on its own connection, copyBatchEvents (1000) events per
+// transaction:
 //
 //   - batch: the worker's way (projection/batch.go): every statement that
 //     TableProjection.Plan returns for the batch's (event, projection) pairs,

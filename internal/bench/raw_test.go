@@ -9,9 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// rawBatch is the number of upserts per transaction of the raw ceiling.
-const rawBatch = 500
-
 // rawSQL are the plain upserts of the raw ceiling into one tenant schema:
 // INSERT ... VALUES ... ON CONFLICT (primary key) DO UPDATE, natively typed
 // parameters, no sequence-number guard and no tombstone check.
@@ -83,7 +80,7 @@ func plainUpserts(d *dataset, schema string) queueFunc {
 }
 
 // runRaw applies the statements of d's events (queue) in transactions of
-// rawBatch statements (pipelined pgx.Batch) from goroutines concurrent
+// copyBatchEvents events (their statements pipelined in one pgx.Batch) from goroutines concurrent
 // goroutines sharing a pool of conns connections (a goroutine holds a
 // connection for one transaction, as the worker does); goroutine g takes the
 // events of the partitions p with p mod goroutines == g, in order, as the
@@ -111,13 +108,14 @@ func runRaw(ctx context.Context, url string, d *dataset, goroutines, conns int, 
 					return tx.SendBatch(ctx, b).Close()
 				})
 			}
-			b := &pgx.Batch{}
+			b, events := &pgx.Batch{}, 0
 			for i := range d.events {
 				if int(d.events[i].partition())%goroutines != g {
 					continue
 				}
 				counts[g] += queue(b, i)
-				if b.Len() >= rawBatch {
+				if events++; events == copyBatchEvents {
+					events = 0
 					if err := flush(b); err != nil {
 						errs[g] = err
 						return

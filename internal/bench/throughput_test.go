@@ -370,7 +370,8 @@ func (t *throughput) deleteTopics(topics ...string) {
 //   - raw: the raw ceiling, no Kafka, decoding or CEL: the clean workload's
 //     pairs planned by TableProjection.Plan before the clock starts (the
 //     worker's rows, sequence-number guard and tombstone check), applied
-//     500 events per transaction from 8 and from 1 goroutines (one
+//     copyBatchEvents (the worker's --max-batch-records default, 1000)
+//     events per transaction from 8 and from 1 goroutines (one
 //     connection each) as pipelined statements and as COPY into a
 //     temporary table plus one INSERT ... ON CONFLICT per table
 //     (BenchmarkApplyBatchVsCopy's two ways); raw-best is the best of the
