@@ -413,7 +413,9 @@ func (t *throughput) deleteTopics(topics ...string) {
 // BENCH_SCENARIOS=other with BENCH_OTHER_BIN=path adds the row clean-other:
 // the clean workload run by that projection-worker binary (another
 // commit's, built with go build), alternated with clean in every round and
-// its ratio against it: an A/B of two versions of the worker in one run.
+// its ratio against it: an A/B of two versions of the worker in one run;
+// and for each poison kind selected, the row poison-<kind>-other, that
+// workload run by the other binary, against poison-<kind>.
 func BenchmarkWorkerThroughput(b *testing.B) {
 	words := benchScenarios(b)
 	rounds := benchRounds(b)
@@ -472,6 +474,14 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 		{name: "trace-100pct", word: "trace", ref: "clean", target: targetTraceAll, work: clean, dl: onTenant("", ""),
 			sampler: "parentbased_always_on"},
 		{name: "clean-other", word: "other", ref: "clean", work: clean, dl: onTenant("", ""), bin: os.Getenv("BENCH_OTHER_BIN")},
+	}
+	if words["other"] { // each poison kind selected, run by the other binary too
+		for _, s := range all {
+			if strings.HasPrefix(s.name, "poison-") && words[s.word] {
+				all = append(all, &benchScenario{name: s.name + "-other", word: "other", ref: s.name,
+					work: s.work, dl: s.dl, bin: os.Getenv("BENCH_OTHER_BIN")})
+			}
+		}
 	}
 	var scens []*benchScenario
 	for _, s := range all {
