@@ -80,12 +80,12 @@ func plainUpserts(d *dataset, schema string) queueFunc {
 }
 
 // runRaw applies the statements of d's events (queue) in transactions of
-// copyBatchEvents events (their statements pipelined in one pgx.Batch) from goroutines concurrent
-// goroutines sharing a pool of conns connections (a goroutine holds a
-// connection for one transaction, as the worker does); goroutine g takes the
-// events of the partitions p with p mod goroutines == g, in order, as the
-// worker's partitions would. The time counted starts once the connections
-// are open.
+// copyBatchEvents events (their statements pipelined in one pgx.Batch) from
+// goroutines concurrent goroutines sharing a pool of conns connections (a
+// goroutine holds a connection for one transaction, as the worker does);
+// goroutine g takes the events of the partitions p with p mod goroutines ==
+// g, in order, as the worker's partitions would. The time counted starts
+// once the connections are open.
 func runRaw(ctx context.Context, url string, d *dataset, goroutines, conns int, queue queueFunc) (rawResult, error) {
 	pool, open, err := openConns(ctx, url, conns)
 	if err != nil {
