@@ -245,14 +245,15 @@ func (w *Worker) noteUnhandled(d *decoded) {
 }
 
 // rowError reports whether err is PostgreSQL refusing a row rather than
-// the statement (so that splitting a COPY group isolates it): SQLSTATE classes 21 (cardinality: two rows of one key),
-// 22 (data exception) and 23 (integrity constraint), and P0001 (raised by
-// a trigger).
+// the statement (so that splitting a COPY group isolates it): SQLSTATE
+// classes 21 (cardinality: two rows of one key), 22 (data exception) and
+// 23 (integrity constraint), P0001 (raised by a trigger) and 54000 (a
+// value over PostgreSQL's limits: a key too long for its index).
 func rowError(err error) bool {
 	switch code := retry.SQLState(err); {
 	case len(code) != 5:
 		return false
-	case code[:2] == "21", code[:2] == "22", code[:2] == "23", code == "P0001":
+	case code[:2] == "21", code[:2] == "22", code[:2] == "23", code == "P0001", code == "54000":
 		return true
 	}
 	return false

@@ -719,7 +719,7 @@ const copyAtSequence = reservedPrefix + "_copy_at"
 // known to refuse a row of the whole), each in a block with an
 // exception handler (a subtransaction, as a savepoint), the newest per key
 // of the range only (copyRangeSQL): when PostgreSQL refuses a row of a
-// range (SQLSTATE classes 21, 22, 23, and P0001, as rowError), the row
+// range (SQLSTATE classes 21, 22, 23, P0001 and 54000, as rowError), the row
 // the upsert was at (its number, set in copyAtSequence as each row is
 // upserted; a sequence is not rolled back with the range) is upserted
 // alone, then the rows before it and the rows after it, each a range of
@@ -784,18 +784,18 @@ func (p *TableProjection) isolateSQL(schema, tmp string, n, minRows int, fromPar
 		"      END IF;\n" +
 		"      _causet_size := _causet_hi - _causet_lo;\n" +
 		"      _causet_at := currval(" + at + ");\n" +
-		"      IF (left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st = 'P0001') AND _causet_size > 1\n" +
+		"      IF (left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st IN ('P0001', '54000')) AND _causet_size > 1\n" +
 		"          AND NOT _causet_blind AND _causet_at >= _causet_lo AND _causet_at < _causet_hi THEN\n" +
 		"        _causet_todo := _causet_todo || ARRAY[_causet_at + 1, _causet_hi, _causet_lo, _causet_at, _causet_at, _causet_at + 1];\n" +
 		"        _causet_probe := _causet_at;\n" +
-		"      ELSIF (left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st = 'P0001') AND _causet_size > 1 THEN\n" +
+		"      ELSIF (left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st IN ('P0001', '54000')) AND _causet_size > 1 THEN\n" +
 		"        _causet_parts := greatest(2, least(" + strconv.Itoa(maxCopyParts) + ", (_causet_size + " + strconv.Itoa(minRows-1) + ") / " + strconv.Itoa(minRows) + "));\n" +
 		"        FOR _causet_n IN REVERSE _causet_parts - 1 .. 0 LOOP\n" +
 		"          _causet_todo := _causet_todo || ARRAY[_causet_lo + _causet_size * _causet_n / _causet_parts,\n" +
 		"            _causet_lo + _causet_size * (_causet_n + 1) / _causet_parts];\n" +
 		"        END LOOP;\n" +
 		"      ELSE\n" +
-		"        INSERT INTO " + result + " VALUES (CASE WHEN left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st = 'P0001'\n" +
+		"        INSERT INTO " + result + " VALUES (CASE WHEN left(_causet_st, 2) IN ('21', '22', '23') OR _causet_st IN ('P0001', '54000')\n" +
 		"          THEN '" + string(rangeRefused) + "' ELSE '" + string(rangeStatement) + "' END, _causet_lo, _causet_hi, 0, _causet_st, _causet_msg,\n" +
 		"          _causet_det, _causet_hint, _causet_sch, _causet_tbl, _causet_col, _causet_typ, _causet_con);\n" +
 		"      END IF;\n" +

@@ -2,6 +2,8 @@ package projection
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -586,14 +588,17 @@ func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
 		stars    string // of row at
 		sqlstate string // of its refusal
 		ranges   int    // reported, at most
+		user     string // of row at, when not ""
 	}{
 		// The parts; the failing one as the rows before, at and after the refused one.
-		{"CHECK constraint", "0", "23514", copyParts(n, minRows) + 2},
-		{"a cast out of range", "3000000000", "22003", copyParts(n, minRows) + 2},
+		{"CHECK constraint", "0", "23514", copyParts(n, minRows) + 2, ""},
+		{"a cast out of range", "3000000000", "22003", copyParts(n, minRows) + 2, ""},
+		// A key too long for the primary key's index (new-user trial).
+		{"a key over the index's limit", "1", "54000", copyParts(n, minRows) + 2, randomHex(t, 3000)},
 		// The parts, one more range per halving of the failing part
 		// (log2 16 = 4) and the row tried alone: the first failure that
 		// names a row wrongly turns the naming off.
-		{"AFTER trigger", "5", "P0001", copyParts(n, minRows) + bits.Len(minRows)},
+		{"AFTER trigger", "5", "P0001", copyParts(n, minRows) + bits.Len(minRows), ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			g := ratingsGroup(t, ratings, schema, n, nil, nil)
@@ -601,6 +606,9 @@ func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
 				g.all[i].stmt.Args[2] = "1"
 			}
 			g.all[at].stmt.Args[2] = tt.stars
+			if tt.user != "" {
+				g.all[at].stmt.Args[1] = tt.user
+			}
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -628,4 +636,15 @@ func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// randomHex returns n random hex digits: text that compression cannot
+// bring much under n/2 bytes.
+func randomHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, (n+1)/2)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)[:n]
 }

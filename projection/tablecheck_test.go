@@ -300,12 +300,13 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "kinds"}.Sanitize()+" ALTER COLUMN first_tag SET NOT NULL"); err != nil {
 		t.Fatal(err)
 	}
-	tests := []struct {
+	type testCase struct {
 		name     string
 		ev       func() *Event
 		want     ColumnError // Err not compared
 		sqlState string
-	}{
+	}
+	tests := []testCase{
 		{"not-null violation names the column", func() *Event {
 			return tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1}`)
 		}, ColumnError{Projection: "kinds", Column: "first_tag", Source: "from payload.tags.0", JSONType: "null"}, "23502"},
@@ -325,6 +326,24 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 			return tblEvent(t, schema, "KIND_SET", 7, 1719331200000, `{"required":1,"n_small":"0x7FFFFFFFFFFF"}`)
 		}, ColumnError{Projection: "kinds", Column: "n_small", Source: "from payload.n_small", JSONType: "string"}, ""},
 	}
+	// A key longer than its index can hold (54000, new-user trial): random
+	// hex, which compression cannot bring under the limits.
+	hugeKey := func(n int) func() *Event {
+		return func() *Event {
+			raw := fmt.Sprintf(`{"eventType":"KIND_SET","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":7,"ts":1719331200000,"payload":{"required":1,"tags":["t"]}}`,
+				randomHex(t, n), schema)
+			ev, err := DecodeEvent([]byte(raw))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ev
+		}
+	}
+	tests = append(tests,
+		testCase{"a key over the btree limit names its column", hugeKey(3000),
+			ColumnError{Projection: "kinds", Column: "id", Source: "from entityId", JSONType: "string"}, "54000"},
+		testCase{"a key over the index row limit names its column", hugeKey(40000),
+			ColumnError{Projection: "kinds", Column: "id", Source: "from entityId", JSONType: "string"}, "54000"})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := tps["kinds"].Apply(ctx, pool, tt.ev())
@@ -338,8 +357,11 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("ColumnError = %+v, want %+v", got, tt.want)
 			}
-			if tt.sqlState != "" && pgErr.Code != tt.sqlState || !strings.HasPrefix(pgErr.Code, "22") && pgErr.Code != "23502" {
+			if tt.sqlState != "" && pgErr.Code != tt.sqlState || !strings.HasPrefix(pgErr.Code, "22") && pgErr.Code != "23502" && pgErr.Code != "54000" {
 				t.Errorf("SQLSTATE = %s, want %s", pgErr.Code, cmp.Or(tt.sqlState, "class 22"))
+			}
+			if wantClass := map[bool]retry.Class{true: retry.Projection, false: retry.Permanent}[pgErr.Code == "23502"]; retry.Classify(err) != wantClass {
+				t.Errorf("class = %s, want %s (%v)", retry.Classify(err), wantClass, err)
 			}
 			want := fmt.Sprintf("projection %q: column %s (%s, JSON %s): %s", tt.want.Projection, tt.want.Column, tt.want.Source, tt.want.JSONType, pgErr.Error())
 			if err.Error() != want {

@@ -20,7 +20,10 @@ import (
 // smallint: "0x1F"`: PostgreSQL 15 refuses the hex literals that 16
 // takes), or when the table's columns as the worker's catalog cache has
 // them refuse the value of exactly one column (`smallint out of range` for a
-// column narrowed by hand). Err is the
+// column narrowed by hand), or, for a value over PostgreSQL's limits
+// (54000: `index row requires 10328 bytes, maximum size is 8191`), when
+// the value of exactly one column is longer than a btree index row can
+// hold. Err is the
 // *pgconn.PgError, unchanged: retry.Classify and retry.SQLState see it
 // through Unwrap, and a dead letter's error field reads as PostgreSQL
 // prints it (SPEC §6) while its stackTrace shows this error too.
@@ -67,6 +70,9 @@ func (p *TableProjection) columnError(ev *Event, err error) error {
 	if ci < 0 && strings.HasPrefix(pg.Code, "22") {
 		ci = p.columnOfQuotedValue(ev, pg.Message)
 	}
+	if ci < 0 && pg.Code == "54000" {
+		ci = p.columnOfOversizeValue(ev)
+	}
 	if ci < 0 {
 		return err
 	}
@@ -101,6 +107,28 @@ func (p *TableProjection) columnOfQuotedValue(ev *Event, msg string) int {
 	if len(quoted) == 0 {
 		return -1
 	}
+	return p.columnWhose(ev, func(v string) bool { return slices.Contains(quoted, v) })
+}
+
+// btreeMaxItem is the most bytes a btree index row can hold (PostgreSQL's
+// BTMaxItemSize on 8 KiB pages: "index row size 2720 exceeds btree version
+// 4 maximum 2704").
+const btreeMaxItem = 2704
+
+// columnOfOversizeValue returns the index of the one column of ev's
+// statement whose value is longer than a btree index row can hold
+// (btreeMaxItem bytes), for a program_limit_exceeded error (54000: `index
+// row requires 10328 bytes, maximum size is 8191`), which names neither
+// column nor index; or −1 when no column's value, or more than one, is
+// that long.
+func (p *TableProjection) columnOfOversizeValue(ev *Event) int {
+	return p.columnWhose(ev, func(v string) bool { return len(v) > btreeMaxItem })
+}
+
+// columnWhose returns the index of the one column of the statement Plan
+// makes of ev whose value, as text, match accepts; −1 when none or more
+// than one does, or Plan fails.
+func (p *TableProjection) columnWhose(ev *Event, match func(string) bool) int {
 	st, err := p.Plan(ev)
 	if err != nil {
 		return -1
@@ -116,9 +144,9 @@ func (p *TableProjection) columnOfQuotedValue(ev *Event, msg string) int {
 	}
 	found := -1
 	for k, ci := range cols {
-		if v, ok := st.Args[k].(string); ok && slices.Contains(quoted, v) {
+		if v, ok := st.Args[k].(string); ok && match(v) {
 			if found >= 0 {
-				return -1 // two columns hold the value: which one is unknown
+				return -1 // two columns hold such a value: which one is unknown
 			}
 			found = ci
 		}

@@ -117,6 +117,7 @@ var sqlStateRules = [...]Rule{
 	{"40P01", "deadlock_detected", Infrastructure, "contention; the same statement passes when run again"},
 	{"42", "syntax_error_or_access_rule_violation", Projection, "42703 undefined column, 42P01 undefined table: passes once the tenant is migrated; 42501 insufficient privilege (a GRANT missing or revoked): passes once granted (migrate --grant); until then every pair of the table is dead-lettered (the breaker cuts the retries short), to replay after the fix, while /readyz stays ready"},
 	{"53", "insufficient_resources", Infrastructure, "disk full, out of memory, too many connections"},
+	{"54000", "program_limit_exceeded", Permanent, "a value too large for PostgreSQL's limits (`index row size 3016 exceeds btree version 4 maximum 2704`, `index row requires 10328 bytes, maximum size is 8191`: a key over about 2.7 KB); a retry sends the same value"},
 	{"55P03", "lock_not_available", Projection, "a lock wait timed out (lock_timeout): usually passes on retry, but a lock held for good must end in the dead-letter topic, not pause the partition forever"},
 	{"57", "operator_intervention", Infrastructure, "57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now: wait for the database"},
 	{"57014", "query_canceled", Projection, "statement_timeout or a cancel request: a statement that always times out must end in the dead-letter topic, not pause the partition forever"},
@@ -128,7 +129,10 @@ var sqlStateRules = [...]Rule{
 // most specific rule wins: a five-character SQLState over the class of its
 // first two characters. A SQLSTATE that matches no rule is Projection. The
 // classes come from SPEC §5, with the exceptions that issue 8 (finding 5)
-// settled: 57014 and 55P03 are Projection, 25006 is Infrastructure.
+// settled: 57014 and 55P03 are Projection, 25006 is Infrastructure; and
+// 54000 (a value over PostgreSQL's limits, such as a key too long for its
+// index) is Permanent, like class 22 (new-user trial: a 900 000-character
+// key was retried five times).
 func Rules() []Rule {
 	return append([]Rule(nil), sqlStateRules[:]...)
 }

@@ -198,6 +198,7 @@ func TestClassifySQLState(t *testing.T) {
 		{"3D000", Infrastructure},
 		{"40001", Infrastructure}, {"40P01", Infrastructure}, {"40000", Projection}, {"40002", Projection},
 		{"42000", Projection}, {"42703", Projection}, {"42P01", Projection}, {"42501", Projection},
+		{"54000", Permanent}, {"54001", Projection}, {"54011", Projection},
 		{"53000", Infrastructure}, {"53100", Infrastructure}, {"53200", Infrastructure}, {"53300", Infrastructure},
 		{"55P03", Projection}, {"55000", Projection},
 		{"57000", Infrastructure}, {"57P01", Infrastructure}, {"57P02", Infrastructure}, {"57P03", Infrastructure}, {"57P04", Infrastructure},
