@@ -105,7 +105,8 @@ type listWriter struct {
 // newListWriter returns a writer of format "table" or "json" to w.
 //
 // Table columns: DLQ (partition:offset), FAILED AT (UTC), PROJECTION,
-// TENANT, LEDGER (replayed, skipped or —) and the first line of the ERROR,
+// TENANT, LEDGER (replayed, skipped or —) and the first line of the ERROR
+// (without a leading `projection "<p>": ` naming the row's projection),
 // the long ones cut with an ellipsis so that lines fit width columns; wide
 // (width 0) adds EVENT TYPE, ENTITY (the record key), RETRIES (retryCount),
 // REPLAYS (replay count) and FINGERPRINT, and cuts only cells beyond 160
@@ -177,8 +178,24 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 	}
 	lw.t.add(e.Coordinates().String(), fmtMillis(e.Message.FailedAt), cell(orDash(e.Projection), 60), cell(orDash(e.TenantSchema), 63),
 		cell(orDash(e.EventType), 60), cell(entity, 60), strconv.Itoa(e.Message.RetryCount), strconv.Itoa(e.ReplayCount), orDash(status),
-		orDash(e.Fingerprint), cell(firstLine(e.Message.Error), 160))
+		orDash(e.Fingerprint), cell(errorCell(e.Projection, e.Message.Error), 160))
 	return nil
+}
+
+// errorCell is the first line of a dead letter's error for the list's
+// ERROR column, without its leading `projection "<projection>": ` when it
+// names the row's own projection, which has a column of its own (new-user
+// trial: at 100 columns the cell read `projection "artist_fo…` and nothing
+// of the reason).
+func errorCell(projection, msg string) string {
+	line := firstLine(msg)
+	if projection == "" {
+		return line
+	}
+	if rest, ok := strings.CutPrefix(line, "projection "+strconv.Quote(projection)+": "); ok && rest != "" {
+		return rest
+	}
+	return line
 }
 
 // flush writes out a table; JSON lines are written as they come.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 
@@ -128,5 +129,41 @@ func TestCellCutsLongAndControlCharacters(t *testing.T) {
 				t.Errorf("cell(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestListErrorCellLeavesOutItsOwnProjection: the list's ERROR cell drops
+// a leading `projection "<p>": ` that names the row's projection (new-user
+// trial: at 100 columns only `projection "artist_fo…` showed), and keeps
+// every other error whole.
+func TestListErrorCellLeavesOutItsOwnProjection(t *testing.T) {
+	const valueErr = `projection "artist_followers": column score (from payload.points, JSON number): value "3000000000" is out of range for type integer`
+	tests := []struct{ projection, msg, want string }{
+		{"artist_followers", valueErr + "\nmore", `column score (from payload.points, JSON number): value "3000000000" is out of range for type integer`},
+		{"user_follows", valueErr, valueErr},
+		{"", valueErr, valueErr},
+		{"artist_followers", `projection "artist_followers": `, `projection "artist_followers":`},
+		{"artist_followers", "ERROR: relation \"x\" does not exist (SQLSTATE 42P01)", "ERROR: relation \"x\" does not exist (SQLSTATE 42P01)"},
+	}
+	for _, tt := range tests {
+		if got := errorCell(tt.projection, tt.msg); got != tt.want {
+			t.Errorf("errorCell(%q, %q) = %q, want %q", tt.projection, tt.msg, got, tt.want)
+		}
+	}
+	lw, err := newListWriter(io.Discard, "table", 100, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	lw.w = &b
+	if err := lw.write(&dlq.Entry{Projection: "artist_followers", TenantSchema: "acme_concertapp_production",
+		Message: dlq.Message{Error: valueErr, FailedAt: 1719331200000}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := lw.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "column score (") {
+		t.Errorf("a 100-column list does not show the column the error names:\n%s", b.String())
 	}
 }
