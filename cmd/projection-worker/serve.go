@@ -295,7 +295,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}
 	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
 		"projections", len(handlers), "group", s.group, "group_instance_id", s.groupInstanceID, "session_timeout", s.sessionTimeout, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
-		"dlq_max_bytes", dlqMaxBytes)
+		"dlq_max_bytes", dlqMaxBytes, "max_batch_records", s.maxBatch, "max_poll_records", s.maxPollRecords)
 	if started != nil {
 		started(w)
 	}
