@@ -78,7 +78,7 @@ func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	}
 	pc.queuedBytes += n
 	pc.w.queued.Add(int64(n))
-	pc.highWatermark = hwm
+	pc.highWatermark = max(pc.highWatermark, hwm) // refreshHighWatermarks may have seen further
 	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes*3/4
 	pc.mu.Unlock()
 	if full {

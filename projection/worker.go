@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/semaphore"
@@ -212,35 +213,81 @@ func (w *Worker) Ready() error {
 // shutdown, and an error when a partition did not stop, the final commit
 // fails or the grace runs out. Run may be called once; it closes the
 // client.
-// closeQuietBreakers closes, every quarter of the breaker window (at
-// least every second), the breakers whose fingerprint saw no failure for a
-// window, until ctx ends.
-func (w *Worker) closeQuietBreakers(ctx context.Context) {
-	t := time.NewTicker(max(w.cfg.Breaker.Window/4, time.Second))
+// highWatermarkEvery is how often refreshHighWatermarks asks the broker
+// for the end offsets of the assigned partitions (nanoseconds; tests
+// shorten it): 15 s.
+var highWatermarkEvery atomic.Int64
+
+func init() { highWatermarkEvery.Store(int64(15 * time.Second)) }
+
+// refreshHighWatermarks asks the broker, every highWatermarkEvery, for the
+// end offset of each assigned partition that has taken records, and raises
+// its high watermark to it, until ctx ends. Fetches bring the high
+// watermark too, but a partition whose fetching is paused (waiting for the
+// database, or its queue full behind a batch that waits on a lock) fetches
+// nothing, so without this its consumer lag would stand still while
+// records pile up behind it, and a lag alert would not fire (SRE trial).
+// An error is logged at debug level and tried again at the next tick.
+func (w *Worker) refreshHighWatermarks(ctx context.Context) {
+	adm := kadm.NewClient(w.cl)
+	every(ctx, time.Duration(highWatermarkEvery.Load()), func() {
+		w.mu.Lock()
+		held := make(map[int32]*partition, len(w.partitions))
+		for p, pc := range w.partitions {
+			held[p] = pc
+		}
+		w.mu.Unlock()
+		if len(held) == 0 {
+			return
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ends, err := adm.ListEndOffsets(lctx, w.cfg.Topic)
+		cancel()
+		if err == nil {
+			err = ends.Error()
+		}
+		if err != nil {
+			w.log.Debug("end offsets for the consumer lag", "topic", w.cfg.Topic, "error", err)
+			return
+		}
+		ends.Each(func(o kadm.ListedOffset) {
+			if pc := held[o.Partition]; pc != nil && o.Err == nil {
+				pc.mu.Lock()
+				pc.highWatermark = max(pc.highWatermark, o.Offset)
+				pc.mu.Unlock()
+			}
+		})
+	})
+}
+
+// every calls f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			w.breaker.closeQuiet()
+			f()
 		}
 	}
 }
 
+// closeQuietBreakers closes, every quarter of the breaker window (at
+// least every second), the breakers whose fingerprint saw no failure for a
+// window, until ctx ends.
+func (w *Worker) closeQuietBreakers(ctx context.Context) {
+	every(ctx, max(w.cfg.Breaker.Window/4, time.Second), w.breaker.closeQuiet)
+}
+
 func (w *Worker) Run(ctx context.Context) error {
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	flushed := make(chan struct{})
-	go func() {
-		defer close(flushed)
-		w.failures.run(fctx)
-	}()
-	swept := make(chan struct{})
-	go func() {
-		defer close(swept)
-		w.closeQuietBreakers(fctx)
-	}()
-	defer func() { stop(); <-flushed; <-swept }() // after shutdown: the last repeats are written
+	var background sync.WaitGroup
+	for _, f := range []func(context.Context){w.failures.run, w.closeQuietBreakers, w.refreshHighWatermarks} {
+		background.Go(func() { f(fctx) })
+	}
+	defer func() { stop(); background.Wait() }() // after shutdown: the last repeats are written
 	for {
 		if !w.waitForRoom(ctx) {
 			break

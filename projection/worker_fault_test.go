@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
@@ -231,14 +232,7 @@ func TestWorkerSaysWhenABatchWaitsOnALock(t *testing.T) {
 	logs := &logCounter{msgs: map[string][]slog.Record{}}
 	r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
 	ctx := context.Background()
-	tx, err := r.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockFollowers(t, r)
 	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
 	const slow = "a partition's batch is taking long"
 	waitFor(t, "the slow batch's WARN line", func() bool { return len(logs.withPrefix(slow)) > 0 })
@@ -726,4 +720,70 @@ func TestWorkerCommitsAtShutdownThroughRetriableErrors(t *testing.T) {
 	if got := r.committed(); got != n {
 		t.Errorf("committed offset = %d, want %d (every applied record)", got, n)
 	}
+}
+
+// TestWorkerConsumerLagGrowsWhileAPartitionIsHeld: while batches wait on a
+// lock and the partitions' fetching is paused (their queues full), the
+// records produced behind them still show in causet.projection.consumer.lag:
+// the high watermark comes from the broker's end offsets, not only from
+// fetches, which a paused partition does not make (SRE trial: the gauge
+// stood still for 50 s while 20 000 records arrived, so the lag alert
+// could not fire).
+func TestWorkerConsumerLagGrowsWhileAPartitionIsHeld(t *testing.T) {
+	defer projection.SetHighWatermarkEvery(100 * time.Millisecond)()
+	r := newRig(t, rigOptions{partitions: 3})
+	metrics, reader := testMetrics(t)
+	ctx := context.Background()
+	tx := lockFollowers(t, r)
+	// A queue of 2 KiB: a partition's fetching pauses after a few records.
+	r.start(func(c *projection.Config) { c.Metrics = metrics; c.MaxQueuedBytes = 2048 })
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			user := fmt.Sprintf("user-%d", i)
+			r.produce(user, []byte(r.follow(user, "artist-1", 1)))
+		}
+	}
+	lag := func() int64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, md := range sm.Metrics {
+				if g, ok := md.Data.(metricdata.Gauge[int64]); ok && md.Name == "causet.projection.consumer.lag" {
+					for _, p := range g.DataPoints {
+						sum += p.Value
+					}
+				}
+			}
+		}
+		return sum
+	}
+	produce(0, 30)
+	waitFor(t, "every partition's fetching paused behind the lock", func() bool { return lag() > 0 })
+	time.Sleep(300 * time.Millisecond) // fetches that were under way end
+	produce(30, 300)
+	waitFor(t, "the consumer lag to count all 300 records held", func() bool { return lag() == 300 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted(testTimeout)
+	waitFor(t, "the consumer lag back to 0", func() bool { return lag() == 0 })
+}
+
+// lockFollowers locks r's artist_followers table in a transaction of its
+// own, which the caller rolls back to release it (and the test's end does).
+func lockFollowers(t *testing.T, r *rig) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

@@ -1399,13 +1399,7 @@ func TestWorkerRefusesTenantOutsideThePattern(t *testing.T) {
 func TestWorkerRecordsApplyLatencyOnTheBatchPath(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
-	reader := sdkmetric.NewManualReader()
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	metrics, err := projection.NewMetrics(provider.Meter("test"), projection.MetricsConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	metrics, reader := testMetrics(t)
 	r.start(func(c *projection.Config) { c.Metrics = metrics })
 	const n = 40 // one batch, 40 upserts of each table: COPY by default
 	for i := range n {
@@ -1437,4 +1431,18 @@ func TestWorkerRecordsApplyLatencyOnTheBatchPath(t *testing.T) {
 		t.Errorf("applied %d pairs (want %d), apply.duration observed %d times (want one per applied pair)",
 			applied, 2*n, counts["causet.projection.apply.duration"])
 	}
+}
+
+// testMetrics returns the worker's metrics on a meter provider of its own,
+// read with the returned reader.
+func testMetrics(t *testing.T) (*projection.Metrics, *sdkmetric.ManualReader) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	metrics, err := projection.NewMetrics(provider.Meter("test"), projection.MetricsConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return metrics, reader
 }
