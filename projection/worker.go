@@ -202,17 +202,6 @@ func (w *Worker) Ready() error {
 	return errors.Join(stuck...)
 }
 
-// Run polls and processes records until ctx is done, then shuts down within
-// the shutdown grace: it cancels in-flight retries and backoff waits, waits
-// for the partition goroutines, commits the offsets of finished records and
-// leaves the group. The whole shutdown is bounded by the grace: the
-// partition goroutines get the grace less a reserve (a quarter of it, at
-// most 5 s) for the final commit and leaving the group; a goroutine that
-// has not returned by then (a projection that ignores its context) is
-// named in the error and not waited for. It returns nil after a clean
-// shutdown, and an error when a partition did not stop, the final commit
-// fails or the grace runs out. Run may be called once; it closes the
-// client.
 // highWatermarkEvery is how often refreshHighWatermarks asks the broker
 // for the end offsets of the assigned partitions (nanoseconds; tests
 // shorten it): 15 s.
@@ -281,6 +270,17 @@ func (w *Worker) closeQuietBreakers(ctx context.Context) {
 	every(ctx, max(w.cfg.Breaker.Window/4, time.Second), w.breaker.closeQuiet)
 }
 
+// Run polls and processes records until ctx is done, then shuts down within
+// the shutdown grace: it cancels in-flight retries and backoff waits, waits
+// for the partition goroutines, commits the offsets of finished records and
+// leaves the group. The whole shutdown is bounded by the grace: the
+// partition goroutines get the grace less a reserve (a quarter of it, at
+// most 5 s) for the final commit and leaving the group; a goroutine that
+// has not returned by then (a projection that ignores its context) is
+// named in the error and not waited for. It returns nil after a clean
+// shutdown, and an error when a partition did not stop, the final commit
+// fails or the grace runs out. Run may be called once; it closes the
+// client.
 func (w *Worker) Run(ctx context.Context) error {
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
