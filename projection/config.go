@@ -35,6 +35,17 @@ const (
 	DefaultMaxRetryingByte = 16 << 20
 )
 
+// DefaultFetchMaxBytes (16 MiB) and DefaultFetchMaxPartitionBytes (1 MiB)
+// are the fetch caps NewWorker gives its client unless its options say
+// otherwise (Kafka's fetch.max.bytes and max.partition.fetch.bytes,
+// kgo.FetchMaxBytes and kgo.FetchMaxPartitionBytes). They count bytes as
+// the broker stores them, compressed: records that compress 100:1 take 100
+// times the cap once decompressed.
+const (
+	DefaultFetchMaxBytes          = 16 << 20
+	DefaultFetchMaxPartitionBytes = 1 << 20
+)
+
 // Config configures a Worker. Zero values take the documented defaults; call
 // Validate (NewWorker does) to fill them in and check the rest.
 type Config struct {

@@ -77,8 +77,9 @@ type Worker struct {
 
 // NewWorker returns a worker that consumes cfg.Topic in cfg.Group with a
 // franz-go client built from opts (seed brokers, TLS, SASL, hooks, ...) plus
-// fetch limits that opts may override (FetchMaxBytes 16 MiB,
-// FetchMaxPartitionBytes 1 MiB) and the worker's own group options:
+// fetch limits that opts may override (kgo.FetchMaxBytes
+// DefaultFetchMaxBytes, kgo.FetchMaxPartitionBytes
+// DefaultFetchMaxPartitionBytes) and the worker's own group options:
 // cooperative-sticky balancing,
 // BlockRebalanceOnPoll, AutoCommitMarks and its assignment callbacks. Do not
 // pass consumer-group or consume-topic options in opts.
@@ -135,7 +136,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	})
 	// Bounded fetch buffers (SPEC: memory must not grow with the backlog);
 	// opts may override them.
-	all := []kgo.Opt{kgo.FetchMaxBytes(16 << 20), kgo.FetchMaxPartitionBytes(1 << 20)}
+	all := []kgo.Opt{kgo.FetchMaxBytes(DefaultFetchMaxBytes), kgo.FetchMaxPartitionBytes(DefaultFetchMaxPartitionBytes)}
 	all = append(all, opts...)
 	all = append(all,
 		kgo.ConsumerGroup(cfg.Group),

@@ -52,6 +52,8 @@ type settings struct {
 	maxPollRecords     int
 	maxBatch           int
 	maxQueuedBytes     int
+	fetchMaxBytes      int
+	fetchMaxPartBytes  int
 	copyMinRows        int
 	maxRetrying        int
 	maxRetryBytes      int
@@ -124,6 +126,10 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Bool(&s.createTopics, "create-topics", "CREATE_TOPICS", true, "create missing topics at start (false: only check them; a missing events or dead-letter topic is an error)")
 	fs.Int(&s.maxPollRecords, "max-poll-records", "MAX_POLL_RECORDS", projection.DefaultMaxPollRecords, "records taken per poll")
 	fs.Int(&s.maxQueuedBytes, "max-queued-bytes", "MAX_QUEUED_BYTES", projection.DefaultMaxQueuedBytes, "record bytes polled but not yet applied, all partitions together; bounds memory")
+	fs.Int(&s.fetchMaxBytes, "fetch-max-bytes", "FETCH_MAX_BYTES", projection.DefaultFetchMaxBytes,
+		"most record bytes one fetch from one broker returns (Kafka's fetch.max.bytes), as the broker stores them, compressed; the client holds about one fetch per broker, decompressed")
+	fs.Int(&s.fetchMaxPartBytes, "fetch-max-partition-bytes", "FETCH_MAX_PARTITION_BYTES", projection.DefaultFetchMaxPartitionBytes,
+		"most record bytes one fetch returns for one partition (Kafka's max.partition.fetch.bytes), compressed; lower it for records that compress well (a batch larger than it still comes whole)")
 	fs.Int(&s.copyMinRows, "copy-min-rows", "COPY_MIN_ROWS", 32, "apply a batch's upserts of one table and tenant with COPY when there are at least this many (-1: never)")
 	fs.Int(&s.maxBatch, "max-batch-records", "MAX_BATCH_RECORDS", projection.DefaultMaxBatchRecords, "records of one partition applied in one transaction (1: one at a time)")
 	fs.Int(&s.maxRetrying, "max-retrying", "MAX_RETRYING", projection.DefaultMaxRetrying, "failed pairs of one partition that wait for a retry while later records go on; at the bound the partition pauses")
@@ -307,6 +313,10 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 	return cfg, nil
 }
 
+// maxFetchBytes is the largest --fetch-max-bytes and
+// --fetch-max-partition-bytes: 1 GiB (Kafka's fields are int32).
+const maxFetchBytes = 1 << 30
+
 // maxDLQBytes is the largest --dlq-max-bytes: 1 GiB, under Kafka's int32
 // message size limit with room for the record batch around it.
 const maxDLQBytes = 1 << 30
@@ -337,6 +347,12 @@ func (s *settings) groupOpts() []kgo.Opt {
 		opts = append(opts, kgo.InstanceID(s.groupInstanceID))
 	}
 	return opts
+}
+
+// fetchOpts returns the worker's fetch caps, --fetch-max-bytes and
+// --fetch-max-partition-bytes (checked by validate to fit an int32).
+func (s *settings) fetchOpts() []kgo.Opt {
+	return []kgo.Opt{kgo.FetchMaxBytes(int32(s.fetchMaxBytes)), kgo.FetchMaxPartitionBytes(int32(s.fetchMaxPartBytes))}
 }
 
 // checkGroupMembership returns a usage error naming --group-instance-id or
@@ -383,6 +399,14 @@ func (s *settings) checkRun() error {
 		{"--max-retrying", s.maxRetrying}, {"--max-retrying-bytes", s.maxRetryBytes}} {
 		if f.v < 1 {
 			return flagenv.Usagef("%s must be >= 1, got %d", f.flag, f.v)
+		}
+	}
+	for _, f := range []struct {
+		flag, env string
+		v         int
+	}{{"--fetch-max-bytes", "FETCH_MAX_BYTES", s.fetchMaxBytes}, {"--fetch-max-partition-bytes", "FETCH_MAX_PARTITION_BYTES", s.fetchMaxPartBytes}} {
+		if f.v < 1 || f.v > maxFetchBytes {
+			return flagenv.Usagef("%s (%s) must be in 1..%d bytes, got %d", f.flag, f.env, maxFetchBytes, f.v)
 		}
 	}
 	if s.kafkaStartTimeout < 0 {

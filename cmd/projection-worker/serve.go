@@ -266,7 +266,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		TracerProvider:     tel.tracerProvider(),
 		TraceEveryPair:     s.traceEveryPair,
 		TenantSchemas:      tenants,
-	}, handlers, pool, redactedWriter{dlqWriter, red}, append(kopts, s.groupOpts()...)...)
+	}, handlers, pool, redactedWriter{dlqWriter, red}, append(append(kopts, s.fetchOpts()...), s.groupOpts()...)...)
 	if err != nil {
 		var ue *flagenv.UsageError
 		if !errors.As(err, &ue) {
@@ -295,7 +295,8 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	}
 	log.Info("projection worker started", "version", buildVersion(), "ir_version", defs.IRVersion,
 		"projections", len(handlers), "group", s.group, "group_instance_id", s.groupInstanceID, "session_timeout", s.sessionTimeout, "kafka", describe(s), "database", redact.Describe(&pcfg.ConnConfig.Config), "on_infra_error", s.onInfraError,
-		"dlq_max_bytes", dlqMaxBytes, "max_batch_records", s.maxBatch, "max_poll_records", s.maxPollRecords)
+		"dlq_max_bytes", dlqMaxBytes, "max_batch_records", s.maxBatch, "max_poll_records", s.maxPollRecords,
+		"fetch_max_bytes", s.fetchMaxBytes, "fetch_max_partition_bytes", s.fetchMaxPartBytes)
 	if started != nil {
 		started(w)
 	}
