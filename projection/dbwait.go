@@ -39,7 +39,7 @@ func (pc *partition) waitForDatabase(next applyFunc) applyFunc {
 // not-ready while it waits; logArgs are added to the log lines.
 func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context) error, logArgs ...any) error {
 	err := pc.w.cfg.InfraRetry.UntilAvailable(ctx, op, func(err error, n int, wait time.Duration) {
-		pc.setDBWait(true)
+		pc.setDBWait(err)
 		code := retry.SQLState(err)
 		if pc.w.reset != nil && code == "25006" {
 			// A read-only answer holds for the session, not only for the
@@ -61,14 +61,19 @@ func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context
 		pc.w.failures.write(ctx, slog.LevelWarn, "database unavailable, waiting", fp,
 			append([]any{"topic", pc.w.cfg.Topic, "partition", pc.partition, "attempt", n, "wait", wait, "error", err}, logArgs...)...)
 	})
-	pc.setDBWait(false)
+	pc.setDBWait(nil)
 	return err
 }
 
-func (pc *partition) setDBWait(waiting bool) {
+// setDBWait marks the partition waiting for the database, cause being the
+// last infrastructure error its attempt returned (Ready names it), or
+// (cause nil) no longer waiting.
+func (pc *partition) setDBWait(cause error) {
+	waiting := cause != nil
 	pc.mu.Lock()
 	changed := pc.dbWait != waiting
 	pc.dbWait = waiting
+	pc.dbWaitCause = cause
 	pc.mu.Unlock()
 	if !changed {
 		return

@@ -31,6 +31,7 @@ type partition struct {
 	queuedBytes   int
 	fetchPaused   bool  // fetching paused for backpressure or a database wait
 	dbWait        bool  // waiting for the database (InfraPause)
+	dbWaitCause   error // while dbWait: the database's last answer
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // the watermark: offset of the next record to finish; −1 unknown
 	highWatermark int64
@@ -137,10 +138,12 @@ func (pc *partition) stuckOn() error {
 	return pc.stuck
 }
 
-func (pc *partition) waitingForDB() bool {
+// waitingForDB returns the database's last answer while the partition
+// waits for the database (InfraPause), else nil.
+func (pc *partition) waitingForDB() error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return pc.dbWait
+	return pc.dbWaitCause
 }
 
 // recordBytes is what a queued record holds in memory, roughly.
@@ -255,7 +258,7 @@ func (pc *partition) watchSlow(what string) (stop func()) {
 		if stopped {
 			return
 		}
-		if !pc.waitingForDB() {
+		if pc.waitingForDB() == nil {
 			pc.w.log.Warn("a partition's "+what+" is taking long: a statement waits for a lock another session holds, or runs long; set lock_timeout and statement_timeout for the worker's sessions to have such statements fail, be retried and, for good, dead-lettered (README, Failure handling)",
 				"topic", pc.w.cfg.Topic, "partition", pc.partition, "elapsed", time.Since(start))
 		}
@@ -308,7 +311,7 @@ func (pc *partition) release() {
 	pc.w.dequeued(pc.queuedBytes)
 	pc.queue, pc.queuedBytes = nil, 0
 	pc.mu.Unlock()
-	if pc.waitingForDB() {
+	if pc.waitingForDB() != nil {
 		pc.w.cfg.Metrics.addPaused(context.Background(), -1)
 	}
 	if pc.stuckOn() != nil {

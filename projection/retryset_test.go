@@ -139,7 +139,7 @@ func TestRetrySetTakesPairsDueTogether(t *testing.T) {
 func TestWaitForDatabaseWaitsOutInfrastructureErrors(t *testing.T) {
 	pc := testPartition(t, Config{InfraRetry: retry.Policy{Initial: time.Millisecond, Multiplier: 1, MaxInterval: time.Millisecond}})
 	calls := 0
-	var sawPaused bool
+	var sawPaused error
 	apply := pc.waitForDatabase(func(context.Context, Handler, *Event) (Outcome, error) {
 		calls++
 		if calls < 3 {
@@ -152,8 +152,8 @@ func TestWaitForDatabaseWaitsOutInfrastructureErrors(t *testing.T) {
 	if err != nil || out != Stale || calls != 3 {
 		t.Fatalf("= %v, %v after %d calls; want Stale, nil after 3", out, err, calls)
 	}
-	if !sawPaused || pc.waitingForDB() {
-		t.Errorf("paused while waiting %v, after %v; want true, false", sawPaused, pc.waitingForDB())
+	if retry.SQLState(sawPaused) != "57P03" || pc.waitingForDB() != nil {
+		t.Errorf("paused while waiting on %v, after on %v; want the database's 57P03, then nil", sawPaused, pc.waitingForDB())
 	}
 	calls = 0
 	perm := retry.MarkPermanent(errors.New("bad value"))

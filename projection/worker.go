@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -188,17 +189,22 @@ func (w *Worker) Ready() error {
 		return errors.New("consumer group not joined")
 	}
 	var paused []int32
+	var cause error // the database's last answer to the lowest paused partition
 	var stuck []error
 	for p, pc := range w.partitions {
-		if pc.waitingForDB() {
+		if err := pc.waitingForDB(); err != nil {
 			paused = append(paused, p)
+			if len(paused) == 1 || p < slices.Min(paused[:len(paused)-1]) {
+				cause = err
+			}
 		}
 		if err := pc.stuckOn(); err != nil {
 			stuck = append(stuck, fmt.Errorf("partition %d stuck: dead letter cannot be written: %w", p, err))
 		}
 	}
 	if len(paused) > 0 {
-		stuck = append(stuck, fmt.Errorf("partitions %v paused: database unavailable", paused))
+		slices.Sort(paused)
+		stuck = append(stuck, fmt.Errorf("partitions %v paused: database unavailable: %w", paused, cause))
 	}
 	return errors.Join(stuck...)
 }

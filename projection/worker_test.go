@@ -853,11 +853,17 @@ func TestWorkerReadOnlyDatabaseResumesOnNewConnections(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
 	}
+	var paused error
 	waitFor(t, "the partition to wait for a writable database", func() bool {
-		err := rn.w.Ready()
-
-		return err != nil && strings.Contains(err.Error(), "paused")
+		paused = rn.w.Ready()
+		return paused != nil && strings.Contains(paused.Error(), "paused")
 	})
+	// Ready says why: the database's answer (SRE trial: "paused: database
+	// unavailable" alone during a read-only outage).
+	if code := retry.SQLState(paused); code != "25006" || !strings.Contains(paused.Error(), "read-only transaction") {
+		t.Errorf("Ready() while the database is read-only = %v (SQLSTATE %q), want it to name the database's 25006 answer", paused, code)
+	}
+	t.Logf("Ready() while the database is read-only: %v", paused)
 	time.Sleep(300 * time.Millisecond) // attempts on read-only connections
 	if _, err := admin.Exec(context.Background(), "ALTER DATABASE "+name+" RESET default_transaction_read_only"); err != nil {
 		t.Fatal(err)
