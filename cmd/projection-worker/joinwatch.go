@@ -23,7 +23,9 @@ const joinWatchInterval = 5 * time.Second
 // retries without end while polls return nothing. While the worker is not
 // joined, joinWatch pings the brokers with the worker's own client every
 // joinWatchInterval, keeps the failure for /readyz and logs it at ERROR with
-// its kafkaconn.Explain cause (again only when the error changes).
+// its kafkaconn.Explain cause (again only when the error changes); when
+// the brokers answer but the worker's Ready error has such a cause (a
+// static member fenced), that is logged the same way.
 type joinWatch struct {
 	mu  sync.Mutex
 	err error // the last ping's error while not joined; nil once joined
@@ -56,6 +58,13 @@ func (j *joinWatch) run(ctx context.Context, w *projection.Worker, group string,
 			logged = err.Error()
 			log.Error("consumer group not joined: the brokers refuse the worker's connection", "group", group,
 				"cause", kafkaconn.Explain(err), "error", err)
+		}
+		// The brokers answer, but the group refuses the worker for a
+		// cause the settings explain (a member fenced by another with
+		// its --group-instance-id): said once, with the fix.
+		if rerr := w.Ready(); err == nil && rerr != nil && kafkaconn.Explain(rerr) != "" && rerr.Error() != logged {
+			logged = rerr.Error()
+			log.Error("consumer group not joined", "group", group, "cause", kafkaconn.Explain(rerr), "error", rerr)
 		}
 	}
 }

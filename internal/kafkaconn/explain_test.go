@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TestExplainNamesTheCause: a Kafka error that comes from the connection
@@ -27,6 +28,7 @@ func TestExplainNamesTheCause(t *testing.T) {
 		{"group not authorized", fmt.Errorf("join: %w", kerr.GroupAuthorizationFailed), []string{"authorization failed", "ACLs"}},
 		{"unknown CA", fmt.Errorf("dial: %w", x509.UnknownAuthorityError{}), []string{"TLS", "--kafka-tls-ca"}},
 		{"plaintext port", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, []string{"TLS", "--kafka-tls"}},
+		{"static member fenced, as kgo wraps it", &kgo.ErrGroupSession{Err: kerr.FencedInstanceID}, []string{"--group-instance-id", "GROUP_INSTANCE_ID", "its own"}},
 		{"other", io.EOF, nil},
 		{"nil", nil, nil},
 	}

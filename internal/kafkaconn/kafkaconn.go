@@ -123,7 +123,8 @@ func (s Settings) String() string {
 // Explain names, in terms of the connection flags, the likely cause of err
 // from a Kafka client: SASL authentication refused, an operation not
 // authorized by the broker's ACLs, a SASL mechanism the broker does not
-// enable, or a TLS handshake that failed. It returns "" for any other error
+// enable, a TLS handshake that failed, or a static member fenced by
+// another with the same group instance id (FENCED_INSTANCE_ID). It returns "" for any other error
 // (err's own text then says enough).
 func Explain(err error) string {
 	var (
@@ -144,6 +145,8 @@ func Explain(err error) string {
 	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
 		errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 		return "Kafka authorization failed: the broker's ACLs do not allow this SASL user the operation"
+	case errors.Is(err, kerr.FencedInstanceID):
+		return "another member of the consumer group has joined with this worker's --group-instance-id (GROUP_INSTANCE_ID), so the broker keeps this one out: give each worker its own (a StatefulSet pod's name, never a value shared by a Deployment's replicas), or none"
 	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verifyFail):
 		return "Kafka TLS handshake failed: the broker's certificate is not trusted (check --kafka-tls-ca and --kafka-tls-server-name)"
 	case errors.As(err, &recordHdr):
