@@ -47,32 +47,43 @@ type MigrateDB interface {
 // (^[a-z_][a-z0-9_]{0,62}$), is one of PostgreSQL's own schemas (public,
 // information_schema, pg_*; see ValidTenantSchema), or defs do not
 // validate, before touching db.
-func Migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) (err error) {
+func Migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) error {
+	_, err := MigrateChanges(ctx, db, defs, tenantSchema)
+	return err
+}
+
+// MigrateChanges is Migrate that also returns what it changed, in order:
+// "created the schema", "created table <table>", "added to table <table>
+// column(s) <a>, <b>"; none when tenantSchema already had everything defs
+// need (what Migrate leaves as it is, Drift reports). On an error nothing
+// was changed (one transaction) and changes is nil.
+func MigrateChanges(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) (changes []string, err error) {
 	if err := checkMigration(defs, tenantSchema); err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
+			changes, err = nil, fmt.Errorf("migrate tenant schema %s: %w", tenantSchema, err)
 		}
 	}()
 	if b, ok := db.(Beginner); ok {
 		tx, err := b.Begin(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		if err := migrate(ctx, tx, defs, tenantSchema); err != nil {
-			return err
+		changes, err := migrate(ctx, tx, defs, tenantSchema)
+		if err != nil {
+			return nil, err
 		}
-		return tx.Commit(ctx)
+		return changes, tx.Commit(ctx)
 	}
 	return migrate(ctx, db, defs, tenantSchema)
 }
 
-func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) error {
+func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema string) ([]string, error) {
 	if _, err := db.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey)); err != nil {
-		return err
+		return nil, err
 	}
 	var schemaExists bool
 	columns := map[string]map[string]bool{} // table -> its columns
@@ -82,13 +93,13 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 		LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p')
 		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped`, tenantSchema)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for rows.Next() {
 		var table, column *string
 		if err := rows.Scan(&schemaExists, &table, &column); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		if table != nil {
 			if columns[*table] == nil {
@@ -101,19 +112,21 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	for _, stmt := range migrationStatements(defs, tenantSchema, schemaExists, columns) {
-		if _, err := db.Exec(ctx, stmt); err != nil {
-			if retry.SQLState(err) == "23502" && strings.Contains(stmt, "ADD COLUMN") {
+	var changes []string
+	for _, step := range migrationStatements(defs, tenantSchema, schemaExists, columns) {
+		if _, err := db.Exec(ctx, step.sql); err != nil {
+			if retry.SQLState(err) == "23502" && strings.Contains(step.sql, "ADD COLUMN") {
 				// A notNull column new to a table with rows (new-user trial:
 				// PostgreSQL's error alone).
-				return fmt.Errorf("%w: a notNull column cannot be added to a table that has rows: add it without notNull, migrate, fill it, then ALTER TABLE ... ALTER COLUMN ... SET NOT NULL and add notNull back (nothing of this tenant schema was migrated)", err)
+				return nil, fmt.Errorf("%w: a notNull column cannot be added to a table that has rows: add it without notNull, migrate, fill it, then ALTER TABLE ... ALTER COLUMN ... SET NOT NULL and add notNull back (nothing of this tenant schema was migrated)", err)
 			}
-			return err
+			return nil, err
 		}
+		changes = append(changes, step.what)
 	}
-	return nil
+	return changes, nil
 }
 
 // TableDrift is one way a table of a tenant schema differs from its
@@ -253,20 +266,20 @@ func sameSet(a, b []string) bool {
 // tenantSchema, given what exists: whether the schema does and the columns
 // of each of its tables (nil: look at nothing, create everything with IF
 // NOT EXISTS, as MigrationSQL prints it).
-func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bool, columns map[string]map[string]bool) []string {
+func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bool, columns map[string]map[string]bool) []migrationStep {
 	all := columns == nil
 	schema := ident(tenantSchema)
-	var stmts []string
+	var stmts []migrationStep
 	if all {
-		stmts = append(stmts, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", migrateLockKey))
+		stmts = append(stmts, migrationStep{sql: fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", migrateLockKey)})
 	}
 	if all || !schemaExists {
-		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+schema)
+		stmts = append(stmts, migrationStep{"CREATE SCHEMA IF NOT EXISTS " + schema, "created the schema"})
 	}
 	if all || columns[tombstoneTable] == nil {
-		stmts = append(stmts, "CREATE TABLE IF NOT EXISTS "+schema+"."+ident(tombstoneTable)+
-			" (table_name text NOT NULL, pk text[] NOT NULL, "+seqColumn+" bigint NOT NULL,"+
-			" PRIMARY KEY (table_name, pk))")
+		stmts = append(stmts, migrationStep{"CREATE TABLE IF NOT EXISTS " + schema + "." + ident(tombstoneTable) +
+			" (table_name text NOT NULL, pk text[] NOT NULL, " + seqColumn + " bigint NOT NULL," +
+			" PRIMARY KEY (table_name, pk))", "created table " + tombstoneTable})
 	}
 	for _, pd := range defs.Projections {
 		// Validate checked every name and type used below.
@@ -278,7 +291,7 @@ func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bo
 			isKey[k] = true
 			keys = append(keys, ident(k))
 		}
-		var defsSQL, adds []string
+		var defsSQL, adds, added []string
 		for _, name := range pd.ColumnNames {
 			col := pd.Columns[name]
 			d := ident(name) + " " + col.Type
@@ -288,25 +301,34 @@ func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bo
 			defsSQL = append(defsSQL, d)
 			if all || !have[name] {
 				adds = append(adds, "ADD COLUMN IF NOT EXISTS "+d)
+				added = append(added, name)
 			}
 		}
 		seq := seqColumn + " bigint NOT NULL DEFAULT 0"
 		defsSQL = append(defsSQL, seq, "PRIMARY KEY ("+strings.Join(keys, ", ")+")")
 		if all || !have[seqColumn] {
 			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+seq)
+			added = append(added, seqColumn)
 		}
+		create := migrationStep{"CREATE TABLE IF NOT EXISTS " + table + " (" + strings.Join(defsSQL, ", ") + ")", "created table " + pd.Table}
+		alter := migrationStep{"ALTER TABLE " + table + " " + strings.Join(adds, ", "), "added to table " + pd.Table + " column(s) " + strings.Join(added, ", ")}
 		switch {
 		case all:
-			stmts = append(stmts,
-				"CREATE TABLE IF NOT EXISTS "+table+" ("+strings.Join(defsSQL, ", ")+")",
-				"ALTER TABLE "+table+" "+strings.Join(adds, ", "))
+			stmts = append(stmts, create, alter)
 		case have == nil:
-			stmts = append(stmts, "CREATE TABLE IF NOT EXISTS "+table+" ("+strings.Join(defsSQL, ", ")+")")
+			stmts = append(stmts, create)
 		case len(adds) > 0:
-			stmts = append(stmts, "ALTER TABLE "+table+" "+strings.Join(adds, ", "))
+			stmts = append(stmts, alter)
 		}
 	}
 	return stmts
+}
+
+// migrationStep is one statement of a migration and what it changes, for
+// Migrate's report.
+type migrationStep struct {
+	sql  string
+	what string // e.g. "created table artist_followers"
 }
 
 // GrantSQL returns the statements that grant role what `projection-worker
@@ -341,7 +363,11 @@ func MigrationSQL(defs *Definitions, tenantSchema string) (string, error) {
 	if err := checkMigration(defs, tenantSchema); err != nil {
 		return "", err
 	}
-	return strings.Join(migrationStatements(defs, tenantSchema, false, nil), ";\n"), nil
+	var stmts []string
+	for _, st := range migrationStatements(defs, tenantSchema, false, nil) {
+		stmts = append(stmts, st.sql)
+	}
+	return strings.Join(stmts, ";\n"), nil
 }
 
 // checkMigration returns an error naming tenantSchema when it is not a

@@ -110,10 +110,16 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // migrateTenant migrates tenant schema t and, with role, grants it what
 // run needs, printing a line for each.
 func migrateTenant(ctx context.Context, pool *pgxpool.Pool, defs *projection.Definitions, t, role string, stdout io.Writer) error {
-	if err := projection.Migrate(ctx, pool, defs, t); err != nil {
-		return err // Migrate's error names the tenant schema
+	changes, err := projection.MigrateChanges(ctx, pool, defs, t)
+	if err != nil {
+		return err // its error names the tenant schema
 	}
-	fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
+	if len(changes) == 0 {
+		// Said apart (new-user trial: "migrated" when nothing was).
+		fmt.Fprintf(stdout, "tenant schema %s already has what IR %s needs (%s): nothing to migrate\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
+	} else {
+		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s): %s\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"), strings.Join(changes, "; "))
+	}
 	if role == "" {
 		return nil
 	}

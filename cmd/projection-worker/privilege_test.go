@@ -296,3 +296,32 @@ func migratedThenChanged(t *testing.T, pool *pgxpool.Pool, args []string, sql st
 		t.Fatal(err)
 	}
 }
+
+// TestMigrateSaysWhatItChanged: migrate's line for a tenant schema says
+// what it created or added, and that nothing was needed when nothing was
+// (new-user trial: "migrated" on a second run that changed nothing).
+func TestMigrateSaysWhatItChanged(t *testing.T) {
+	pool := pgtest.Pool(t)
+	tenant := pgtest.NewSchemaName(t)
+	dropSchemasAtEnd(t, pool, tenant)
+	args := []string{"migrate", "--database-url", pgtest.URL(t), "--projections", exampleProjections, "--tenant-schema", tenant}
+	steps := []struct {
+		sql  string // run before migrate
+		want string
+	}{
+		{"", "migrated tenant schema " + tenant + " to IR v42 (3 projections): created the schema; created table _causet_tombstones; created table artist_followers; created table user_follows; created table artist_ratings\n"},
+		{"", "tenant schema " + tenant + " already has what IR v42 needs (3 projections): nothing to migrate\n"},
+		{"ALTER TABLE " + pgx.Identifier{tenant, "artist_followers"}.Sanitize() + " DROP COLUMN score, DROP COLUMN _causet_seq",
+			"migrated tenant schema " + tenant + " to IR v42 (3 projections): added to table artist_followers column(s) score, _causet_seq\n"},
+	}
+	for i, st := range steps {
+		if st.sql != "" {
+			if _, err := pool.Exec(context.Background(), st.sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r := runCmd(t, time.Minute, args...); r.code != 0 || r.stdout != st.want {
+			t.Errorf("migrate #%d = %d, stdout %q; want 0 and %q\n%s", i+1, r.code, r.stdout, st.want, r)
+		}
+	}
+}
