@@ -328,10 +328,14 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 	}
 	// A key longer than its index can hold (54000, new-user trial): random
 	// hex, which compression cannot bring under the limits.
-	hugeKey := func(n int) func() *Event {
+	hugeKey := func(n int, alsoLabel bool) func() *Event {
 		return func() *Event {
-			raw := fmt.Sprintf(`{"eventType":"KIND_SET","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":7,"ts":1719331200000,"payload":{"required":1,"tags":["t"]}}`,
-				randomHex(t, n), schema)
+			key, label := randomHex(t, n), "x"
+			if alsoLabel {
+				label = key
+			}
+			raw := fmt.Sprintf(`{"eventType":"KIND_SET","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":7,"ts":1719331200000,"payload":{"required":1,"tags":["t"],"label":%q}}`,
+				key, schema, label)
 			ev, err := DecodeEvent([]byte(raw))
 			if err != nil {
 				t.Fatal(err)
@@ -340,9 +344,13 @@ func TestApplyNamesTheColumnOfPostgresErrors(t *testing.T) {
 		}
 	}
 	tests = append(tests,
-		testCase{"a key over the btree limit names its column", hugeKey(3000),
+		testCase{"a key over the btree limit names its column", hugeKey(3000, false),
 			ColumnError{Projection: "kinds", Column: "id", Source: "from entityId", JSONType: "string"}, "54000"},
-		testCase{"a key over the index row limit names its column", hugeKey(40000),
+		testCase{"a key over the index row limit names its column", hugeKey(40000, false),
+			ColumnError{Projection: "kinds", Column: "id", Source: "from entityId", JSONType: "string"}, "54000"},
+		// The same value in a column that is not the key (new-user trial:
+		// a jsonb column of the whole payload; no column was named).
+		testCase{"a key over the limit, its value in another column too, names the key", hugeKey(3000, true),
 			ColumnError{Projection: "kinds", Column: "id", Source: "from entityId", JSONType: "string"}, "54000"})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -107,7 +107,7 @@ func (p *TableProjection) columnOfQuotedValue(ev *Event, msg string) int {
 	if len(quoted) == 0 {
 		return -1
 	}
-	return p.columnWhose(ev, func(v string) bool { return slices.Contains(quoted, v) })
+	return p.columnWhose(ev, func(v string) bool { return slices.Contains(quoted, v) }, false)
 }
 
 // btreeMaxItem is the most bytes a btree index row can hold (PostgreSQL's
@@ -120,15 +120,22 @@ const btreeMaxItem = 2704
 // (btreeMaxItem bytes), for a program_limit_exceeded error (54000: `index
 // row requires 10328 bytes, maximum size is 8191`), which names neither
 // column nor index; or −1 when no column's value, or more than one, is
-// that long.
+// that long. The primary key's columns are looked at first: the table's
+// index is the primary key's, and a row's other columns may well hold the
+// same value (a jsonb column of the whole payload: new-user trial, the
+// 54000 of user_follows named no column).
 func (p *TableProjection) columnOfOversizeValue(ev *Event) int {
-	return p.columnWhose(ev, func(v string) bool { return len(v) > btreeMaxItem })
+	long := func(v string) bool { return len(v) > btreeMaxItem }
+	if ci := p.columnWhose(ev, long, true); ci >= 0 {
+		return ci
+	}
+	return p.columnWhose(ev, long, false)
 }
 
 // columnWhose returns the index of the one column of the statement Plan
-// makes of ev whose value, as text, match accepts; −1 when none or more
-// than one does, or Plan fails.
-func (p *TableProjection) columnWhose(ev *Event, match func(string) bool) int {
+// makes of ev (of its primary key only, with keysOnly) whose value, as
+// text, match accepts; −1 when none or more than one does, or Plan fails.
+func (p *TableProjection) columnWhose(ev *Event, match func(string) bool, keysOnly bool) int {
 	st, err := p.Plan(ev)
 	if err != nil {
 		return -1
@@ -144,6 +151,9 @@ func (p *TableProjection) columnWhose(ev *Event, match func(string) bool) int {
 	}
 	found := -1
 	for k, ci := range cols {
+		if keysOnly && !p.isKey(ci) {
+			continue
+		}
 		if v, ok := st.Args[k].(string); ok && match(v) {
 			if found >= 0 {
 				return -1 // two columns hold such a value: which one is unknown
