@@ -247,7 +247,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 		}
 		if v == nil {
 			if c.notNull {
-				return nil, p.valueError(c, v, "null value in a notNull column")
+				return nil, p.valueError(c, v, "null value in a notNull column"+absentNote(c, ev))
 			}
 			return nil, nil
 		}
@@ -280,7 +280,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 		}
 		for _, i := range p.pk {
 			if args[i] == nil {
-				return Statement{}, p.nullKey(i)
+				return Statement{}, p.nullKey(i, ev)
 			}
 		}
 		args = append(args, seq, p.table)
@@ -293,7 +293,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 				return Statement{}, err
 			}
 			if v == nil {
-				return Statement{}, p.nullKey(i)
+				return Statement{}, p.nullKey(i, ev)
 			}
 			args = append(args, v)
 		}
@@ -319,6 +319,25 @@ func (p *TableProjection) valueError(c *column, v any, reason string) error {
 	return &ValueError{Projection: p.def.Name, Column: c.name, Source: c.source, JSONType: jsonType(v), Reason: reason}
 }
 
-func (p *TableProjection) nullKey(i int) error {
-	return p.permanent(fmt.Errorf("primary key column %s is null", p.cols[i].name))
+// nullKey is the error of a null value (JSON null, an absent path, a
+// derive's null) for primary key column i of ev's row: a *ValueError
+// naming the column and its source (new-user trial: "primary key column
+// user_id is null" said neither where it came from nor that it was
+// absent).
+func (p *TableProjection) nullKey(i int, ev *Event) error {
+	c := &p.cols[i]
+	return p.valueError(c, nil, "null value in a primary key column"+absentNote(c, ev))
+}
+
+// absentNote returns ", absent from the event" when column c reads a
+// payload path that ev does not have (lookupPath gives nil for an absent
+// path as for JSON null), else "".
+func absentNote(c *column, ev *Event) string {
+	if c.prog != nil || len(c.path) == 0 || c.path[0] != "payload" {
+		return ""
+	}
+	if _, _, ok := payloadNode(ev, c.path); ok {
+		return ""
+	}
+	return ": " + strings.TrimPrefix(c.source, "from ") + " is absent from the event"
 }

@@ -328,12 +328,12 @@ func TestApplyErrors(t *testing.T) {
 		{
 			name: "null primary key", proj: "artist_followers", eventType: "ARTIST_FOLLOWED",
 			payload: `{"user_id":"u","points":1,"games":1}`,
-			class:   retry.Permanent, message: `projection "artist_followers": primary key column artist_id is null`,
+			class:   retry.Permanent, message: `projection "artist_followers": column artist_id (from payload.artist_id, JSON null): null value in a primary key column: payload.artist_id is absent from the event`,
 		},
 		{
 			name: "null primary key on delete", proj: "artist_followers", eventType: "ARTIST_UNFOLLOWED",
 			payload: `{"artist_id":null,"user_id":"u"}`,
-			class:   retry.Permanent, message: `projection "artist_followers": primary key column artist_id is null`,
+			class:   retry.Permanent, message: `projection "artist_followers": column artist_id (from payload.artist_id, JSON null): null value in a primary key column`,
 		},
 		{
 			name: "event type not handled", proj: "kinds", eventType: "ARTIST_FOLLOWED", payload: `{}`,
