@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -500,14 +501,63 @@ func deriveError(err error, ev *Event) error {
 		}
 	case isNoSuchOverload(err):
 		var oe *overloadError
-		if errors.As(err, &oe) && !slices.Contains(oe.argTypes, "double") {
-			break // no double in the call: not an integer read as one
+		// With a double in the call (or types unknown), an integer beyond
+		// int64 read as one is likely the cause.
+		if !errors.As(err, &oe) || slices.Contains(oe.argTypes, "double") {
+			if path, n := onlyNumber(ev, beyondInt64); path != "" {
+				return fmt.Errorf("%w (%s is %s, an integer beyond int64, which CEL reads as a double)", err, path, shortenValue(n))
+			}
 		}
-		if path, n := onlyNumber(ev, beyondInt64); path != "" {
-			return fmt.Errorf("%w (%s is %s, an integer beyond int64, which CEL reads as a double)", err, path, shortenValue(n))
+		if oe != nil {
+			if notes := payloadNotes(ev, oe.expr); notes != "" {
+				return fmt.Errorf("%w (%s)", err, notes)
+			}
 		}
 	}
 	return err
+}
+
+// payloadPathRE matches a payload field read in a derive's call text
+// (overloadError.expr): payload.games, payload.a.b, payload.tags[0].
+var payloadPathRE = regexp.MustCompile(`\bpayload(?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])+`)
+
+// payloadNotes returns what ev holds at each payload path the call text
+// expr reads, as `payload.games is "2", a JSON string; payload.points is
+// absent`, so that a call no overload accepts names the field of the wrong
+// type (new-user trial: "operator / applied to (int, string)" left it to
+// be guessed); "" when expr reads none. A method's name after a path
+// (payload.n.startsWith(...)) is not part of it.
+func payloadNotes(ev *Event, expr string) string {
+	var notes []string
+	seen := map[string]bool{}
+	for _, m := range payloadPathRE.FindAllStringIndex(expr, -1) {
+		path := expr[m[0]:m[1]]
+		if m[1] < len(expr) && expr[m[1]] == '(' {
+			i := strings.LastIndexByte(path, '.')
+			if i <= len("payload") {
+				continue
+			}
+			path = path[:i] // the method's receiver
+		}
+		if seen[path] {
+			continue
+		}
+		seen[path] = true
+		segs := strings.Split(strings.NewReplacer("[", ".", "]", "").Replace(path), ".")
+		if _, _, ok := payloadNode(ev, segs); !ok {
+			notes = append(notes, path+" is absent")
+			continue
+		}
+		switch v := lookupPath(ev, segs).(type) {
+		case string:
+			notes = append(notes, path+" is "+quoteValue(v)+", a JSON string")
+		case json.Number:
+			notes = append(notes, path+" is "+shortenValue(string(v))+", a JSON number")
+		default:
+			notes = append(notes, path+" is a JSON "+jsonType(v))
+		}
+	}
+	return strings.Join(notes, "; ")
 }
 
 // onlyNumber returns the path and text of the number of ev for which match

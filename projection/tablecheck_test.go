@@ -395,17 +395,19 @@ func TestDeriveNoSuchOverloadNamesTheIntegerBeyondInt64(t *testing.T) {
 // accepts at plan time says which function or operator, with which argument
 // types, where in the expression and the call as CEL prints it (so the
 // fields it read: new-user trial), for which projection and column (new-user
-// trial: only "no such overload"); an integer beyond int64 is named only
-// when a double is involved.
+// trial: only "no such overload"), with what the event holds at each
+// payload path the call reads (new-user trial: which field was the string
+// had to be guessed); an integer beyond int64 is named only when a double
+// is involved.
 func TestDeriveNoSuchOverloadNamesTheCallAndTypes(t *testing.T) {
 	const payload = `{"name":"x","n":3,"tags":["a"],"big":99999999999999999999}`
 	tests := []struct{ derive, want string }{
-		{"payload.name + payload.n", "operator + applied to (string, int) at 1:14 in payload.name + payload.n"},
-		{"payload.name * payload.n", "operator * applied to (string, int) at 1:14 in payload.name * payload.n"},
-		{"-payload.name", "operator - applied to (string) at 1:1 in -payload.name"},
-		{"size(payload.n)", "function size applied to (int) at 1:5 in size(payload.n)"},
-		{"payload.n.startsWith('x')", `function startsWith applied to (int, string) at 1:21 in payload.n.startsWith("x")`},
-		{"payload.tags[0] + 1", "operator + applied to (string, int) at 1:17 in payload.tags[0] + 1"},
+		{"payload.name + payload.n", `operator + applied to (string, int) at 1:14 in payload.name + payload.n (payload.name is "x", a JSON string; payload.n is 3, a JSON number)`},
+		{"payload.name * payload.n", `operator * applied to (string, int) at 1:14 in payload.name * payload.n (payload.name is "x", a JSON string; payload.n is 3, a JSON number)`},
+		{"-payload.name", `operator - applied to (string) at 1:1 in -payload.name (payload.name is "x", a JSON string)`},
+		{"size(payload.n)", "function size applied to (int) at 1:5 in size(payload.n) (payload.n is 3, a JSON number)"},
+		{"payload.n.startsWith('x')", `function startsWith applied to (int, string) at 1:21 in payload.n.startsWith("x") (payload.n is 3, a JSON number)`},
+		{"payload.tags[0] + 1", `operator + applied to (string, int) at 1:17 in payload.tags[0] + 1 (payload.tags[0] is "a", a JSON string)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.derive, func(t *testing.T) {
