@@ -348,7 +348,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			if e.Omitted != nil {
 				kept = "its bytes, left out of the dead letter for size, are at " + e.Omitted.String()
 			}
-			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null: the record value is not an event the worker reads (not JSON, not an object, or nested too deeply: the dead letter's error says which; "+kept+"), so a replay of it would be dead-lettered again at once, --force or not; skip it"
+			o.Kind, o.Reason = OutcomeRefused, "originalEvent is null: the record value is not an event the worker reads (empty, not valid UTF-8, not JSON, not an object, a duplicate key, an unpaired surrogate escape, or nested too deeply: the dead letter's error says which; "+kept+"), so a replay of it would be dead-lettered again at once, --force or not; skip it"
 		case invalid != nil:
 			o.Kind = OutcomeRefused
 			o.Reason = fmt.Sprintf("the event fails validation, which a replay cannot change (%v): the worker would dead-letter it again at once; skip it (--force to replay it all the same)", invalid)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/kafkaconn"
 	"github.com/causet/projection-worker/projection"
 )
 
@@ -60,11 +61,27 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 	if runErr != nil && !errors.As(runErr, &ue) && !errors.Is(runErr, errNothingMatched) {
 		if ctx.Err() != nil {
 			log.Error("interrupted", "err", runErr)
+		} else if cause := kafkaCause(runErr, s.kafka.Brokers); cause != "" {
+			log.Error(cmd+" failed", "cause", cause, "err", runErr)
 		} else {
 			log.Error(cmd+" failed", "err", runErr)
 		}
 	}
 	return runErr
+}
+
+// kafkaCause names, in terms of the flags, why Kafka refused or did not
+// answer err's request: kafkaconn.Explain's cause, or, when no broker of
+// brokers answered at all, that (new-user trial: "read ledger: list
+// offsets of ...: unable to dial" blamed the ledger); "" otherwise.
+func kafkaCause(err error, brokers string) string {
+	if cause := kafkaconn.Explain(err); cause != "" {
+		return cause
+	}
+	if kafkaconn.DialError(err) {
+		return "no broker of --brokers (KAFKA_BROKERS) " + brokers + " answers: check the addresses and that Kafka is running"
+	}
+	return ""
 }
 
 func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters, progress *progress, log *slog.Logger, stdout io.Writer) error {

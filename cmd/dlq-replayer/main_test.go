@@ -648,3 +648,19 @@ func TestRetryRefusesAnEventThatFailsValidation(t *testing.T) {
 		t.Errorf("%d events sent after --force, want 2", n)
 	}
 }
+
+// TestUnreachableKafkaSaysSo: when no broker of --brokers answers, each
+// command fails with exit 1 and an ERROR line whose cause names
+// --brokers and the addresses (new-user trial: "read ledger: list offsets
+// of ...: unable to dial" blamed the ledger).
+func TestUnreachableKafkaSaysSo(t *testing.T) {
+	for _, args := range [][]string{{"list", "--all"}, {"summary", "--all"}, {"retry", "--all", "--dry-run"}} {
+		t.Run(args[0], func(t *testing.T) {
+			r := runCmd(t, env{"KAFKA_BROKERS": "127.0.0.1:1"}, args...)
+			const want = `"cause":"no broker of --brokers (KAFKA_BROKERS) 127.0.0.1:1 answers: check the addresses and that Kafka is running"`
+			if r.code != 1 || !strings.Contains(r.stderr, want) {
+				t.Errorf("%v against 127.0.0.1:1 = %d, want 1 and %s\nstderr: %s", args, r.code, want, r.stderr)
+			}
+		})
+	}
+}

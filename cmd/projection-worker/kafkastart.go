@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
 	"time"
 
@@ -32,7 +31,7 @@ type kafkaUnreachableError struct {
 func (e *kafkaUnreachableError) Error() string {
 	msg := fmt.Sprintf("Kafka unreachable at start: no broker of --brokers %s answered in %s over %s (--kafka-start-timeout %s, KAFKA_START_TIMEOUT): %v",
 		e.brokers, plural(e.attempts, "attempt"), e.waited.Round(time.Millisecond), e.timeout, e.err)
-	if !dialError(e.err) {
+	if !kafkaconn.DialError(e.err) {
 		// Not a dial error refused at once: no answer in time (new-user
 		// trial: --kafka-tls against the embedded broker's plaintext
 		// listener, which takes the connection and never answers).
@@ -59,16 +58,9 @@ func kafkaUnreachable(err error) bool {
 	if kafkaconn.Explain(err) != "" {
 		return false
 	}
-	return dialError(err) || errors.Is(err, context.DeadlineExceeded)
+	return kafkaconn.DialError(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// dialError reports whether err is a dial's: connection refused, no route,
-// a name that does not resolve.
-func dialError(err error) bool {
-	var opErr *net.OpError
-	var dnsErr *net.DNSError
-	return errors.As(err, &opErr) || errors.As(err, &dnsErr)
-}
 
 // untilDeadline is b with its waits cut to end at deadline, and Stop from
 // then on: the last attempt is made when the time is up, not as soon as

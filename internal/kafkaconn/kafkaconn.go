@@ -156,3 +156,11 @@ func Explain(err error) string {
 	}
 	return ""
 }
+
+// DialError reports whether err is a dial's: connection refused, no route,
+// a name that does not resolve (no broker answered at all).
+func DialError(err error) bool {
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	return errors.As(err, &opErr) || errors.As(err, &dnsErr)
+}
