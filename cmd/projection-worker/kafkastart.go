@@ -61,7 +61,6 @@ func kafkaUnreachable(err error) bool {
 	return kafkaconn.DialError(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
-
 // untilDeadline is b with its waits cut to end at deadline, and Stop from
 // then on: the last attempt is made when the time is up, not as soon as
 // b's next wait would pass it (backoff's MaxElapsedTime gives up then,
