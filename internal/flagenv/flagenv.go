@@ -255,7 +255,9 @@ func (s *Set) Parse(args []string) error {
 		} else if name, ok := strings.CutPrefix(err.Error(), "flag needs an argument: -"); ok {
 			err = fmt.Errorf("flag --%s needs a value", strings.TrimPrefix(name, "-"))
 		}
-		return Usagef("%v (%s -h lists the flags)", err, s.Name())
+		// The variable too (new-user trial: `--fetch-max-bytes "16MiB": not
+		// an integer` named no FETCH_MAX_BYTES, where range errors did).
+		return s.WithEnv(Usagef("%v (%s -h lists the flags)", err, s.Name()))
 	}
 	if err := s.checkBoolValue(args); err != nil {
 		return err
