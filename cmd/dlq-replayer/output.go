@@ -55,9 +55,11 @@ func outcomeLine(o dlq.Outcome) string {
 
 // writeSummaryTable writes the groups of s as an aligned table: COUNT,
 // REPLAYED and SKIPPED (by their newest ledger decision), the grouping key
-// (never cut, unless it is an error text), PROJECTIONS (unless the key is
-// the projection) and the first line of a SAMPLE
-// ERROR, cut with an ellipsis so that lines fit width columns; wide (width
+// (never cut, unless it is an error text; by error, without a leading
+// `projection "<p>": ` when the group has that one projection),
+// PROJECTIONS (unless the key is the projection) and the first line of a
+// SAMPLE ERROR (unless the key is the error), cut with an ellipsis (an
+// error key in its middle, keeping both ends) so that lines fit width columns; wide (width
 // 0) adds FIRST FAILED and LAST FAILED (UTC, RFC 3339) and cuts only very
 // long cells.
 func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error {
@@ -67,13 +69,20 @@ func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error 
 		// an error text (a fingerprint, tenant schema or projection name is
 		// at most 63 characters; second new-user trial: tenants of a long
 		// common prefix looked alike).
-		column{name: key, shrink: s.By() == dlq.GroupByError},
+		column{name: key, shrink: s.By() == dlq.GroupByError, cutMiddle: s.By() == dlq.GroupByError},
 		// By projection, each group's projections are its key (new-user
 		// trial: PROJECTION and PROJECTIONS side by side).
-		column{name: "PROJECTIONS", shrink: true, hidden: s.By() == dlq.GroupByProjection}, shrinkCol("SAMPLE ERROR"))
+		column{name: "PROJECTIONS", shrink: true, hidden: s.By() == dlq.GroupByProjection},
+		// By error, the key is the sample's first line (new-user trial: both
+		// cut to ~23 characters side by side, rows could not be told apart).
+		column{name: "SAMPLE ERROR", shrink: true, hidden: s.By() == dlq.GroupByError})
 	for _, g := range s.Groups() {
+		key := g.Key
+		if s.By() == dlq.GroupByError && len(g.Projections) == 1 {
+			key = errorCell(g.Projections[0], key) // PROJECTIONS names it
+		}
 		t.add(strconv.Itoa(g.Count), strconv.Itoa(g.Replayed), strconv.Itoa(g.Skipped), fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
-			cell(orDash(g.Key), 80), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))
+			cell(orDash(key), 160), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))
 	}
 	return t.write(w)
 }
@@ -254,6 +263,9 @@ type column struct {
 	shrink bool
 	// hidden: the column is not shown (its cells are given all the same).
 	hidden bool
+	// cutMiddle: a cut keeps both ends of a cell, the ellipsis between
+	// (error texts told apart by their ends).
+	cutMiddle bool
 }
 
 func col(name string) column       { return column{name: name} }
@@ -322,7 +334,11 @@ func (t *table) write(w io.Writer) error {
 		for j, i := range show {
 			s := cells[i]
 			if utf8.RuneCountInString(s) > widths[j] {
-				s = cell(s, widths[j])
+				if t.cols[i].cutMiddle {
+					s = cellMiddle(s, widths[j])
+				} else {
+					s = cell(s, widths[j])
+				}
 			}
 			b.WriteString(s)
 			if j < len(show)-1 {
@@ -357,4 +373,16 @@ func cell(s string, n int) string {
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
+}
+
+// cellMiddle is cell that, to cut s, keeps its first and last runes, about
+// half of n each, with an ellipsis between.
+func cellMiddle(s string, n int) string {
+	s = cell(s, utf8.RuneCountInString(s)) // no control characters
+	r := []rune(s)
+	if len(r) <= n || n < 3 {
+		return cell(s, n)
+	}
+	head := (n - 1) / 2
+	return string(r[:head]) + "…" + string(r[len(r)-(n-1-head):])
 }

@@ -167,3 +167,34 @@ func TestListErrorCellLeavesOutItsOwnProjection(t *testing.T) {
 		t.Errorf("a 100-column list does not show the column the error names:\n%s", b.String())
 	}
 }
+
+// TestSummaryByErrorShowsTheErrorOnce: grouped by error, the key is the
+// sample's first line, so SAMPLE ERROR is not shown, and a leading
+// `projection "<p>": ` of a group of that one projection is left out
+// (PROJECTIONS names it), and a long error is cut in its middle: at 80
+// columns the rows differ where their errors do (new-user trial: key and sample both cut to ~23 characters,
+// five rows of "invalid event: sequenc…").
+func TestSummaryByErrorShowsTheErrorOnce(t *testing.T) {
+	s := dlq.NewSummary(dlq.GroupByError)
+	for _, e := range []*dlq.Entry{
+		{Projection: "artist_followers", Message: dlq.Message{Error: `projection "artist_followers": column score (from payload.points, JSON number): value "3000000000" is out of range for type integer`}},
+		{Projection: "artist_followers", Message: dlq.Message{Error: `projection "artist_followers": column user_id (from payload.user_id, JSON null): null value in a primary key column`}},
+		{Projection: "artist_ratings", Message: dlq.Message{Error: "invalid event: sequenceNumber: must be a JSON integer, got string \"7\""}},
+		{Projection: "artist_ratings", Message: dlq.Message{Error: "invalid event: sequenceNumber: must be >= 0, got -1"}},
+	} {
+		s.Add(e, "")
+	}
+	var b strings.Builder
+	if err := writeSummaryTable(&b, s, 80, false); err != nil {
+		t.Fatal(err)
+	}
+	want := `COUNT  REPLAYED  SKIPPED  ERROR                                 PROJECTIONS
+1      0         0        invalid event: se…st be >= 0, got -1  artist_ratings
+1      0         0        invalid event: se…er, got string "7"  artist_ratings
+1      0         0        column score (fro…e for type integer  artist_followers
+1      0         0        column user_id (f…primary key column  artist_followers
+`
+	if diff := cmp.Diff(want, b.String()); diff != "" {
+		t.Errorf("table (-want +got):\n%s", diff)
+	}
+}
