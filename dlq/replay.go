@@ -116,7 +116,8 @@ type ReplayConfig struct {
 	// dead letter, in the order they are decided (replays after they are
 	// acknowledged and recorded), from the goroutine running Retry/Skip.
 	OnOutcome func(Outcome)
-	// Logger receives one line per refusal and failure. Default: discard.
+	// Logger receives one line per failure (ERROR) and, unless OnOutcome
+	// reports the outcomes, one per refusal (WARN). Default: discard.
 	Logger *slog.Logger
 	// Now is the clock for decision times. Default time.Now.
 	Now func() time.Time
@@ -248,6 +249,9 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			log.Error("replay failed", "partition", o.Entry.Partition, "offset", o.Entry.Offset,
 				"projection", o.Entry.Projection, "tenant_schema", o.Entry.TenantSchema, "reason", o.Reason, "err", o.Err)
 		case OutcomeRefused:
+			if cfg.OnOutcome != nil {
+				break // the caller reports it (dlq-replayer: a line on stdout; new-user trial: twice)
+			}
 			log.Warn("replay refused", "partition", o.Entry.Partition, "offset", o.Entry.Offset,
 				"projection", o.Entry.Projection, "tenant_schema", o.Entry.TenantSchema, "reason", o.Reason)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -592,9 +593,15 @@ func TestRetryLedger(t *testing.T) {
 		t.Fatalf("skip: %s, %v", sres, err)
 	}
 	before := len(readTopic(t, b, f.events))
-	res, outs := f.retry(dlq.ReplayConfig{IncludeReplayed: true, Force: true})
+	var logged bytes.Buffer
+	res, outs := f.retry(dlq.ReplayConfig{IncludeReplayed: true, Force: true, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if got, want := res.String(), "matched=5 replayed=3 skipped=0 already-replayed=0 already-skipped=1 refused=1 failed=0"; got != want {
 		t.Fatalf("retry --all after skip: %s, want %s", got, want)
+	}
+	// OnOutcome reports the refusal: no WARN line of it as well (new-user
+	// trial: dlq-replayer said each refusal on stdout and again on stderr).
+	if strings.Contains(logged.String(), "replay refused") {
+		t.Errorf("a refusal reported to OnOutcome was logged too:\n%s", logged.String())
 	}
 	for _, o := range outs {
 		if o.Entry.Coordinates() == at["C"] && o.Kind != dlq.OutcomeSkipped {
