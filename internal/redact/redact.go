@@ -54,6 +54,10 @@ type Redactor struct {
 	r       *strings.Replacer // the secrets of MinSubstringLen bytes or more, the others quoted
 }
 
+// publicSchemes are the URL schemes (with "://") that New never masks a
+// secret inside.
+var publicSchemes = []string{"postgres://", "postgresql://"}
+
 // New returns a Redactor of secrets; empty strings are ignored. The longest
 // secret is replaced first, so that a secret containing another one is
 // masked whole.
@@ -69,6 +73,16 @@ func New(secrets ...string) *Redactor {
 	for _, v := range s {
 		if len(v) >= MinSubstringLen {
 			ps = append(ps, pair{v, Mask})
+			// A URL scheme holding the secret is left as it is (it comes
+			// before the secret, being longer): the README's test password
+			// "postgres" made "want postgres:// or postgresql://" read "want
+			// xxxxx:// or xxxxxql://" (new-user trial). The scheme says
+			// nothing of the secret that its mere text does not.
+			for _, scheme := range publicSchemes {
+				if len(scheme) > len(v) && strings.Contains(scheme, v) {
+					ps = append(ps, pair{scheme, scheme})
+				}
+			}
 		} else {
 			ps = append(ps, pair{`"` + v + `"`, `"` + Mask + `"`}, pair{"'" + v + "'", "'" + Mask + "'"})
 		}

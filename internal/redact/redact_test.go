@@ -201,3 +201,25 @@ func TestWithoutPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretInsideAURLSchemeLeavesTheScheme: a password that is also part
+// of a URL scheme ("postgres", the README's test URL's) is masked
+// everywhere but in the scheme, so a message's own hint stays readable
+// (new-user trial: "want xxxxx:// or xxxxxql://"); as the user and in a
+// URL's userinfo it is masked still.
+func TestSecretInsideAURLSchemeLeavesTheScheme(t *testing.T) {
+	t.Setenv("PGPASSWORD", "")
+	r := New(PostgresSecrets("postgres://postgres:postgres@127.0.0.1:55432/postgres?sslmode=disable")...)
+	tests := []struct{ in, want string }{
+		{`scheme "mysql" is not PostgreSQL's: want postgres:// or postgresql://, or a key=value string`,
+			`scheme "mysql" is not PostgreSQL's: want postgres:// or postgresql://, or a key=value string`},
+		{"dial postgres://postgres:postgres@db:5432/app: refused", "dial postgres://" + Mask + ":" + Mask + "@db:5432/app: refused"},
+		{"user=postgres database=postgres", "user=" + Mask + " database=" + Mask},
+		{"postgres", Mask},
+	}
+	for _, tt := range tests {
+		if got := r.String(tt.in); got != tt.want {
+			t.Errorf("String(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
