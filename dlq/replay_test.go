@@ -867,7 +867,9 @@ func TestReplayConfigValidate(t *testing.T) {
 
 func TestSummaryGroups(t *testing.T) {
 	entries := []*dlq.Entry{
-		{Projection: "a", TenantSchema: "t1", Fingerprint: "f1", Message: dlq.Message{Error: "boom 1\nmore", FailedAt: 3000}},
+		// First failed at 500, dead-lettered at 3000 after its retries:
+		// FIRST FAILED is when its first failure was (day-2 trial).
+		{Projection: "a", TenantSchema: "t1", Fingerprint: "f1", Message: dlq.Message{Error: "boom 1\nmore", FirstFailedAt: 500, FailedAt: 3000}},
 		{Projection: "a", TenantSchema: "t2", Fingerprint: "f1", Message: dlq.Message{Error: "boom 2", FailedAt: 1000}},
 		{Projection: "b", TenantSchema: "t2", Fingerprint: "f2", Message: dlq.Message{Error: "bang", FailedAt: 2000}},
 		{Projection: "c", TenantSchema: "t2", Fingerprint: "f3", Message: dlq.Message{Error: "bang", FailedAt: 4000}},
@@ -878,17 +880,17 @@ func TestSummaryGroups(t *testing.T) {
 		want []dlq.Group
 	}{
 		{dlq.GroupByFingerprint, []dlq.Group{
-			{Key: "f1", Count: 2, Replayed: 1, Skipped: 1, FirstFailedAt: 1000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "f1", Count: 2, Replayed: 1, Skipped: 1, FirstFailedAt: 500, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
 			{Key: "f2", Count: 1, FirstFailedAt: 2000, LastFailedAt: 2000, Projections: []string{"b"}, SampleError: "bang"},
 			{Key: "f3", Count: 1, Replayed: 1, FirstFailedAt: 4000, LastFailedAt: 4000, Projections: []string{"c"}, SampleError: "bang"},
 		}},
 		{dlq.GroupByTenant, []dlq.Group{
 			{Key: "t2", Count: 3, Replayed: 1, Skipped: 1, FirstFailedAt: 1000, LastFailedAt: 4000, Projections: []string{"a", "b", "c"}, SampleError: "boom 2"},
-			{Key: "t1", Count: 1, Replayed: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "t1", Count: 1, Replayed: 1, FirstFailedAt: 500, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
 		}},
 		{dlq.GroupByError, []dlq.Group{
 			{Key: "bang", Count: 2, Replayed: 1, FirstFailedAt: 2000, LastFailedAt: 4000, Projections: []string{"b", "c"}, SampleError: "bang"},
-			{Key: "boom 1", Count: 1, Replayed: 1, FirstFailedAt: 3000, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
+			{Key: "boom 1", Count: 1, Replayed: 1, FirstFailedAt: 500, LastFailedAt: 3000, Projections: []string{"a"}, SampleError: "boom 1\nmore"},
 			{Key: "boom 2", Count: 1, Skipped: 1, FirstFailedAt: 1000, LastFailedAt: 1000, Projections: []string{"a"}, SampleError: "boom 2"},
 		}},
 	}

@@ -40,8 +40,11 @@ type Group struct {
 	// (Count − Replayed − Skipped) have none.
 	Replayed int `json:"replayed"`
 	Skipped  int `json:"skipped"`
-	// FirstFailedAt and LastFailedAt are the smallest and largest failedAt
-	// (epoch ms) in the group.
+	// FirstFailedAt is the smallest firstFailedAt (epoch ms) in the group,
+	// when its earliest pair first failed (failedAt for a dead letter
+	// without one), and LastFailedAt the largest failedAt, when its latest
+	// dead letter was written (day-2 trial: FIRST FAILED was the earliest
+	// failedAt, seconds of retries after the first failure).
 	FirstFailedAt int64 `json:"firstFailedAt"`
 	LastFailedAt  int64 `json:"lastFailedAt"`
 	// Projections are the projections in the group, sorted.
@@ -79,7 +82,7 @@ func (s *Summary) Add(e *Entry, ledgerStatus string) {
 	}
 	g := s.groups[key]
 	if g == nil {
-		g = &Group{Key: key, FirstFailedAt: e.Message.FailedAt, LastFailedAt: e.Message.FailedAt, SampleError: e.Message.Error}
+		g = &Group{Key: key, FirstFailedAt: firstFailedAt(e), LastFailedAt: e.Message.FailedAt, SampleError: e.Message.Error}
 		s.groups[key] = g
 		s.projs[key] = map[string]bool{}
 	}
@@ -90,12 +93,21 @@ func (s *Summary) Add(e *Entry, ledgerStatus string) {
 	case ActionSkipped:
 		g.Skipped++
 	}
-	g.FirstFailedAt = min(g.FirstFailedAt, e.Message.FailedAt)
+	g.FirstFailedAt = min(g.FirstFailedAt, firstFailedAt(e))
 	g.LastFailedAt = max(g.LastFailedAt, e.Message.FailedAt)
 	if !s.projs[key][e.Projection] {
 		s.projs[key][e.Projection] = true
 		g.Projections = append(g.Projections, e.Projection)
 	}
+}
+
+// firstFailedAt is e's firstFailedAt, or its failedAt when that is
+// earlier or the first is unset (0).
+func firstFailedAt(e *Entry) int64 {
+	if f := e.Message.FirstFailedAt; f > 0 && f < e.Message.FailedAt {
+		return f
+	}
+	return e.Message.FailedAt
 }
 
 // Groups returns the groups, largest first (ties by key).

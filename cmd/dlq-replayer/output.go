@@ -60,7 +60,7 @@ func outcomeLine(o dlq.Outcome) string {
 // PROJECTIONS (unless the key is the projection) and the first line of a
 // SAMPLE ERROR (unless the key is the error), cut with an ellipsis (an
 // error key in its middle, keeping both ends) so that lines fit width columns; wide (width
-// 0) adds FIRST FAILED and LAST FAILED (UTC, RFC 3339) and cuts only very
+// 0) adds FIRST FAILED and LAST FAILED (dlq.Group's; UTC, RFC 3339) and cuts only very
 // long cells.
 func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error {
 	key := strings.ToUpper(string(s.By()))
