@@ -71,9 +71,8 @@ func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context
 func (pc *partition) setDBWait(cause error) {
 	waiting := cause != nil
 	pc.mu.Lock()
-	changed := pc.dbWait != waiting
-	pc.dbWait = waiting
-	pc.dbWaitCause = cause
+	changed := (pc.dbWait != nil) != waiting
+	pc.dbWait = cause
 	pc.mu.Unlock()
 	if !changed {
 		return

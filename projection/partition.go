@@ -26,12 +26,13 @@ type partition struct {
 	attempt   applyFunc            // one attempt of one pair (chain.go)
 	spanAttrs []attribute.KeyValue // its record spans' common attributes (tracing.go)
 
-	mu            sync.Mutex
-	queue         []*kgo.Record
-	queuedBytes   int
-	fetchPaused   bool  // fetching paused for backpressure or a database wait
-	dbWait        bool  // waiting for the database (InfraPause)
-	dbWaitCause   error // while dbWait: the database's last answer
+	mu          sync.Mutex
+	queue       []*kgo.Record
+	queuedBytes int
+	fetchPaused bool // fetching paused for backpressure or a database wait
+	// dbWait is the database's last answer while the partition waits for
+	// it (InfraPause); nil when not waiting.
+	dbWait        error
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // the watermark: offset of the next record to finish; −1 unknown
 	highWatermark int64
@@ -107,7 +108,7 @@ func (pc *partition) pauseFetch() {
 func (pc *partition) maybeResume() {
 	room := pc.retries.hasRoom(pc.w.cfg)
 	pc.mu.Lock()
-	resume := pc.fetchPaused && !pc.dbWait && room && pc.queuedBytes <= pc.w.cfg.MaxQueuedBytes/4
+	resume := pc.fetchPaused && pc.dbWait == nil && room && pc.queuedBytes <= pc.w.cfg.MaxQueuedBytes/4
 	if resume {
 		pc.fetchPaused = false
 	}
@@ -143,7 +144,7 @@ func (pc *partition) stuckOn() error {
 func (pc *partition) waitingForDB() error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	return pc.dbWaitCause
+	return pc.dbWait
 }
 
 // recordBytes is what a queued record holds in memory, roughly.

@@ -62,9 +62,14 @@ func (j *joinWatch) run(ctx context.Context, w *projection.Worker, group string,
 		// The brokers answer, but the group refuses the worker for a
 		// cause the settings explain (a member fenced by another with
 		// its --group-instance-id): said once, with the fix.
-		if rerr := w.Ready(); err == nil && rerr != nil && kafkaconn.Explain(rerr) != "" && rerr.Error() != logged {
-			logged = rerr.Error()
-			log.Error("consumer group not joined", "group", group, "cause", kafkaconn.Explain(rerr), "error", rerr)
+		if err != nil {
+			continue
+		}
+		if rerr := w.Ready(); rerr != nil && rerr.Error() != logged {
+			if cause := kafkaconn.Explain(rerr); cause != "" {
+				logged = rerr.Error()
+				log.Error("consumer group not joined", "group", group, "cause", cause, "error", rerr)
+			}
 		}
 	}
 }
