@@ -78,6 +78,12 @@ type LedgerConfig struct {
 	// TopicSetting names where Topic was set, for that warning (e.g.
 	// "--ledger-topic (LEDGER_TOPIC)"). Default: "the ledger topic".
 	TopicSetting string
+	// BeforeRead, when not nil and the ledger is not read-only, is called
+	// once the topic exists and before it is read; the release it returns
+	// is called by Close (and at once when OpenLedger fails after it). A
+	// run that takes the replay lock here (LockReplays) reads the decisions
+	// of every run that held the lock before it. Its error ends OpenLedger.
+	BeforeRead func(ctx context.Context) (release func(), err error)
 }
 
 // Validate fills in the defaults of the zero fields. It returns an error
@@ -109,6 +115,7 @@ type Ledger struct {
 	topic    string
 	readOnly bool
 	cl       *kgo.Client // producer; nil when read-only
+	release  func()      // LedgerConfig.BeforeRead's; nil when none
 
 	mu        sync.RWMutex
 	decisions map[Coordinates]Decision
@@ -119,20 +126,29 @@ type Ledger struct {
 // returns the ledger. opts are the franz-go connection options. Ledger
 // records whose key is not "<partition>:<offset>" or whose value is not a
 // decision are logged and ignored. Close the ledger when done.
-func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (*Ledger, error) {
+func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledger, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
 	log := cfg.Logger
 	l := &Ledger{topic: cfg.Topic, readOnly: cfg.ReadOnly, decisions: map[Coordinates]Decision{}}
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
 	var created bool
 	if !cfg.ReadOnly {
 		var err error
 		if created, err = createLedgerTopic(ctx, opts, cfg); err != nil {
 			return nil, err
 		}
+		if cfg.BeforeRead != nil {
+			if l.release, err = cfg.BeforeRead(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
-	var err error
 	if !created { // a topic just created is empty
 		err = l.read(ctx, opts, cfg.Topic, log)
 	}
@@ -306,5 +322,9 @@ func (l *Ledger) record(ctx context.Context, decisions []Decision) []error {
 func (l *Ledger) Close() {
 	if l.cl != nil {
 		l.cl.Close()
+	}
+	if l.release != nil {
+		l.release()
+		l.release = nil
 	}
 }

@@ -172,7 +172,28 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	case cmd == "skip" && strings.TrimSpace(s.actor) == "":
 		return flagenv.Usagef("--actor is required: say who decides the skip")
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: s.dryRun, Logger: log})
+	// One writing run at a time per ledger topic, from before its
+	// decisions are read: two at once would both send an entry (day-2
+	// trial). A lock lost mid-run stops it.
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	lock := func(ctx context.Context) (func(), error) {
+		l, err := dlq.LockReplays(ctx, opts, s.ledgerTopic, func() {
+			log.Warn("waiting for the replay lock: another dlq-replayer retry or skip runs on this ledger topic; this run starts when it ends",
+				"ledger_topic", s.ledgerTopic, "lock_group", dlq.ReplayLockGroup(s.ledgerTopic))
+		})
+		if err != nil {
+			return nil, err
+		}
+		context.AfterFunc(l.Context(), func() {
+			if cause := context.Cause(l.Context()); !errors.Is(cause, dlq.ErrReplayLockReleased) {
+				log.Error("stopping: "+cause.Error()+"; another run may take over, and the ledger keeps it from sending what this one recorded", "ledger_topic", s.ledgerTopic)
+			}
+			stop()
+		})
+		return l.Release, nil
+	}
+	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: s.dryRun, Logger: log, BeforeRead: lock})
 	if err != nil {
 		return err
 	}
