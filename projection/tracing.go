@@ -279,8 +279,10 @@ func endRecord(s trace.Span, outcome, deadLettered string) {
 }
 
 // startBatch starts the span of one database transaction of the batch
-// path, of n pairs: a new root, linked to the record spans of the pairs
-// (each record once; read only when the span is sampled). ctx is returned
+// path, of n pairs: a new root, linked to the record spans of the pairs,
+// each record once however many of its pairs the transaction holds (a COPY
+// transaction yields its pairs table by table, so a record of two tables
+// comes twice, apart); read only when the span is sampled. ctx is returned
 // unchanged when t is nil.
 func (t *tracing) startBatch(ctx context.Context, name string, n int, pairs iter.Seq[pair]) (context.Context, trace.Span) {
 	if t == nil {
@@ -292,17 +294,25 @@ func (t *tracing) startBatch(ctx context.Context, name string, n int, pairs iter
 	}
 	span.SetAttributes(semconv.DBSystemNamePostgreSQL, AttrBatchPairs.Int(n))
 	var last *decoded
+	linked := make(map[*decoded]struct{}, min(n, maxBatchLinksHint))
 	for p := range pairs {
 		if p.d == last || p.d.span == nil {
-			continue // a record's pairs are consecutive
+			continue // the same record as the pair before
 		}
 		last = p.d
+		if _, ok := linked[p.d]; ok {
+			continue
+		}
+		linked[p.d] = struct{}{}
 		if sc := p.d.span.SpanContext(); sc.IsSampled() {
 			span.AddLink(trace.Link{SpanContext: sc})
 		}
 	}
 	return ctx, span
 }
+
+// maxBatchLinksHint caps the records startBatch makes room for at once.
+const maxBatchLinksHint = 4096
 
 // endBatch ends a batch transaction's span, status Error when err is set.
 func endBatch(s trace.Span, err error) {
