@@ -313,6 +313,7 @@ func (e *env) raw(s *scenario, want *[tables]int64, goroutines ...int) []rawResu
 type workerResult struct {
 	committedAt    time.Duration // start → every offset committed (after SIGTERM once every pair is applied)
 	firstAppliedAt time.Duration // start → first pair counted in /metrics (0: not seen)
+	firstDone      int64         // the pairs /metrics counted then (read every pollEvery: often more than one)
 	allAppliedAt   time.Duration // start → every pair counted in /metrics (0: not seen)
 	peakRSS        int64         // bytes: VmHWM, else the largest VmRSS sampled
 	stopTook       time.Duration // SIGTERM → exit
@@ -320,6 +321,19 @@ type workerResult struct {
 	cpu            time.Duration // user + system CPU of the worker until every pair was applied
 	pgCPU          time.Duration // PostgreSQL's CPU over the same time (0: not measured)
 	spans          spanStats     // the SDK's span counts when every pair was applied (OTLP on)
+}
+
+// fromFirstRow is the worker's rate once it applied its first pair, in
+// events/s: the pairs applied after /metrics first counted some, over the
+// time until it counted every one (of pairs, for n events); 0 when not
+// seen. Unlike n over committedAt it leaves out the worker's start
+// (process, connections, consumer group join, first fetch), as the raw
+// methods' clock starts once their connections are open.
+func (r workerResult) fromFirstRow(n int, pairs int64) float64 {
+	if r.firstAppliedAt == 0 || r.allAppliedAt <= r.firstAppliedAt || pairs <= r.firstDone {
+		return 0
+	}
+	return float64(n) * float64(pairs-r.firstDone) / float64(pairs) / (r.allAppliedAt - r.firstAppliedAt).Seconds()
 }
 
 // runWorker runs `projection-worker run` for s until its /metrics count
@@ -401,7 +415,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 		if done, ok := pairsDone(hc, httpAddr); ok {
 			now := time.Since(start)
 			if done > 0 && res.firstAppliedAt == 0 {
-				res.firstAppliedAt = now
+				res.firstAppliedAt, res.firstDone = now, done
 			}
 			if done >= pairs {
 				res.allAppliedAt = now
@@ -469,8 +483,8 @@ func (e *env) runWorker(s *scenario) workerResult {
 		}
 	}
 	steady := "n/a"
-	if res.allAppliedAt > res.firstAppliedAt {
-		steady = fmt.Sprintf("%.0f events/s", float64(n)/(res.allAppliedAt-res.firstAppliedAt).Seconds())
+	if eps := res.fromFirstRow(int(n), pairs); eps > 0 {
+		steady = fmt.Sprintf("%.0f events/s", eps)
 	}
 	e.logf("%s: worker committed %d events in %s (first pair applied at %s, all pairs applied at %s; steady %s); peak RSS %.1f MiB; "+
 		"CPU %s (%.1f µs/event; PostgreSQL %.1f µs/event); fetched %d records (%.2f× the events); exited 0 %s after SIGTERM",

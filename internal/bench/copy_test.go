@@ -306,6 +306,21 @@ type applyResult struct {
 	txs      int
 	elapsed  time.Duration
 	pgCPU    time.Duration // PostgreSQL's CPU while applying (0: not measured)
+	// firstAt is when the first transaction committed (of any goroutine),
+	// since the clock started, and firstPairs its pairs: fromFirstRow.
+	firstAt    time.Duration
+	firstPairs int
+}
+
+// fromFirstRow is the rate once the first transaction committed, in
+// events/s for n events: the pairs applied after it, over the time from
+// it to the end, as workerResult.fromFirstRow measures a worker run; 0
+// without such a time.
+func (r applyResult) fromFirstRow(n int) float64 {
+	if r.firstAt == 0 || r.elapsed <= r.firstAt || r.pairs <= r.firstPairs {
+		return 0
+	}
+	return float64(n) * float64(r.pairs-r.firstPairs) / float64(r.pairs) / (r.elapsed - r.firstAt).Seconds()
 }
 
 // runApply applies the planned pairs of d's events with mode, from
@@ -332,6 +347,9 @@ func runApply(ctx context.Context, url string, d *dataset, planned [][]plannedPa
 	results := make([]applyResult, goroutines)
 	errs := make([]error, goroutines)
 	var wg sync.WaitGroup
+	var first sync.Once
+	var firstAt time.Duration
+	var firstPairs int
 	start := time.Now()
 	for g := range goroutines {
 		wg.Add(1)
@@ -340,10 +358,17 @@ func runApply(ctx context.Context, url string, d *dataset, planned [][]plannedPa
 			conn, r := conns[g].Conn(), &results[g]
 			flush := func(idx []int) error {
 				r.txs++
+				pairs := r.pairs
+				var err error
 				if mode == modeBatch {
-					return applyBatch(ctx, conn, planned, idx, r)
+					err = applyBatch(ctx, conn, planned, idx, r)
+				} else {
+					err = applyCopy(ctx, conn, planned, idx, shapes, r)
 				}
-				return applyCopy(ctx, conn, planned, idx, shapes, r)
+				if err == nil {
+					first.Do(func() { firstAt, firstPairs = time.Since(start), r.pairs-pairs })
+				}
+				return err
 			}
 			idx := make([]int, 0, copyBatchEvents)
 			for i := range d.events {
@@ -365,6 +390,8 @@ func runApply(ctx context.Context, url string, d *dataset, planned [][]plannedPa
 	}
 	wg.Wait()
 	out := applyResult{elapsed: time.Since(start)}
+	first.Do(func() {}) // every goroutine is done: firstAt and firstPairs are set, or never will be
+	out.firstAt, out.firstPairs = firstAt, firstPairs
 	for g, r := range results {
 		if errs[g] != nil {
 			return out, fmt.Errorf("goroutine %d: %w", g, errs[g])
