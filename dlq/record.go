@@ -232,12 +232,15 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 
 	headers := make([]kgo.RecordHeader, 0, len(src.Headers)+18)
 	var originalTrace [2][]byte // traceparent, tracestate
+	var foundTrace [2]bool
 	for _, h := range src.Headers {
 		if strings.HasPrefix(h.Key, dlqHeaderPrefix) {
 			continue
 		}
 		if i := traceHeader(h.Key); i >= 0 {
-			originalTrace[i] = h.Value
+			if !foundTrace[i] { // the first, which propagators follow
+				originalTrace[i], foundTrace[i] = h.Value, true
+			}
 			if len(dl.traceHeaders) > 0 {
 				continue // replaced by the send span's
 			}
