@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultFailureLogInterval is the default Config.FailureLogInterval.
@@ -36,6 +38,10 @@ type failureRepeats struct {
 	since time.Time // when its line was written in full
 	n     int       // repeats since, not yet written
 	last  []any     // the attributes of the last repeat
+	// lastSpan is the span context of the last repeat's record, which
+	// its "(repeated)" line carries (trace_id, span_id) with its partition
+	// and offset; not the context the line happens to be written in.
+	lastSpan trace.SpanContext
 }
 
 func newFailureLog(log *slog.Logger, interval time.Duration) *failureLog {
@@ -54,7 +60,7 @@ func (l *failureLog) write(ctx context.Context, level slog.Level, msg, fingerpri
 	r := l.seen[k]
 	if r != nil && l.now().Sub(r.since) < l.interval {
 		r.n++
-		r.last = attrs
+		r.last, r.lastSpan = attrs, trace.SpanContextFromContext(ctx)
 		l.mu.Unlock()
 		return
 	}
@@ -98,7 +104,10 @@ func (l *failureLog) writeRepeats(ctx context.Context, k failureKey, r *failureR
 			attrs = append(attrs, "last_"+r.last[i].(string), r.last[i+1])
 		}
 	}
-	l.log.Log(ctx, r.level, k.msg+" (repeated)", attrs...)
+	// The last repeat's record's span context, in place of ctx's (the
+	// record being written when the interval ended; tracing trial: the
+	// repeated line carried the next record's trace id).
+	l.log.Log(trace.ContextWithSpanContext(ctx, r.lastSpan), r.level, k.msg+" (repeated)", attrs...)
 }
 
 // run flushes the failure log every interval until ctx is done, then

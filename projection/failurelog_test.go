@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // logLines decodes buf's JSON log lines.
@@ -74,5 +76,49 @@ func TestFailureLogWritesNothingBelowItsLevel(t *testing.T) {
 	l.flush(context.Background(), true)
 	if buf.Len() != 0 {
 		t.Errorf("wrote %q at level ERROR", buf.String())
+	}
+}
+
+// spanContextHandler records the span context of each log record's ctx
+// (as cmd/projection-worker's handler adds trace_id and span_id).
+type spanContextHandler struct {
+	slog.Handler
+	spans *[]trace.SpanContext
+}
+
+func (h spanContextHandler) Handle(ctx context.Context, r slog.Record) error {
+	*h.spans = append(*h.spans, trace.SpanContextFromContext(ctx))
+	return h.Handler.Handle(ctx, r)
+}
+
+// TestFailureLogRepeatsCarryTheLastRepeatsTrace: a "(repeated)" line says
+// the last repeat's partition and offset, and carries that record's span
+// context, not the one of the record being logged when the interval ended
+// (tracing trial: the line carried the next record's trace id).
+func TestFailureLogRepeatsCarryTheLastRepeatsTrace(t *testing.T) {
+	var buf bytes.Buffer
+	var spans []trace.SpanContext
+	l := newFailureLog(slog.New(spanContextHandler{slog.NewJSONHandler(&buf, nil), &spans}), time.Minute)
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	l.now = clock.now
+	recordCtx := func(b byte) (context.Context, trace.SpanContext) {
+		sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{b}, SpanID: trace.SpanID{b}, TraceFlags: trace.FlagsSampled})
+		return trace.ContextWithSpanContext(context.Background(), sc), sc
+	}
+	ctx1, sc1 := recordCtx(1)
+	ctx2, sc2 := recordCtx(2)
+	ctx3, sc3 := recordCtx(3)
+	l.write(ctx1, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 1)
+	l.write(ctx2, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 2)
+	clock.add(time.Minute)
+	l.write(ctx3, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 3)
+	lines := logLines(t, &buf)
+	if len(lines) != 3 || lines[1]["msg"] != "dead-lettered (repeated)" || lines[1]["last_offset"] != 2.0 {
+		t.Fatalf("lines %v, want offset 1 in full, offset 2 as a repeat, offset 3 in full", lines)
+	}
+	for i, want := range []trace.SpanContext{sc1, sc2, sc3} {
+		if !spans[i].Equal(want) {
+			t.Errorf("line %d (%v) carries trace %s, want %s", i, lines[i]["msg"], spans[i].TraceID(), want.TraceID())
+		}
 	}
 }
