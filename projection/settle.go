@@ -272,7 +272,7 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 	for i, dl := range f.dls {
 		if f.errs[i] != nil {
 			if ctx.Err() == nil {
-				pc.w.log.Warn("dead-letter write failed, retrying",
+				pc.w.log.WarnContext(logContext(dl), "dead-letter write failed, retrying",
 					"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 					"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", f.errs[i])
 			} else {
@@ -297,6 +297,16 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 	return nil
 }
 
+// logContext is the context of dl's log lines: its pair's span (trace_id
+// and span_id; tracing trial: a stuck dead letter could not be tied to its
+// trace), none without tracing.
+func logContext(dl dlq.DeadLetter) context.Context {
+	if dl.Context != nil {
+		return dl.Context
+	}
+	return context.Background()
+}
+
 // unacknowledged logs, at WARN, that the partition is released (revoke,
 // SIGTERM) before Kafka acknowledged the dead letter dl, with the write's
 // error: the pair stays unfinished and the next owner writes its dead
@@ -304,7 +314,7 @@ func (pc *partition) settleDeadLetters(ctx context.Context, wait bool) error {
 // in flight (dlq.ErrAttemptTimeout, a context error), the broker may have
 // stored it, and the dead letter can then appear twice: the line says why.
 func (pc *partition) unacknowledged(dl dlq.DeadLetter, err error) {
-	pc.w.log.Warn("dead letter not acknowledged when the partition was released; the next owner writes it again (it may then appear twice)",
+	pc.w.log.WarnContext(logContext(dl), "dead letter not acknowledged when the partition was released; the next owner writes it again (it may then appear twice)",
 		"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "error", err)
 }
@@ -339,7 +349,7 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 		case errors.Is(err, dlq.ErrAttemptTimeout):
 			hint = "Kafka does not acknowledge dead letters in time: check the dead-letter topic's partition leaders and brokers (--dlq-write-timeout)"
 		}
-		pc.w.log.Error("dead letter not written; the partition waits and tries again",
+		pc.w.log.ErrorContext(logContext(dl), "dead letter not written; the partition waits and tries again",
 			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 			"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "fix", hint, "error", err)
 		t := time.NewTimer(wait)

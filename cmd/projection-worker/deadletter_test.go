@@ -125,3 +125,39 @@ func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	}
 	w.shutdown(t)
 }
+
+// TestRunStuckDeadLetterLinesCarryTheTrace: the lines about a dead letter
+// that cannot be written carry its pair's trace_id and span_id, as the
+// dead-lettered line does (tracing trial: a stuck partition, the most
+// urgent dead-letter case, could not be tied to its trace).
+func TestRunStuckDeadLetterLinesCarryTheTrace(t *testing.T) {
+	rcv := newOTLPReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
+	b := kafkatest.Fake(t)
+	events := kafkatest.TopicName(t, "events")
+	b.CreateTopic(t, events, 1, nil)
+	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	rec := &kgo.Record{Key: []byte("poison-1"), Value: poison,
+		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-" + traceID + "-00f067aa0ba902b7-01")}}}
+	if err := prod.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	b.RefuseProduce(t, "", kerr.NotLeaderForPartition.Code, func(int64) bool { return true })
+	w := startRun(t,
+		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
+		"--projections", exampleProjections, "--topic", events,
+		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
+		"--group", kafkatest.TopicName(t, "group"),
+		"--retry-initial", "10ms", "--retry-max-interval", "50ms", "--dlq-write-timeout", "200ms")
+	w.waitFor(t, "the dead letter not written logged", 30*time.Second, func() bool { return w.logged("dead letter not written") })
+	for _, line := range strings.Split(w.stderr.String(), "\n") {
+		if strings.Contains(line, "dead letter not written") && !strings.Contains(line, "trace_id="+traceID) {
+			t.Errorf("line without the record's trace_id %s: %s", traceID, line)
+		}
+	}
+	w.shutdown(t)
+}
