@@ -222,6 +222,10 @@ const maxUnhandledTypes = 100
 // with nothing said).
 func (w *Worker) noteUnhandled(d *decoded) {
 	t := d.ev.EventType
+	if d.span != nil && d.span.IsRecording() {
+		d.span.SetAttributes(AttrOutcome.String(outcomeUnhandled)) // in place of startRecord's applied
+	}
+	ctx := spanContext(context.Background(), d.span) // the log lines' trace_id and span_id
 	w.unhandledMu.Lock()
 	if w.unhandledTypes == nil {
 		w.unhandledTypes = map[string]bool{}
@@ -236,11 +240,11 @@ func (w *Worker) noteUnhandled(d *decoded) {
 	}
 	w.unhandledMu.Unlock()
 	if !seen && !full {
-		w.log.Info("no projection handles the event type: its records are committed without a write (first of this type; the rest at debug)",
+		w.log.InfoContext(ctx, "no projection handles the event type: its records are committed without a write (first of this type; the rest at debug)",
 			"event_type", t, "topic", d.rec.Topic, "partition", d.rec.Partition, "offset", d.rec.Offset)
 		return
 	}
-	w.log.Debug("no projection handles the event type", "topic", d.rec.Topic, "partition", d.rec.Partition,
+	w.log.DebugContext(ctx, "no projection handles the event type", "topic", d.rec.Topic, "partition", d.rec.Partition,
 		"offset", d.rec.Offset, "event_type", t)
 }
 

@@ -29,9 +29,13 @@ package projection
 
 import (
 	"context"
+	"encoding/hex"
+	"fmt"
 	"iter"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
@@ -55,8 +59,10 @@ const (
 	// AttrOutcome is a pair's outcome: applied, stale (older than the row),
 	// copied (upserted by a COPY group, whose merge does not say whether
 	// this pair's row was the newer one), dead_lettered; and for a record,
-	// also handed_off (finished by the partition's previous owner) and
-	// released (its partition was revoked before it was done).
+	// also handed_off (finished by the partition's previous owner),
+	// released (its partition was revoked before it was done) and
+	// unhandled (no projection handles its event type: committed without
+	// a write).
 	AttrOutcome    = attribute.Key("causet.outcome")
 	AttrRetryCount = attribute.Key("causet.retry.count")
 	// AttrBatchPairs is the number of pairs in a batch transaction.
@@ -71,6 +77,7 @@ const (
 	outcomeDeadLettered = "dead_lettered"
 	outcomeHandedOff    = "handed_off"
 	outcomeReleased     = "released"
+	outcomeUnhandled    = "unhandled"
 )
 
 // tracing starts the worker's spans; a nil *tracing starts none.
@@ -135,7 +142,7 @@ func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span 
 	// OnStart could see it before the record is applied.
 	attrs := append(base, semconv.MessagingKafkaOffset(int(rec.Offset)), AttrOutcome.String(outcomeApplied))
 	if len(rec.Key) > 0 {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKey(string(rec.Key)))
+		attrs = append(attrs, semconv.MessagingKafkaMessageKey(recordKeyText(rec.Key)))
 	}
 	if ev := d.ev; ev != nil {
 		attrs = append(attrs, AttrTenantSchema.String(ev.TenantSchema), AttrEventType.String(ev.EventType))
@@ -143,6 +150,53 @@ func (t *tracing) startRecord(d *decoded, base []attribute.KeyValue) trace.Span 
 	span.SetAttributes(attrs...)
 	clear(attrs[len(base):]) // hold no record's key or tenant
 	return span
+}
+
+// recordKeyText is a record key as its span's messaging.kafka.message.key: the
+// key itself when it is UTF-8, else its bytes in hexadecimal (OTLP carries
+// strings as UTF-8: one string that is not fails the export of every span
+// sent with it).
+func recordKeyText(key []byte) string {
+	if utf8.Valid(key) {
+		return string(key)
+	}
+	return hex.EncodeToString(key)
+}
+
+// maxSpanText is the longest error text a span's status or exception event
+// takes, in bytes; a longer one is cut in its middle. The SDK's attribute
+// value length limit (OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT) does not apply
+// to either.
+const maxSpanText = 4096
+
+// spanText is s as a span's status description or exception message: valid
+// UTF-8 (an error may quote a record's bytes) of at most maxSpanText bytes.
+func spanText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxSpanText {
+		return s
+	}
+	const cut = " [...] "
+	head, tail := (maxSpanText-len(cut))/2, (maxSpanText-len(cut))/2
+	for head > 0 && !utf8.RuneStart(s[head]) {
+		head--
+	}
+	t := len(s) - tail
+	for t < len(s) && !utf8.RuneStart(s[t]) {
+		t++
+	}
+	return s[:head] + cut + s[t:]
+}
+
+// recordError records err on s as an exception event, its message
+// spanText's.
+func recordError(s trace.Span, err error) {
+	if msg := err.Error(); spanText(msg) != msg {
+		s.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+			semconv.ExceptionType(fmt.Sprintf("%T", err)), semconv.ExceptionMessage(spanText(msg))))
+		return
+	}
+	s.RecordError(err)
 }
 
 // recordAttrs is how many attributes startRecord appends to a partition's
@@ -235,7 +289,7 @@ func failedAttempt(s trace.Span, err error) {
 	if s == nil || !s.IsRecording() {
 		return
 	}
-	s.RecordError(err)
+	recordError(s, err)
 	attrs := []attribute.KeyValue{semconv.ErrorTypeKey.String(retry.Classify(err).String())}
 	if code := retry.SQLState(err); code != "" {
 		attrs = append(attrs, semconv.DBResponseStatusCode(code))
@@ -258,7 +312,7 @@ func endDeadLettered(s trace.Span, class retry.Class, err error, retries int) {
 		return
 	}
 	s.SetAttributes(AttrOutcome.String(outcomeDeadLettered), AttrRetryCount.Int(retries), semconv.ErrorTypeKey.String(class.String()))
-	s.SetStatus(codes.Error, "dead-lettered: "+err.Error())
+	s.SetStatus(codes.Error, spanText("dead-lettered: "+err.Error()))
 	s.End()
 }
 
@@ -269,7 +323,7 @@ func endRecord(s trace.Span, outcome, deadLettered string) {
 		return
 	}
 	if deadLettered != "" {
-		s.SetStatus(codes.Error, deadLettered)
+		s.SetStatus(codes.Error, spanText(deadLettered))
 		outcome = outcomeDeadLettered
 	}
 	if outcome != outcomeApplied { // startRecord set applied
@@ -320,8 +374,8 @@ func endBatch(s trace.Span, err error) {
 		return
 	}
 	if err != nil {
-		s.RecordError(err)
-		s.SetStatus(codes.Error, err.Error())
+		recordError(s, err)
+		s.SetStatus(codes.Error, spanText(err.Error()))
 	}
 	s.End()
 }

@@ -412,6 +412,7 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG", "abc"}},
 		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "5"}},
 		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "-1"}},
+		{flag: "OTEL_TRACES_SAMPLER_ARG", env: []string{"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", "NaN"}}, // tracing trial: sampled everything
 		{flag: "OTEL_RESOURCE_ATTRIBUTES", env: []string{"OTEL_RESOURCE_ATTRIBUTES", "garbage"}},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "not a url"}},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x:99"}},

@@ -27,7 +27,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kotel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -49,14 +48,22 @@ type telemetry struct {
 	kotel    *kotel.Kotel
 }
 
-func otlpConfigured() bool {
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
-		if os.Getenv(k) != "" {
-			return true
-		}
-	}
-	return false
+func otlpConfigured() bool { return otlpSignal("TRACES") || otlpSignal("METRICS") }
+
+// otlpSignal reports whether signal ("TRACES", "METRICS") is exported over
+// OTLP: OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_<signal>_ENDPOINT
+// is set. A traces endpoint alone does not export metrics (whose exporter
+// would send them to its default, localhost:4318), nor the reverse.
+func otlpSignal(signal string) bool {
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_"+signal+"_ENDPOINT") != ""
 }
+
+// DefaultAttributeValueLengthLimit is the longest string attribute value a
+// span keeps, in characters (longer ones are cut), unless
+// OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT or OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT
+// says otherwise (the SDK's own default is no limit): a record's key is
+// copied into its span, and the export queue counts spans, not bytes.
+const DefaultAttributeValueLengthLimit = 1024
 
 // DefaultSpanQueueSize is the default --trace-queue-size: spans waiting for
 // export before the SDK drops new ones (the SDK's own default is 2048,
@@ -70,7 +77,9 @@ type telemetryConfig struct {
 	// spanQueue bounds the spans waiting for export (OTEL_BSP_MAX_QUEUE_SIZE).
 	spanQueue int
 	// maxLinks bounds the links of one span: a batch transaction's span
-	// links every record of the batch (--max-batch-records).
+	// links every record of the batch (--max-batch-records), a retry round
+	// trip's every record of its pairs (--max-retrying; tracing trial: 23
+	// links dropped with --max-batch-records 100).
 	maxLinks int
 	log      *slog.Logger
 }
@@ -113,29 +122,34 @@ func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) 
 		// a record span's CPU by BenchmarkHotRecordSpan's profile): not kept.
 		sdkmetric.WithView(sdkmetric.NewView(sdkmetric.Instrument{Name: "otel.sdk.span.live"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}}))}
 	t := &telemetry{registry: reg, log: cfg.log, stop: make(chan struct{})}
-	var texp *otlptrace.Exporter
-	if otlpConfigured() {
+	if otlpSignal("METRICS") {
 		mexp, err := otlpmetrichttp.New(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("otlp metric exporter: %w", err)
 		}
 		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp)))
-		if texp, err = otlptracehttp.New(ctx); err != nil {
-			return nil, fmt.Errorf("otlp trace exporter: %w", err)
-		}
 	}
 	t.meters = sdkmetric.NewMeterProvider(mopts...)
-	if texp != nil {
+	if otlpSignal("TRACES") {
 		// The SDK counts the spans its batch processor drops when the queue
 		// is full (otel.sdk.processor.span.processed, error.type
-		// queue_full) with the global meter provider, when its experimental
-		// observability is on: on unless OTEL_GO_X_OBSERVABILITY says
-		// otherwise.
+		// queue_full) and the exporter the spans it could not export
+		// (otel.sdk.exporter.span.exported, error.type) with the global
+		// meter provider as it was when they were made, when its
+		// experimental observability is on: on unless
+		// OTEL_GO_X_OBSERVABILITY says otherwise.
 		if _, set := os.LookupEnv("OTEL_GO_X_OBSERVABILITY"); !set {
 			_ = os.Setenv("OTEL_GO_X_OBSERVABILITY", "true")
 		}
 		otel.SetMeterProvider(t.meters)
+		texp, err := otlptracehttp.New(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("otlp trace exporter: %w", err)
+		}
 		limits := sdktrace.NewSpanLimits() // OTEL_SPAN_*_LIMIT
+		if os.Getenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" && os.Getenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" {
+			limits.AttributeValueLengthLimit = DefaultAttributeValueLengthLimit
+		}
 		limits.LinkCountLimit = max(limits.LinkCountLimit, cfg.maxLinks)
 		t.sdkTrace = sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithSpanLimits(limits),
 			sdktrace.WithBatcher(texp, sdktrace.WithMaxQueueSize(cfg.spanQueue)))
@@ -191,40 +205,52 @@ const droppedSpansCheck = 2 * time.Second
 func (t *telemetry) watchDroppedSpans(interval time.Duration) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	for {
+	var saidFull, saidFailed bool
+	for !saidFull || !saidFailed {
 		select {
 		case <-t.stop:
 			return
 		case <-tick.C:
 		}
-		if n := t.droppedSpans(); n > 0 {
-			t.log.Warn("spans dropped: the OTLP export queue was full; raise --trace-queue-size, sample fewer (OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG) or check the collector; otel_sdk_processor_span_processed_total{error_type=\"queue_full\"} counts them from now on",
-				"dropped", n)
-			return
+		full, failed := t.lostSpans()
+		if full > 0 && !saidFull {
+			saidFull = true
+			t.log.Warn("spans dropped: the OTLP export queue was full; raise --trace-queue-size, sample fewer (OTEL_TRACES_SAMPLER=traceidratio with OTEL_TRACES_SAMPLER_ARG; a parentbased_ sampler keeps every record whose producer sampled its trace) or check the collector; otel_sdk_processor_span_processed_total{error_type=\"queue_full\"} counts them from now on",
+				"dropped", full)
+		}
+		if failed > 0 && !saidFailed {
+			saidFailed = true
+			t.log.Warn("spans lost: an OTLP export failed (the collector could not be reached or refused the request; the ERROR lines msg=opentelemetry say why); otel_sdk_exporter_span_exported_total{error_type!=\"\"} counts them from now on",
+				"lost", failed)
 		}
 	}
 }
 
-// droppedSpans is the SDK's count of spans dropped on a full queue.
-func (t *telemetry) droppedSpans() float64 {
+// lostSpans returns the SDK's counts of spans dropped on a full queue
+// (full) and of spans an export failed to deliver (failed).
+func (t *telemetry) lostSpans() (full, failed float64) {
 	families, err := t.registry.Gather()
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	var n float64
 	for _, f := range families {
-		if f.GetName() != "otel_sdk_processor_span_processed_total" {
+		name := f.GetName()
+		if name != "otel_sdk_processor_span_processed_total" && name != "otel_sdk_exporter_span_exported_total" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "error_type" && l.GetValue() == "queue_full" {
-					n += m.GetCounter().GetValue()
+				switch {
+				case l.GetName() != "error_type" || l.GetValue() == "":
+				case name == "otel_sdk_processor_span_processed_total" && l.GetValue() == "queue_full":
+					full += m.GetCounter().GetValue()
+				case name == "otel_sdk_exporter_span_exported_total":
+					failed += m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	return n
+	return full, failed
 }
 
 func (t *telemetry) shutdown(ctx context.Context) error {
@@ -280,7 +306,7 @@ func checkOTelEnv() error {
 			return flagenv.Usagef("OTEL_TRACES_SAMPLER %q: not a sampler this worker knows (one of %s)", v, strings.Join(names, ", "))
 		}
 		if arg := os.Getenv("OTEL_TRACES_SAMPLER_ARG"); takesArg && arg != "" {
-			if r, err := strconv.ParseFloat(arg, 64); err != nil || r < 0 || r > 1 {
+			if r, err := strconv.ParseFloat(arg, 64); err != nil || !(r >= 0 && r <= 1) { // NaN too
 				return flagenv.Usagef("OTEL_TRACES_SAMPLER_ARG %q: want the ratio of traces sampled, a number from 0 to 1 (0.01 is 1 %%)", arg)
 			}
 		}
