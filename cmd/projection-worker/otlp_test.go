@@ -116,18 +116,24 @@ func hexID(b []byte) string {
 // exports is reported in the worker's own log format (a line msg=opentelemetry),
 // not as plain text from the OpenTelemetry SDK.
 func TestRunLogsExporterErrorsThroughItsLogger(t *testing.T) {
-	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "no", http.StatusBadRequest)
-	}))
-	t.Cleanup(refusing.Close)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.URL)
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	exportToRefusingCollector(t)
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
 	_, _, w := startOnKfake(t, 1)
 	w.waitFor(t, "the refused export logged", 30*time.Second, func() bool {
 		return strings.Contains(w.stderr.String(), "level=ERROR msg=opentelemetry")
 	})
 	w.shutdown(t)
+}
+
+// exportToRefusingCollector points the worker's OTLP exports at a server
+// that refuses every one (400), exporting spans every 100 ms.
+func exportToRefusingCollector(t *testing.T) {
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no", http.StatusBadRequest)
+	}))
+	t.Cleanup(refusing.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.URL)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
 }
 
 // startOnKfake starts `projection-worker run` with extra args on a kfake
@@ -194,12 +200,7 @@ func TestRunLogsDroppedSpansOnce(t *testing.T) {
 // lost to an unreachable endpoint while the documented drop counter stayed
 // at 0 and no WARN line came).
 func TestRunSaysOnceThatSpansWereLost(t *testing.T) {
-	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "no", http.StatusBadRequest)
-	}))
-	t.Cleanup(refusing.Close)
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", refusing.URL)
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	exportToRefusingCollector(t)
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
 	b, events, w := startOnKfake(t, 1)
 	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
