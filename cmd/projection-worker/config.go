@@ -146,6 +146,12 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 }
 
 // metricsConfig returns the bounds of the worker's metrics.
+// spanLinkLimit is the most links a span keeps: a batch transaction's span
+// links each record of its batch (--max-batch-records), a retry round
+// trip's each record of its pairs, up to a partition's waiting pairs
+// (--max-retrying).
+func (s *settings) spanLinkLimit() int { return max(s.maxBatch, s.maxRetrying) }
+
 func (s *settings) metricsConfig() projection.MetricsConfig {
 	if s.maxTenants == 0 {
 		return projection.MetricsConfig{MaxTenantSchemas: -1}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/otlptest"
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/projection"
 )
 
 // newOTLPReceiver starts an in-process OTLP receiver that keeps the
@@ -264,4 +266,29 @@ func TestRunTracesEndpointAloneExportsNoMetrics(t *testing.T) {
 		t.Errorf("%d requests other than /v1/traces reached the traces endpoint", n)
 	}
 	w.shutdown(t)
+}
+
+// TestSpanLinkLimitCoversRetryRoundTrips: a span keeps as many links as
+// the records its work can hold: a batch (--max-batch-records) or a retry
+// round trip of a partition's waiting pairs (--max-retrying). Tracing
+// trial: with --max-batch-records 100 a "retry statements" span of 224
+// pairs dropped 23 links.
+func TestSpanLinkLimitCoversRetryRoundTrips(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, max(projection.DefaultMaxBatchRecords, projection.DefaultMaxRetrying)},
+		{[]string{"--max-batch-records", "100"}, projection.DefaultMaxRetrying},
+		{[]string{"--max-batch-records", "100", "--max-retrying", "50"}, 100},
+		{[]string{"--max-batch-records", "100", "--max-retrying", "5000"}, 5000},
+	} {
+		var s settings
+		if err := parseFlags(runFlags(&s, io.Discard), c.args); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.spanLinkLimit(); got != c.want {
+			t.Errorf("%v: span link limit %d, want %d", c.args, got, c.want)
+		}
+	}
 }

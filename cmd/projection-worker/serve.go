@@ -168,7 +168,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		}
 		defer ln.Close()
 	}
-	tel, err := newTelemetry(ctx, telemetryConfig{group: s.group, workerID: s.workerID, spanQueue: s.spanQueue, maxLinks: max(s.maxBatch, s.maxRetrying), log: log})
+	tel, err := newTelemetry(ctx, telemetryConfig{group: s.group, workerID: s.workerID, spanQueue: s.spanQueue, maxLinks: s.spanLinkLimit(), log: log})
 	if err != nil {
 		return err
 	}
