@@ -11,12 +11,15 @@
 package redact
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -73,6 +76,14 @@ func New(secrets ...string) *Redactor {
 	for _, v := range s {
 		if len(v) >= MinSubstringLen {
 			ps = append(ps, pair{v, Mask})
+			// As a quoted value shows it: an error that quotes the value
+			// it refuses (%q, JSON) escapes a '"' or '\' of the secret,
+			// and the text itself no longer appears (new-user trial: a
+			// password holding '"' and '\' was printed in a dead letter's
+			// error when an event carried it as a value).
+			for _, e := range escapedForms(v)[1:] {
+				ps = append(ps, pair{e, Mask})
+			}
 			// A URL scheme holding the secret is left as it is (it comes
 			// before the secret, being longer): the README's test password
 			// "postgres" made "want postgres:// or postgresql://" read "want
@@ -84,7 +95,10 @@ func New(secrets ...string) *Redactor {
 				}
 			}
 		} else {
-			ps = append(ps, pair{`"` + v + `"`, `"` + Mask + `"`}, pair{"'" + v + "'", "'" + Mask + "'"})
+			for _, e := range escapedForms(v) {
+				ps = append(ps, pair{`"` + e + `"`, `"` + Mask + `"`})
+			}
+			ps = append(ps, pair{"'" + v + "'", "'" + Mask + "'"})
 		}
 	}
 	// The longest text first, so that a secret holding another is masked whole.
@@ -94,6 +108,31 @@ func New(secrets ...string) *Redactor {
 		pairs = append(pairs, p.old, p.new)
 	}
 	return &Redactor{secrets: s, r: strings.NewReplacer(pairs...)}
+}
+
+// escapedForms returns v and the other texts it takes inside a quoted
+// string: Go's %q and %+q, JSON with and without HTML escaping.
+func escapedForms(v string) []string {
+	forms := []string{v}
+	add := func(q string) {
+		if len(q) >= 2 {
+			if e := q[1 : len(q)-1]; !slices.Contains(forms, e) {
+				forms = append(forms, e)
+			}
+		}
+	}
+	add(strconv.Quote(v))
+	add(strconv.QuoteToASCII(v))
+	if b, err := json.Marshal(v); err == nil {
+		add(string(b))
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(v) == nil {
+		add(strings.TrimSuffix(buf.String(), "\n"))
+	}
+	return forms
 }
 
 var (

@@ -2,6 +2,7 @@ package redact
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -222,4 +223,35 @@ func TestSecretInsideAURLSchemeLeavesTheScheme(t *testing.T) {
 			t.Errorf("String(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
+}
+
+// TestSecretQuotedByAnErrorIsMasked: an error that quotes the value it
+// refuses (%q, JSON) escapes the secret's '"' and '\', and the text itself
+// no longer appears (new-user trial: an event carrying the password
+// Qu0te"Back\slash<&>ñ8 as a value printed it in the dead letter's error
+// and the WARN line).
+func TestSecretQuotedByAnErrorIsMasked(t *testing.T) {
+	t.Setenv("PGPASSWORD", "")
+	const long, short = `Qu0te"Back\slash<&>ñ8`, `q"\`
+	r := New(long, short)
+	for _, in := range []string{
+		fmt.Sprintf("invalid input syntax for type bigint: %q", long),
+		fmt.Sprintf("got %+q", long),
+		`{"error":"` + strings.Trim(mustJSON(t, long), `"`) + `"}`,
+		fmt.Sprintf("tenantSchema: got %q", short),
+	} {
+		got := r.String(in)
+		if !strings.Contains(got, Mask) || strings.Contains(got, "Back") || strings.Contains(got, `q\"`) {
+			t.Errorf("String(%s) = %s: the secret is not masked", in, got)
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
