@@ -21,7 +21,12 @@ import (
 //     of the string (which pgx masks on a best-effort basis only), redacted;
 //   - a URL whose host holds '@' is refused: an unencoded '@' in the
 //     password makes pgx read the rest of the password as the host, which
-//     every connection error, log line and dead letter would then print.
+//     every connection error, log line and dead letter would then print;
+//   - so is a URL with a raw '@' after its host (in the database name) or
+//     with a '#': an unencoded '/' or '#' in the password ends the host
+//     early, and the rest of the password becomes the host, the database
+//     name or a fragment (new-user trial: postgres://wk:Tr0ub4dor@vault-pw/
+//     Zx9q7Lm2@127.0.0.1/wdb printed host=vault-pw database=Zx9q7Lm2@...).
 func ParsePostgres(connString string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
@@ -35,6 +40,9 @@ func ParsePostgres(connString string) (*pgxpool.Config, error) {
 		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(PostgresSecrets(connString)...).String(reason))
 	}
 	if isURL(connString) {
+		if unencodedAfterHost(connString) {
+			return nil, errors.New("the URL has an '@' after its host or a '#': an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@', %2F for '/', %23 for '#')")
+		}
 		for _, h := range hosts(cfg.ConnConfig.Config) {
 			if strings.Contains(h, "@") && !strings.HasPrefix(h, "/") {
 				return nil, errors.New("the URL's host holds an '@': an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@')")
@@ -56,6 +64,22 @@ func hosts(cfg pgconn.Config) []string {
 		hs = append(hs, f.Host)
 	}
 	return hs
+}
+
+// unencodedAfterHost reports whether the URL s has a raw '@' in its path
+// (the database name) or a fragment ('#'), which a connection URL never
+// needs: the signs of a password whose '/' or '#' was not percent-encoded.
+func unencodedAfterHost(s string) bool {
+	_, rest, _ := strings.Cut(s, "://")
+	if strings.Contains(rest, "#") {
+		return true
+	}
+	i := strings.IndexAny(rest, "/?")
+	if i < 0 || rest[i] == '?' {
+		return false
+	}
+	path, _, _ := strings.Cut(rest[i:], "?")
+	return strings.Contains(path, "@")
 }
 
 func isURL(s string) bool {

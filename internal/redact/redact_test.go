@@ -36,6 +36,12 @@ var badConnStrings = []struct {
 		[]string{"Pct%zz-pw-4242", "zz-pw-4242"}},
 	{"URL, stray query parameter", "postgres://u:Stray-pw-1357@127.0.0.1/db?sslmode=disable&bogus",
 		[]string{"Stray-pw-1357"}},
+	// New-user trial: these parsed, and the password's pieces became the
+	// host and the database name in every log line, /readyz and dead letter.
+	{"URL, unencoded '/' and '@' in the password", "postgres://wk:Tr0ub4dor@vault-pw/Zx9q7Lm2@127.0.0.1:47311/wdb?sslmode=disable",
+		[]string{"vault-pw", "Zx9q7Lm2"}},
+	{"URL, unencoded '@', '/', ':', '#' and '?' in the password", "postgres://wk:W0rkerS3cretP@ss/wd:#?@127.0.0.1:47311/wdb",
+		[]string{"W0rkerS3cretP", "ss/wd"}},
 }
 
 // TestParsePostgresNeverPrintsThePassword: whatever is wrong with a
