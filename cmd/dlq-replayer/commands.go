@@ -165,7 +165,7 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	switch {
 	case cmd == "retry" && s.maxReplays < 1:
 		return flagenv.Usagef("--max-replays must be >= 1, got %d", s.maxReplays)
-	case cmd == "retry" && s.rate < 0:
+	case cmd == "retry" && !(s.rate >= 0): // NaN too (new-user trial: it meant no limit)
 		return flagenv.Usagef("--rate must be >= 0 replays per second, got %g", s.rate)
 	case cmd == "skip" && strings.TrimSpace(s.reason) == "":
 		return flagenv.Usagef("--reason is required: say why the dead letters are skipped")

@@ -75,6 +75,7 @@ func TestUsageErrors(t *testing.T) {
 		{"same dlq and ledger topic", noKafka, []string{"list", "--all", "--dlq-topic", "x", "--ledger-topic", "x"}, "--ledger-topic"},
 		{"max replays 0", noKafka, []string{"retry", "--all", "--max-replays", "0"}, "--max-replays"},
 		{"negative rate", noKafka, []string{"retry", "--all", "--rate", "-5"}, "--rate"},
+		{"rate NaN", noKafka, []string{"retry", "--all", "--rate", "NaN"}, "--rate"},
 		{"skip without reason", noKafka, []string{"skip", "--all", "--actor", "alice"}, "--reason"},
 		{"skip without actor", noKafka, []string{"skip", "--all", "--reason", "bad data"}, "--actor"},
 		{"bad env value", env{"KAFKA_BROKERS": "127.0.0.1:1", "DLQ_LIMIT": "many"}, []string{"list", "--all"}, "DLQ_LIMIT (flag --limit)"},
