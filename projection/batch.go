@@ -221,7 +221,10 @@ const maxUnhandledTypes = 100
 // without --log-level debug (new-user trial: real events went unapplied
 // with nothing said).
 func (w *Worker) noteUnhandled(d *decoded) {
-	t := d.ev.EventType
+	// Cut like other wire values a line repeats: a type of 100 000
+	// characters made a 100 KB INFO line, and each of the 100 types kept
+	// would hold its whole text (new-user trial).
+	t := shortenValue(d.ev.EventType)
 	if d.span != nil && d.span.IsRecording() {
 		d.span.SetAttributes(AttrOutcome.String(outcomeUnhandled)) // in place of startRecord's applied
 	}

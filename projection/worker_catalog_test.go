@@ -245,7 +245,8 @@ func TestWorkerSaysOnceWhenNoProjectionHandlesAType(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	logs := r.startLogged(func(*projection.Config) {})
 	var keys, values []string
-	for i, typ := range []string{"ARTIST_FOLOWED", "ARTIST_FOLOWED", "OTHER_TEAMS_EVENT", "ARTIST_FOLOWED"} {
+	long := strings.Repeat("T", 100_000) // its line says 64 bytes of it and its length (new-user trial: a 100 KB line)
+	for i, typ := range []string{"ARTIST_FOLOWED", "ARTIST_FOLOWED", "OTHER_TEAMS_EVENT", "ARTIST_FOLOWED", long} {
 		keys = append(keys, fmt.Sprintf("e-%d", i))
 		values = append(values, r.event(typ, fmt.Sprintf("e-%d", i), 1, `{"user_id":"u","artist_id":"a"}`))
 	}
@@ -260,7 +261,7 @@ func TestWorkerSaysOnceWhenNoProjectionHandlesAType(t *testing.T) {
 			return true
 		})
 	}
-	if diff := cmp.Diff([]string{"ARTIST_FOLOWED", "OTHER_TEAMS_EVENT"}, infoTypes); diff != "" {
+	if diff := cmp.Diff([]string{"ARTIST_FOLOWED", "OTHER_TEAMS_EVENT", long[:64] + "... (100000 bytes)"}, infoTypes); diff != "" {
 		t.Errorf("INFO lines by event type (-want +got):\n%s", diff)
 	}
 	if n := len(logs.records(logUnhandled)); n != 2 {
