@@ -32,6 +32,12 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if err := fs.Repeated(args, "grant"); err != nil {
 		return err
 	}
+	// PostgreSQL reserves pg_ role names for its built-in roles, which are
+	// not a worker's login role (new-user trial: --grant pg_read_all_data
+	// gave every member of that read-only role INSERT and DELETE).
+	if strings.HasPrefix(strings.ToLower(s.grantRole), "pg_") {
+		return flagenv.Usagef("--grant %q: a built-in PostgreSQL role (pg_ names are reserved for them); name the role that run connects as", s.grantRole)
+	}
 	if _, err := s.logger(io.Discard); err != nil {
 		return err // checked as run checks it (second new-user trial: "verbose" taken)
 	}

@@ -325,3 +325,16 @@ func TestMigrateSaysWhatItChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateRefusesToGrantABuiltInRole: `migrate --grant pg_read_all_data`
+// (any pg_ role) stops at start, status 2, before connecting (new-user
+// trial: it gave every member of that read-only role INSERT and DELETE).
+func TestMigrateRefusesToGrantABuiltInRole(t *testing.T) {
+	for _, role := range []string{"pg_read_all_data", "PG_monitor"} {
+		r := runCmd(t, time.Minute, "migrate", "--database-url", "postgres://u@127.0.0.1:1/db", "--projections", exampleProjections,
+			"--tenant-schema", "t_never", "--grant", role)
+		if r.code != 2 || !strings.Contains(r.stderr, `--grant "`+role+`": a built-in PostgreSQL role`) {
+			t.Errorf("migrate --grant %s = %d, want 2 naming the role as built-in\n%s", role, r.code, r)
+		}
+	}
+}
