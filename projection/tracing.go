@@ -177,23 +177,22 @@ func spanText(s string) string {
 		return s
 	}
 	const cut = " [...] "
-	head, tail := (maxSpanText-len(cut))/2, (maxSpanText-len(cut))/2
+	head, tail := (maxSpanText-len(cut))/2, len(s)-(maxSpanText-len(cut))/2
 	for head > 0 && !utf8.RuneStart(s[head]) {
 		head--
 	}
-	t := len(s) - tail
-	for t < len(s) && !utf8.RuneStart(s[t]) {
-		t++
+	for tail < len(s) && !utf8.RuneStart(s[tail]) {
+		tail++
 	}
-	return s[:head] + cut + s[t:]
+	return s[:head] + cut + s[tail:]
 }
 
 // recordError records err on s as an exception event, its message
 // spanText's.
 func recordError(s trace.Span, err error) {
-	if msg := err.Error(); spanText(msg) != msg {
+	if msg, text := err.Error(), spanText(err.Error()); text != msg {
 		s.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
-			semconv.ExceptionType(fmt.Sprintf("%T", err)), semconv.ExceptionMessage(spanText(msg))))
+			semconv.ExceptionType(fmt.Sprintf("%T", err)), semconv.ExceptionMessage(text)))
 		return
 	}
 	s.RecordError(err)

@@ -2,7 +2,9 @@ package projection
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -61,5 +63,24 @@ func TestCopyBatchSpanLinksEachRecordOnce(t *testing.T) {
 	}
 	if len(batch.Links()) != records {
 		t.Errorf("batch span has %d links, want %d (one per record)", len(batch.Links()), records)
+	}
+}
+
+// TestSpanTextIsUTF8AndBounded: a span's error text is valid UTF-8 (OTLP
+// refuses a request holding one invalid string) and at most maxSpanText
+// bytes, cut in its middle at rune boundaries.
+func TestSpanTextIsUTF8AndBounded(t *testing.T) {
+	long := strings.Repeat("é", maxSpanText) + "END"
+	for _, in := range []string{"plain", "bad \xff\xfe bytes", long} {
+		got := spanText(in)
+		if !utf8.ValidString(got) || len(got) > maxSpanText {
+			t.Errorf("spanText(%.20q...) = %d bytes, valid UTF-8 %v; want valid, at most %d", in, len(got), utf8.ValidString(got), maxSpanText)
+		}
+	}
+	if got := spanText(long); !strings.HasPrefix(got, "éé") || !strings.HasSuffix(got, "éEND") || !strings.Contains(got, " [...] ") {
+		t.Errorf("spanText of a long text keeps neither end: %.40q ... %q", got, got[len(got)-10:])
+	}
+	if got := spanText("plain"); got != "plain" {
+		t.Errorf("spanText(plain) = %q", got)
 	}
 }
