@@ -48,8 +48,6 @@ type telemetry struct {
 	kotel    *kotel.Kotel
 }
 
-func otlpConfigured() bool { return otlpSignal("TRACES") || otlpSignal("METRICS") }
-
 // otlpSignal reports whether signal ("TRACES", "METRICS") is exported over
 // OTLP: OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_<signal>_ENDPOINT
 // is set. A traces endpoint alone does not export metrics (whose exporter
