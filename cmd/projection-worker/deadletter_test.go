@@ -42,23 +42,7 @@ func TestRunReportsStuckWhenTheDeadLetterTopicNeverAcknowledges(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			b := kafkatest.Fake(t)
-			events := kafkatest.TopicName(t, "events")
-			b.CreateTopic(t, events, 1, nil)
-			prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("poison-1"), Value: poison}).FirstErr(); err != nil {
-				t.Fatal(err)
-			}
-			tt.fault(b) // only the worker's dead-letter producer produces from here on
-
-			w := startRun(t,
-				"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
-				"--projections", exampleProjections, "--topic", events,
-				"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
-				"--group", kafkatest.TopicName(t, "group"),
-				"--retry-initial", "10ms", "--retry-max-interval", "50ms", "--dlq-write-timeout", "200ms")
+			w := runWithDeadLetterFault(t, &kgo.Record{Key: []byte("poison-1"), Value: poison}, tt.fault)
 			started := time.Now()
 
 			// Bound: 5 attempts × 200 ms + backoff waits (< 0.2 s), after
@@ -134,25 +118,12 @@ func TestRunStuckDeadLetterLinesCarryTheTrace(t *testing.T) {
 	rcv := newOTLPReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.Endpoint())
 	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "100000")
-	b := kafkatest.Fake(t)
-	events := kafkatest.TopicName(t, "events")
-	b.CreateTopic(t, events, 1, nil)
-	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	rec := &kgo.Record{Key: []byte("poison-1"), Value: poison,
 		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-" + traceID + "-00f067aa0ba902b7-01")}}}
-	if err := prod.ProduceSync(ctx, rec).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	b.RefuseProduce(t, "", kerr.NotLeaderForPartition.Code, func(int64) bool { return true })
-	w := startRun(t,
-		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
-		"--projections", exampleProjections, "--topic", events,
-		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
-		"--group", kafkatest.TopicName(t, "group"),
-		"--retry-initial", "10ms", "--retry-max-interval", "50ms", "--dlq-write-timeout", "200ms")
+	w := runWithDeadLetterFault(t, rec, func(b *kafkatest.Broker) {
+		b.RefuseProduce(t, "", kerr.NotLeaderForPartition.Code, func(int64) bool { return true })
+	})
 	w.waitFor(t, "the dead letter not written logged", 30*time.Second, func() bool { return w.logged("dead letter not written") })
 	for _, line := range strings.Split(w.stderr.String(), "\n") {
 		if strings.Contains(line, "dead letter not written") && !strings.Contains(line, "trace_id="+traceID) {
@@ -160,4 +131,28 @@ func TestRunStuckDeadLetterLinesCarryTheTrace(t *testing.T) {
 		}
 	}
 	w.shutdown(t)
+}
+
+// runWithDeadLetterFault produces rec (a poison record) to a new events
+// topic of one partition on a kfake broker of its own, then sets fault (so
+// that only the worker's dead-letter producer meets it) and starts `run`
+// with short retries and --dlq-write-timeout 200ms.
+func runWithDeadLetterFault(t *testing.T, rec *kgo.Record, fault func(b *kafkatest.Broker)) *running {
+	t.Helper()
+	b := kafkatest.Fake(t)
+	events := kafkatest.TopicName(t, "events")
+	b.CreateTopic(t, events, 1, nil)
+	prod := b.Client(t, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := prod.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	fault(b)
+	return startRun(t,
+		"--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
+		"--projections", exampleProjections, "--topic", events,
+		"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger"),
+		"--group", kafkatest.TopicName(t, "group"),
+		"--retry-initial", "10ms", "--retry-max-interval", "50ms", "--dlq-write-timeout", "200ms")
 }
