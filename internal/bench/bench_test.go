@@ -320,6 +320,7 @@ type workerResult struct {
 	fetched        int64         // records read from fetch responses (refetches included), 0: unknown
 	cpu            time.Duration // user + system CPU of the worker until every pair was applied
 	pgCPU          time.Duration // PostgreSQL's CPU over the same time (0: not measured)
+	selfCPU        time.Duration // this process's over the same time: the kfake broker, the polling
 	spans          spanStats     // the SDK's span counts when every pair was applied (OTLP on)
 }
 
@@ -377,7 +378,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
 
-	pg0 := e.pg.used()
+	pg0, self0 := e.pg.used(), selfCPU()
 	proc := startProcess(b, cmd, "projection-worker")
 	defer proc.stop(0) // on failure: never leave the worker behind
 	start, exited, running := proc.start, proc.exited, true
@@ -442,6 +443,7 @@ func (e *env) runWorker(s *scenario) workerResult {
 	sample()
 	res.fetched = fetchedRecords(hc, httpAddr)
 	res.cpu = cpuTime(cmd.Process.Pid)
+	res.selfCPU = selfCPU() - self0
 	if pg0 > 0 {
 		res.pgCPU = e.pg.used() - pg0
 	}
@@ -555,6 +557,15 @@ func peakRSS(pid int) int64 {
 // cpuTime returns the user + system CPU time pid has used (fields 14 and
 // 15 of /proc/<pid>/stat, in clock ticks of 1/100 s), 0 when unreadable.
 func cpuTime(pid int) time.Duration { return ticks(procStat(pid), 14, 15) }
+
+// selfCPU returns this process's user + system CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // scrape reads the worker's /metrics and returns the sum over all series of
 // each metric name (labels dropped).

@@ -306,6 +306,9 @@ type applyResult struct {
 	txs      int
 	elapsed  time.Duration
 	pgCPU    time.Duration // PostgreSQL's CPU while applying (0: not measured)
+	// clientCPU is this process's CPU over runApply: the raw method's
+	// goroutines (connecting, encoding, pgx).
+	clientCPU time.Duration
 	// firstAt is when the first transaction committed (of any goroutine),
 	// since the clock started, and firstPairs its pairs: fromFirstRow.
 	firstAt    time.Duration

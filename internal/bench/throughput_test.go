@@ -102,11 +102,20 @@ type measured struct {
 	fromFirst float64
 	cpu       float64 // µs of worker CPU per event; 0 for raw methods
 	pgCPU     float64 // µs of PostgreSQL's CPU per event; 0 when not measured
-	rss       float64 // MiB, the worker's peak; 0 for raw methods
-	dropped   int64   // spans dropped (queue full); tracing runs
-	spans     int     // spans the OTLP receiver got; tracing runs
-	sampled   int64   // spans sampled (the SDK's count) when every pair was applied
-	method    string  // raw-best: the method that was best in this round
+	// allCPU is µs per event of all the CPU the run took: the client's
+	// (the raw method's goroutines, in this process; or the worker's),
+	// this process's (the kfake broker serving the worker's fetches, the
+	// polling of /metrics) and PostgreSQL's; 0 when PostgreSQL's is not
+	// measured. With cores (allCPU × events/s) near the machine's, the
+	// run was CPU-bound and the ratio of two runs' rates is about the
+	// inverse ratio of their allCPU.
+	allCPU  float64
+	cores   float64 // allCPU × eps: the cores the run kept busy on average
+	rss     float64 // MiB, the worker's peak; 0 for raw methods
+	dropped int64   // spans dropped (queue full); tracing runs
+	spans   int     // spans the OTLP receiver got; tracing runs
+	sampled int64   // spans sampled (the SDK's count) when every pair was applied
+	method  string  // raw-best: the method that was best in this round
 }
 
 // benchScenario is one row of BenchmarkWorkerThroughput's table.
@@ -221,8 +230,9 @@ func (t *throughput) checkTables(run string, got, want []tableState) {
 func (t *throughput) applyRaw(d *dataset, planned [][]plannedPair, mode applyMode, g int) (applyResult, []tableState) {
 	t.b.Helper()
 	t.resetSchema(t.rawSchema)
-	pg0 := t.pg.used()
+	pg0, self0 := t.pg.used(), selfCPU()
 	r, err := runApply(t.ctx, t.dbURL, d, planned, g, mode, t.shapes)
+	r.clientCPU = selfCPU() - self0
 	if pg0 > 0 {
 		r.pgCPU = t.pg.used() - pg0
 	}
@@ -252,16 +262,31 @@ func (t *throughput) newWorkload(kind poisonKind, name string) *workload {
 	return w
 }
 
+// perEvent returns d in µs per event of the run.
+func (t *throughput) perEvent(d time.Duration) float64 {
+	return float64(d.Microseconds()) / float64(t.n)
+}
+
+// setAll sets allCPU, client (µs/event) plus PostgreSQL's, and cores;
+// neither when PostgreSQL's CPU was not measured.
+func (m *measured) setAll(client float64) {
+	if m.pgCPU > 0 {
+		m.allCPU = client + m.pgCPU
+		m.cores = m.allCPU * m.eps / 1e6
+	}
+}
+
 // runRawMethod measures one raw method on the clean workload.
 func (t *throughput) runRawMethod(s *benchScenario, clean *workload, round int) measured {
 	t.b.Helper()
 	r, state := t.applyRaw(clean.data, t.clean, s.mode, s.goroutines)
 	t.checkTables(fmt.Sprintf("%s (round %d)", s.name, round), state, clean.want)
 	eps := float64(t.n) / r.elapsed.Seconds()
-	pgCPU := float64(r.pgCPU.Microseconds()) / float64(t.n)
-	t.logf("round %d: %s: %d pairs in %d transactions, %s: %.0f events/s; PostgreSQL %.1f µs/event (load %s)",
-		round, s.name, r.pairs, r.txs, r.elapsed.Round(time.Millisecond), eps, pgCPU, loadAvg())
-	return measured{eps: eps, fromFirst: r.fromFirstRow(t.n), pgCPU: pgCPU}
+	m := measured{eps: eps, fromFirst: r.fromFirstRow(t.n), pgCPU: t.perEvent(r.pgCPU)}
+	m.setAll(t.perEvent(r.clientCPU))
+	t.logf("round %d: %s: %d pairs in %d transactions, %s: %.0f events/s; PostgreSQL %.1f µs/event, all %.1f µs/event (%.2f cores; load %s)",
+		round, s.name, r.pairs, r.txs, r.elapsed.Round(time.Millisecond), eps, m.pgCPU, m.allCPU, m.cores, loadAvg())
+	return m
 }
 
 // runWorkerScenario runs the worker binary once over s's workload, in its
@@ -301,10 +326,13 @@ func (t *throughput) runWorkerScenario(s *benchScenario, round int) measured {
 	m := measured{
 		eps:       float64(t.n) / res.committedAt.Seconds(),
 		fromFirst: res.fromFirstRow(t.n, int64(w.data.pairs)),
-		cpu:       float64(res.cpu.Microseconds()) / float64(t.n),
-		pgCPU:     float64(res.pgCPU.Microseconds()) / float64(t.n),
+		cpu:       t.perEvent(res.cpu),
+		pgCPU:     t.perEvent(res.pgCPU),
 		rss:       mib(res.peakRSS),
 	}
+	m.setAll(m.cpu + t.perEvent(res.selfCPU))
+	t.logf("%s: all CPU %.1f µs/event (worker %.1f, this process %.1f, PostgreSQL %.1f): %.2f cores",
+		run, m.allCPU, m.cpu, t.perEvent(res.selfCPU), m.pgCPU, m.cores)
 	if rcv != nil {
 		if !res.spans.served {
 			b.Fatalf("%s: the worker's /metrics has no otel_sdk_processor_span_queue_capacity: its dropped spans cannot be counted", run)
@@ -566,6 +594,8 @@ type scenarioFigures struct {
 	Target            float64  `json:"ratio_target,omitempty"`
 	CPU               float64  `json:"cpu_us_per_event,omitempty"`          // median
 	PGCPU             float64  `json:"postgres_cpu_us_per_event,omitempty"` // median
+	AllCPU            float64  `json:"all_cpu_us_per_event,omitempty"`      // median (measured.allCPU)
+	Cores             float64  `json:"cores_busy,omitempty"`                // median (measured.cores)
 	RSS               float64  `json:"peak_rss_mib,omitempty"`              // max over the runs
 	Best              []string `json:"best_method,omitempty"`               // raw-best: the winner of each round
 	Sampled           []int64  `json:"spans_sampled,omitempty"`             // the SDK's count when every pair was applied
@@ -583,7 +613,7 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 	var figs []scenarioFigures
 	for _, s := range scens {
 		f := scenarioFigures{Name: s.name, Reference: s.ref, Target: s.target}
-		var cpus, pgCPUs []float64
+		var cpus, pgCPUs, allCPUs, cores []float64
 		for _, m := range s.runs {
 			f.Runs = append(f.Runs, m.eps)
 			f.FromFirst = append(f.FromFirst, m.fromFirst)
@@ -593,6 +623,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 			}
 			if m.pgCPU > 0 {
 				pgCPUs = append(pgCPUs, m.pgCPU)
+			}
+			if m.allCPU > 0 {
+				allCPUs, cores = append(allCPUs, m.allCPU), append(cores, m.cores)
 			}
 			if m.method != "" {
 				f.Best = append(f.Best, m.method)
@@ -615,6 +648,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 		if len(pgCPUs) > 0 {
 			f.PGCPU = median(pgCPUs)
 		}
+		if len(allCPUs) > 0 {
+			f.AllCPU, f.Cores = median(allCPUs), median(cores)
+		}
 		if ref := byName[s.ref]; ref != nil {
 			f.Ratio, f.RatioMin, f.RatioMax = ratios(s.runs, ref.runs, func(m measured) float64 { return m.eps })
 			f.RatioFromFirst, f.RatioFromFirstMin, f.RatioFromFirstMax = ratios(s.runs, ref.runs, func(m measured) float64 { return m.fromFirst })
@@ -628,9 +664,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 	fmt.Printf("\nN=%d events per run, %d rounds alternated (each round: the raw rows below in order, then the worker rows, rotated by one each round, each run after a CHECKPOINT); load average %s at start, %s at end (2 cores, shared)\n",
 		t.n, rounds, loadStart, loadEnd)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tevents/s median\tmin–max\tratio (per-round range)\tfrom first row: events/s\tratio (range)\tvs\ttarget (whole run; from first row)\tCPU µs/event\tPostgreSQL CPU µs/event\tpeak RSS MiB\t")
+	fmt.Fprintln(tw, "scenario\tevents/s median\tmin–max\tratio (per-round range)\tfrom first row: events/s\tratio (range)\tvs\ttarget (whole run; from first row)\tCPU µs/event\tPostgreSQL CPU µs/event\tall CPU µs/event (cores)\tpeak RSS MiB\t")
 	for _, f := range figs {
-		ratio, ratioFirst, target, cpu, pgCPU, rss := "–", "–", "–", "–", "–", "–"
+		ratio, ratioFirst, target, cpu, pgCPU, all, rss := "–", "–", "–", "–", "–", "–", "–"
 		if f.Reference != "" {
 			ratio = fmt.Sprintf("%.3f (%.2f–%.2f)", f.Ratio, f.RatioMin, f.RatioMax)
 			ratioFirst = fmt.Sprintf("%.3f (%.2f–%.2f)", f.RatioFromFirst, f.RatioFromFirstMin, f.RatioFromFirstMax)
@@ -644,6 +680,9 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 		if f.PGCPU > 0 {
 			pgCPU = fmt.Sprintf("%.1f", f.PGCPU)
 		}
+		if f.AllCPU > 0 {
+			all = fmt.Sprintf("%.1f (%.2f)", f.AllCPU, f.Cores)
+		}
 		if f.RSS > 0 {
 			rss = fmt.Sprintf("%.0f", f.RSS)
 		}
@@ -651,7 +690,7 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 		if vs == "" {
 			vs = "–"
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", f.Name, f.Median, f.Min, f.Max, ratio, f.MedianFromFirst, ratioFirst, vs, target, cpu, pgCPU, rss)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", f.Name, f.Median, f.Min, f.Max, ratio, f.MedianFromFirst, ratioFirst, vs, target, cpu, pgCPU, all, rss)
 	}
 	_ = tw.Flush()
 	for _, f := range figs {
