@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -661,8 +662,8 @@ func (t *throughput) report(scens []*benchScenario, rounds int, loadStart string
 	}
 
 	loadEnd := loadAvg()
-	fmt.Printf("\nN=%d events per run, %d rounds alternated (each round: the raw rows below in order, then the worker rows, rotated by one each round, each run after a CHECKPOINT); load average %s at start, %s at end (2 cores, shared)\n",
-		t.n, rounds, loadStart, loadEnd)
+	fmt.Printf("\nN=%d events per run, %d rounds alternated (each round: the raw rows below in order, then the worker rows, rotated by one each round, each run after a CHECKPOINT); load average %s at start, %s at end (%d cores)\n",
+		t.n, rounds, loadStart, loadEnd, runtime.NumCPU())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tevents/s median\tmin–max\tratio (per-round range)\tfrom first row: events/s\tratio (range)\tvs\ttarget (whole run; from first row)\tCPU µs/event\tPostgreSQL CPU µs/event\tall CPU µs/event (cores)\tpeak RSS MiB\t")
 	for _, f := range figs {
