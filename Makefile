@@ -60,6 +60,12 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags dev ./cmd/projection-worker
 
+# The tests build without the PGO profile (cmd/projection-worker/default.pgo):
+# it changes no behaviour, and compiling every dependency a second time, with
+# the profile and the race detector, doubled make test's time. Binaries, the
+# image, make run and the benchmarks keep it.
+test vet test-kafka test-otel soak soak-kafka fuzz: export GOFLAGS := $(strip $(GOFLAGS) -pgo=off)
+
 # make test: everything, with the race detector. Integration tests use
 # DATABASE_URL or start a throwaway PostgreSQL; with CI=true a missing
 # service fails them instead of skipping.
