@@ -558,14 +558,8 @@ func peakRSS(pid int) int64 {
 // 15 of /proc/<pid>/stat, in clock ticks of 1/100 s), 0 when unreadable.
 func cpuTime(pid int) time.Duration { return ticks(procStat(pid), 14, 15) }
 
-// selfCPU returns this process's user + system CPU time so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+// selfCPU returns this process's user + system CPU time so far (cpuTime).
+func selfCPU() time.Duration { return cpuTime(os.Getpid()) }
 
 // scrape reads the worker's /metrics and returns the sum over all series of
 // each metric name (labels dropped).
