@@ -45,6 +45,7 @@ type settings struct {
 	onInfraError       string
 	shutdownGrace      time.Duration
 	httpAddr           string
+	pprof              bool
 	workerID           string
 	dlqMaxBytes        int
 	dlqTimeout         time.Duration
@@ -120,6 +121,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.String(&s.onInfraError, "on-infra-error", "ON_INFRA_ERROR", string(projection.InfraPause), "when the database is unavailable: pause (wait, not ready) or dlq (retry, then dead-letter)")
 	fs.Duration(&s.shutdownGrace, "shutdown-grace", "SHUTDOWN_GRACE", projection.DefaultShutdownGrace, "time allowed after SIGTERM to commit and leave the group")
 	fs.String(&s.httpAddr, "http-addr", "HTTP_ADDR", ":8080", "address of /healthz, /readyz and /metrics (empty: no HTTP server)")
+	fs.Bool(&s.pprof, "pprof", "PPROF", false, "also serve Go's profiles (net/http/pprof) under /debug/pprof/ on --http-addr: CPU, heap, goroutines; they show the process's internals, so keep that address private")
 	fs.String(&s.workerID, "worker-id", "POD_NAME", host, "this worker's name in dead-letter headers")
 	fs.Int(&s.dlqMaxBytes, "dlq-max-bytes", "DLQ_MAX_BYTES", 0, "largest dead-letter record in bytes; larger ones truncate stackTrace, then error (default: the dead-letter topic's max.message.bytes, read at start, else 1000000)")
 	fs.Duration(&s.dlqTimeout, "dlq-write-timeout", "DLQ_WRITE_TIMEOUT", dlq.DefaultAttemptTimeout, "longest wait for Kafka to acknowledge one dead-letter write attempt; after 5 failed attempts (about 5x this) the partition is reported stuck in /readyz")

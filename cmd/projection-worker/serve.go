@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strconv"
 	"strings"
@@ -285,7 +286,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 
 	var srv *http.Server
 	if ln != nil {
-		srv = &http.Server{Handler: httpHandler(w, pool, tel, red, watch), ReadHeaderTimeout: 5 * time.Second}
+		srv = &http.Server{Handler: httpHandler(w, pool, tel, red, watch, s.pprof), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server", "error", err)
@@ -453,8 +454,10 @@ func (r redactedWriter) WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []
 // httpHandler serves /healthz (the process is up), /readyz (group joined,
 // database reachable, no partition paused; else the reason, with
 // kafkaconn.Explain's cause first and why the brokers refuse the worker's
-// connection from watch, redacted by red) and /metrics.
-func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *redact.Redactor, watch *joinWatch) http.Handler {
+// connection from watch, redacted by red) and /metrics; with profiles
+// (--pprof), Go's profiles under /debug/pprof/ (net/http/pprof) but not
+// /debug/pprof/cmdline, which would show --database-url's password.
+func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *redact.Redactor, watch *joinWatch, profiles bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(rw, "ok\n")
@@ -482,6 +485,12 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 		_, _ = io.WriteString(rw, "ready\n")
 	})
 	mux.Handle("GET /metrics", tel.metricsHandler())
+	if profiles {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
