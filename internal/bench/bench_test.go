@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -374,6 +375,10 @@ func (e *env) runWorker(s *scenario) workerResult {
 		"--log-level", "warn",
 	)
 	cmd.Args = append(cmd.Args, strings.Fields(os.Getenv("BENCH_WORKER_FLAGS"))...)
+	profPrefix := os.Getenv("BENCH_WORKER_CPUPROFILE")
+	if profPrefix != "" {
+		cmd.Args = append(cmd.Args, "--pprof")
+	}
 	cmd.Env = append(append(workerEnv(), s.env...), strings.Fields(os.Getenv("BENCH_WORKER_ENV"))...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	tail := func() string { return logTail(logPath, 30) }
@@ -381,6 +386,9 @@ func (e *env) runWorker(s *scenario) workerResult {
 	pg0, self0 := e.pg.used(), selfCPU()
 	proc := startProcess(b, cmd, "projection-worker")
 	defer proc.stop(0) // on failure: never leave the worker behind
+	if profPrefix != "" {
+		defer profileWorker(b, httpAddr, profPrefix+"."+s.name)()
+	}
 	start, exited, running := proc.start, proc.exited, true
 
 	n := int64(len(s.data.events))
@@ -772,4 +780,46 @@ func (p *process) stop(grace time.Duration) {
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
+}
+
+// profiled numbers the CPU profiles profileWorker writes, over the runs.
+var profiled atomic.Int64
+
+// profileWorker takes CPU profiles of the worker serving /debug/pprof on
+// httpAddr (run with --pprof), 5 s each, one after another, into
+// prefix.<n>.pprof, until the returned stop is called; a profile cut short
+// by the worker's exit is not kept. For a PGO profile of the worker
+// process (go tool pprof -proto prefix.* > default.pgo).
+func profileWorker(b *testing.B, httpAddr, prefix string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/debug/pprof/profile?seconds=5", nil)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil { // not listening yet, or gone
+				select {
+				case <-ctx.Done():
+				case <-time.After(50 * time.Millisecond):
+				}
+				continue
+			}
+			prof, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				continue
+			}
+			path := fmt.Sprintf("%s.%d.pprof", prefix, profiled.Add(1))
+			if err := os.WriteFile(path, prof, 0o644); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
