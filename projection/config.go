@@ -29,13 +29,13 @@ const (
 	DefaultGroup           = "causet-projection-worker"
 	DefaultMaxPollRecords  = 10000
 	DefaultMaxQueuedBytes  = 8 << 20
-	DefaultMaxBatchRecords = 1000
+	DefaultMaxBatchRecords = 2000
 	DefaultShutdownGrace   = 25 * time.Second
-	DefaultMaxRetrying     = 1000
+	DefaultMaxRetrying     = DefaultMaxBatchRecords
 	DefaultMaxRetryingByte = 16 << 20
 )
 
-// DefaultFetchMaxBytes (16 MiB) and DefaultFetchMaxPartitionBytes (1 MiB)
+// DefaultFetchMaxBytes (16 MiB) and DefaultFetchMaxPartitionBytes (256 KiB)
 // are the fetch caps NewWorker gives its client unless its options say
 // otherwise (Kafka's fetch.max.bytes and max.partition.fetch.bytes,
 // kgo.FetchMaxBytes and kgo.FetchMaxPartitionBytes). They count bytes as
@@ -43,7 +43,7 @@ const (
 // times the cap once decompressed.
 const (
 	DefaultFetchMaxBytes          = 16 << 20
-	DefaultFetchMaxPartitionBytes = 1 << 20
+	DefaultFetchMaxPartitionBytes = 256 << 10
 )
 
 // Config configures a Worker. Zero values take the documented defaults; call
@@ -67,12 +67,15 @@ type Config struct {
 	// Default 10000.
 	MaxPollRecords int
 	// MaxBatchRecords bounds the records of one partition applied in one
-	// transaction. Default 1000; 1 applies records one at a time. A larger
+	// transaction. Default 2000; 1 applies records one at a time. A larger
 	// batch pays a transaction's round trips and its COPY set-up over more
-	// records (make bench, 3 alternated rounds: 1000 ran at 1.26× the
+	// records (make bench, alternated rounds: 1000 ran at 1.26× the
 	// throughput of 500 with 7.3 against 9.5 µs of worker CPU per event and
-	// 210 against 196 MiB peak RSS; 2000 at 1.12–1.23× of 500 with 253 MiB)
-	// and holds its row locks longer.
+	// 210 against 196 MiB peak RSS; at N=1 000 000, 2000 with
+	// DefaultFetchMaxPartitionBytes 256 KiB ran at 1.057× and 1.222× of
+	// 1000 with 1 MiB in two runs, peak RSS 212 against 248–257 MiB, the
+	// smaller fetches holding less decompressed) and holds its row locks
+	// longer.
 	MaxBatchRecords int
 	// CopyMinRows is the smallest group of upserts of one table in one
 	// tenant schema, within a batch, that is applied with COPY into a
@@ -106,7 +109,14 @@ type Config struct {
 	// MaxRetrying bounds the pairs of one partition that wait for a retry
 	// while its later records go on (non-blocking retries); at the bound the
 	// partition takes no new records and its fetching pauses until retries
-	// finish (backpressure, never loss). Default 1000.
+	// finish (backpressure, never loss). Default DefaultMaxBatchRecords
+	// (2000), so that a whole batch of failing records waits without that
+	// pause: pausing makes the client drop the fetch it holds for the
+	// partition and fetch it again on resume (franz-go strips a paused
+	// partition's buffered records at the next poll). With 1000 and 1 % of
+	// the events for a tenant not migrated, make bench (N=1 000 000) saw
+	// 8–9 such pauses and 13 000–17 600 records fetched twice per run; with
+	// 2000, none.
 	MaxRetrying int
 	// MaxRetryingBytes bounds the record bytes (key, value, headers) held by
 	// one partition's waiting pairs, as MaxRetrying bounds their number.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/projection"
 )
 
 // TestRunWithoutCreateTopicsStillChecksTheTopics: --create-topics=false
@@ -79,8 +81,8 @@ func TestRunWithoutCreateTopicsStillChecksTheTopics(t *testing.T) {
 				if !w.logged("dlq_max_bytes=2000000") {
 					t.Errorf("dead letters not sized by the topic's max.message.bytes 2000000\nstderr:\n%s", w.stderr.String())
 				}
-				if !w.logged("max_batch_records=1000") { // the default, in the started line (new-user trial)
-					t.Errorf("the started line does not give --max-batch-records' default 1000\nstderr:\n%s", w.stderr.String())
+				if want := fmt.Sprintf("max_batch_records=%d", projection.DefaultMaxBatchRecords); !w.logged(want) { // the default, in the started line (new-user trial)
+					t.Errorf("the started line does not give --max-batch-records' default (%s)\nstderr:\n%s", want, w.stderr.String())
 				}
 				var metrics string
 				w.waitFor(t, "/metrics exports causet_dlq_retention_seconds", 10*time.Second, func() bool {
