@@ -417,6 +417,9 @@ func (s *settings) checkRun() error {
 			return flagenv.Usagef("%s (%s) must be in 1..%d bytes, got %d", f.flag, f.env, maxFetchBytes, f.v)
 		}
 	}
+	if s.pprof && s.httpAddr == "" { // new-user trial: the profiles were silently absent
+		return flagenv.Usagef("--pprof (PPROF) serves the profiles on --http-addr (HTTP_ADDR), which is empty: set an address or drop --pprof")
+	}
 	if s.kafkaStartTimeout < 0 {
 		return flagenv.Usagef("--kafka-start-timeout must be >= 0 (0: try once), got %s", s.kafkaStartTimeout)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -25,5 +26,18 @@ func TestPprof(t *testing.T) {
 	plain.waitFor(t, "/healthz answers", 30*time.Second, func() bool { return strings.Contains(plain.get(t, "/healthz"), "200 OK") })
 	if got := plain.get(t, "/debug/pprof/heap?debug=1"); !strings.HasPrefix(got, "404") {
 		t.Errorf("GET /debug/pprof/heap without --pprof = %.200q, want 404", got)
+	}
+}
+
+// TestPprofNeedsAnHTTPAddress: --pprof with --http-addr ” is a usage error
+// naming both flags (new-user trial: it started without the profiles).
+func TestPprofNeedsAnHTTPAddress(t *testing.T) {
+	clearSettingsEnv(t)
+	var s settings
+	if err := parseFlags(runFlags(&s, io.Discard), []string{"--pprof", "--http-addr", ""}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.checkRun(); err == nil || !strings.Contains(err.Error(), "--pprof") || !strings.Contains(err.Error(), "--http-addr") {
+		t.Errorf("--pprof --http-addr '': checkRun error %v, want one naming --pprof and --http-addr", err)
 	}
 }
