@@ -29,7 +29,7 @@ func TestPprof(t *testing.T) {
 	}
 }
 
-// TestPprofNeedsAnHTTPAddress: --pprof with --http-addr ” is a usage error
+// TestPprofNeedsAnHTTPAddress: --pprof with an empty --http-addr is a usage error
 // naming both flags (new-user trial: it started without the profiles).
 func TestPprofNeedsAnHTTPAddress(t *testing.T) {
 	clearSettingsEnv(t)

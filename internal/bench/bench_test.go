@@ -788,8 +788,8 @@ var profiled atomic.Int64
 // profileWorker takes CPU profiles of the worker serving /debug/pprof on
 // httpAddr (run with --pprof), 5 s each, one after another, into
 // prefix.<n>.pprof, until the returned stop is called; a profile cut short
-// by the worker's exit is not kept. For a PGO profile of the worker
-// process (go tool pprof -proto prefix.* > default.pgo).
+// by the worker's exit is not kept. Merged (go tool pprof -proto
+// prefix.*), they are a candidate PGO profile of the worker process.
 func profileWorker(b *testing.B, httpAddr, prefix string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -801,17 +801,17 @@ func profileWorker(b *testing.B, httpAddr, prefix string) (stop func()) {
 				b.Error(err)
 				return
 			}
+			var prof []byte
 			resp, err := http.DefaultClient.Do(req)
-			if err != nil { // not listening yet, or gone
+			if err == nil {
+				prof, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			if err != nil || resp.StatusCode != http.StatusOK { // not listening yet, or gone
 				select {
 				case <-ctx.Done():
 				case <-time.After(50 * time.Millisecond):
 				}
-				continue
-			}
-			prof, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if err != nil || resp.StatusCode != http.StatusOK {
 				continue
 			}
 			path := fmt.Sprintf("%s.%d.pprof", prefix, profiled.Add(1))

@@ -449,8 +449,8 @@ func (t *throughput) deleteTopics(topics ...string) {
 // keeps each worker run's log there (with BENCH_WORKER_FLAGS='--log-level
 // debug' it shows each COPY group that PostgreSQL refused);
 // BENCH_WORKER_CPUPROFILE=prefix runs each worker with --pprof and keeps its
-// CPU profiles, 5 s each, as prefix.<scenario>.<n>.pprof (the worker's PGO
-// profile, cmd/projection-worker/default.pgo, is their merge).
+// CPU profiles, 5 s each, as prefix.<scenario>.<n>.pprof (merged, a
+// candidate for cmd/projection-worker/default.pgo: README, Performance).
 //
 // BENCH_SCENARIOS=other with BENCH_OTHER_BIN=path adds the row clean-other:
 // the clean workload run by that projection-worker binary (another
