@@ -36,7 +36,7 @@ type partition struct {
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // the watermark: offset of the next record to finish; −1 unknown
 	highWatermark int64
-	retryingPairs int      // len(retries.pairs), for Ready and metrics
+	retryingPairs int      // retries.waiting(), for Ready and metrics
 	received      *handoff // left by the previous owner (handoff.go)
 
 	// Owned by the goroutine; read by others only after done is closed.
@@ -187,15 +187,15 @@ func (pc *partition) run() {
 	defer pc.release()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	// The round of retries in flight while the batches go on; before
+	// release, its pairs go back to the set.
+	var round *retryRound
+	defer func() { _ = pc.finishRetries(pc.ctx, round) }()
 	for {
 		if err := pc.settleDeadLetters(pc.ctx, false); err != nil {
 			return
 		}
-		pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
-		stop := pc.watchSlow("round of retries")
-		err := pc.retryDue(pc.ctx)
-		stop()
-		if err != nil {
+		if pc.turnRetries(&round, true) != nil {
 			return
 		}
 		for pc.retries.hasRoom(pc.w.cfg) {
@@ -213,6 +213,9 @@ func (pc *partition) run() {
 					return // ctx is done: the unfinished records go to the next owner
 				}
 				recs = recs[n:]
+				if pc.turnRetries(&round, false) != nil { // a round answered meanwhile
+					return
+				}
 			}
 			pc.maybeResume()
 			if !more {
@@ -231,6 +234,7 @@ func (pc *partition) run() {
 		case <-pc.wake:
 		case <-timer.C:
 		case <-pc.writingDone():
+		case <-round.doneChan():
 		}
 	}
 }
@@ -447,7 +451,7 @@ func (pc *partition) rewound(first *kgo.Record) {
 	clear(pc.open[len(keep):])
 	pc.open = keep
 	pc.retries.dropFrom(first.Offset, pc.w.breaker)
-	pc.setRetrying(len(pc.retries.pairs))
+	pc.setRetrying(pc.retries.waiting())
 	pc.lastDone = nil
 	if len(pc.open) > 0 {
 		pc.lastDone = pc.open[len(pc.open)-1].d.rec

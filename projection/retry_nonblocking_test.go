@@ -3,7 +3,9 @@ package projection_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,4 +215,85 @@ func TestWorkerRetriesDuePairsTogether(t *testing.T) {
 	if n := db.acquires.Load(); n == 0 || n > poison*3/2 {
 		t.Errorf("%d round trips of retries for %d retries, want between 1 and %d", n, poison*3, poison*3/2)
 	}
+}
+
+// TestWorkerRetryWaitingOnALockDoesNotHoldItsPartition: a pair's retry
+// that waits (here for a lock another session holds on its table) runs
+// aside: the records after it in its partition are applied meanwhile, and
+// once the lock is released the retry applies. The rating fails once (a
+// CHECK the test then drops); its retry waits on the table, which a
+// session has locked in SHARE mode; the follows after it, in the same
+// partition (one key) of two, are applied while it waits.
+func TestWorkerRetryWaitingOnALockDoesNotHoldItsPartition(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 2})
+	ratings := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	exec(t, r.pool, "ALTER TABLE "+ratings+" ADD CONSTRAINT stars_positive CHECK (stars > 0)")
+	failed := make(chan struct{})
+	var once sync.Once
+	r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 5}
+		c.Breaker.Threshold = -1
+		c.Logger = slog.New(signalHandler{Handler: c.Logger.Handler(), msg: "projection failed, retrying", signal: func() { once.Do(func() { close(failed) }) }})
+	})
+	const key = "one-partition"
+	r.produce(key, []byte(r.event("ARTIST_RATED", "rater", 1, `{"user_id":"rater","artist_id":"a","stars":0}`)))
+	select {
+	case <-failed:
+	case <-time.After(testTimeout):
+		t.Fatal("the rating did not fail")
+	}
+	exec(t, r.pool, "ALTER TABLE "+ratings+" DROP CONSTRAINT stars_positive")
+	ctx := context.Background()
+	lock, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, "LOCK TABLE "+ratings+" IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the retry to wait for the lock", func() bool {
+		var waiting int
+		err := r.pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass", ratings).Scan(&waiting)
+		return err == nil && waiting > 0
+	})
+	const n = 10
+	for i := range n {
+		r.produce(key, []byte(r.follow(fmt.Sprintf("follower-%d", i), "artist-1", 1)))
+	}
+	waitFor(t, "the follows after the waiting retry to be applied", func() bool { return r.count("artist_followers") == n })
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted(testTimeout)
+	var stars int
+	if err := r.pool.QueryRow(ctx, "SELECT stars FROM "+ratings+" WHERE user_id = 'rater'").Scan(&stars); err != nil || stars != 0 {
+		t.Errorf("the retried rating: stars %d (%v), want applied with 0", stars, err)
+	}
+	if dls := r.deadLetters(); len(dls) != 0 {
+		t.Errorf("%d dead letters, want none: the retry applied", len(dls))
+	}
+}
+
+// signalHandler calls signal for each log record whose message is msg.
+type signalHandler struct {
+	slog.Handler
+	msg    string
+	signal func()
+}
+
+func (h signalHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.signal()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h signalHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return signalHandler{Handler: h.Handler.WithAttrs(attrs), msg: h.msg, signal: h.signal}
+}
+
+func (h signalHandler) WithGroup(name string) slog.Handler {
+	return signalHandler{Handler: h.Handler.WithGroup(name), msg: h.msg, signal: h.signal}
 }

@@ -18,6 +18,9 @@ import (
 type retrySet struct {
 	pairs []*retryPair
 	bytes int // record bytes of the waiting pairs
+	// flying and flyingBytes count the pairs of the round of retries in
+	// flight (retryRound), taken from pairs but still held.
+	flying, flyingBytes int
 }
 
 // retryPair is a pair waiting in a retrySet.
@@ -29,15 +32,32 @@ type retryPair struct {
 	retries int // retries made
 	firstAt time.Time
 	due     time.Time
-	wait    time.Duration               // the backoff wait that ends at due
-	backoff *backoff.ExponentialBackOff // fresh per pair: not goroutine-safe
-	fp      string                      // the failure's fingerprint (breaker)
-	probe   bool                        // the half-open probe of fp's breaker
-	span    trace.Span                  // the pair's span (tracing.go), nil without tracing
+	wait    time.Duration // the backoff wait that ends at due
+	// attemptedAt is when the last attempt's round of retries ended (zero
+	// for a pair whose last attempt was its batch's): its next wait runs
+	// from then, not from when the partition's goroutine settled it.
+	attemptedAt time.Time
+	backoff     *backoff.ExponentialBackOff // fresh per pair: not goroutine-safe
+	fp          string                      // the failure's fingerprint (breaker)
+	probe       bool                        // the half-open probe of fp's breaker
+	span        trace.Span                  // the pair's span (tracing.go), nil without tracing
 }
 
 func (s *retrySet) hasRoom(cfg Config) bool {
-	return len(s.pairs) < cfg.MaxRetrying && s.bytes < cfg.MaxRetryingBytes
+	return len(s.pairs)+s.flying < cfg.MaxRetrying && s.bytes+s.flyingBytes < cfg.MaxRetryingBytes
+}
+
+// waiting returns the pairs held: waiting in the set or in the round in
+// flight.
+func (s *retrySet) waiting() int { return len(s.pairs) + s.flying }
+
+// fly counts ps, taken from the set, as in flight (sign 1) or no longer
+// (sign −1).
+func (s *retrySet) fly(ps []*retryPair, sign int) {
+	for _, p := range ps {
+		s.flying += sign
+		s.flyingBytes += sign * recordBytes(p.d.rec)
+	}
 }
 
 func (s *retrySet) add(p *retryPair) {
@@ -47,7 +67,7 @@ func (s *retrySet) add(p *retryPair) {
 
 // dueOnOpenBreakers makes due now every waiting pair whose fingerprint's
 // breaker opened since the last call (seen is the breaker's openings count
-// then, updated), except the breakers' probes: retryDue then dead-letters
+// then, updated), except the breakers' probes: startRetries then dead-letters
 // them at once instead of at the end of their backoff.
 func (s *retrySet) dueOnOpenBreakers(b *breaker, seen *uint64) {
 	n := b.openings.Load()

@@ -263,3 +263,74 @@ func TestRewoundDropsWhatIsDeliveredAgain(t *testing.T) {
 		t.Errorf("inOrder = %d, want 2", got)
 	}
 }
+
+// attemptedRound returns a round of retries of p whose attempt, made at,
+// failed with err: as startRetries leaves it once its goroutine is done,
+// p taken from the set and counted in flight.
+func attemptedRound(pc *partition, p *retryPair, at time.Time, err error) *retryRound {
+	pc.retries.takeDue(time.Now().Add(24 * time.Hour))
+	r := &retryRound{attempting: []*retryPair{p}, res: []attemptResult{{err: err, made: true}},
+		done: make(chan struct{}), at: at, stopWatch: func() {}}
+	close(r.done)
+	pc.retries.fly(r.attempting, 1)
+	return r
+}
+
+// TestRetryRoundWaitsFromItsAttempt: a pair whose retry, made aside while
+// its partition went on, failed again waits its next backoff from when the
+// attempt was made, not from when the partition's goroutine settled the
+// round (a batch later): otherwise every retry ran late by a batch, and
+// the breaker opened seconds later (in-process benchmark, 1 % 23514: 7–10
+// s instead of 5).
+func TestRetryRoundWaitsFromItsAttempt(t *testing.T) {
+	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 5}})
+	p := failedPair(3)
+	pc.open = append(pc.open, &recordState{d: p.d, pending: map[string]time.Time{p.h.Name(): p.firstAt}})
+	if dl := pc.schedule(p); dl != nil {
+		t.Fatal("first failure dead-lettered")
+	}
+	at := time.Now().Add(-700 * time.Millisecond)
+	r := attemptedRound(pc, p, at, p.err)
+	if pc.retries.hasRoom(Config{MaxRetrying: 1, MaxRetryingBytes: 1 << 20}) {
+		t.Error("a retry set of 1 with its pair in flight has room")
+	}
+	if err := pc.finishRetries(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	if len(pc.retries.pairs) != 1 || pc.retries.flying != 0 || pc.retries.flyingBytes != 0 {
+		t.Fatalf("retry set holds %d pairs, %d in flight (%d bytes), want the pair back, none in flight",
+			len(pc.retries.pairs), pc.retries.flying, pc.retries.flyingBytes)
+	}
+	if got := p.due.Sub(at); got != time.Second || p.retries != 1 {
+		t.Errorf("next attempt %s after the last one (retries %d), want 1s (retries 1)", got, p.retries)
+	}
+}
+
+// TestRetryRoundDropsAPairOfARewoundRecord: when the partition's records
+// are delivered again while a round of retries is in flight (rewound), the
+// round's pair of such a record is dropped when the round is settled, not
+// scheduled nor dead-lettered: the record's new delivery settles it.
+func TestRetryRoundDropsAPairOfARewoundRecord(t *testing.T) {
+	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 1}})
+	dead := &recordingWriter{}
+	pc.w.dead = dead
+	p := failedPair(3)
+	pc.open = append(pc.open, &recordState{d: p.d, pending: map[string]time.Time{p.h.Name(): p.firstAt}})
+	pc.lastDone = p.d.rec
+	if dl := pc.schedule(p); dl != nil {
+		t.Fatal("first failure dead-lettered")
+	}
+	p.retries = 1 // its last retry: failing again dead-letters it
+	r := attemptedRound(pc, p, time.Now(), p.err)
+	pc.rewound(&kgo.Record{Topic: "events", Offset: 2})
+	if err := pc.finishRetries(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.settleDeadLetters(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	if len(pc.retries.pairs) != 0 || pc.retries.flying != 0 || len(dead.written) != 0 {
+		t.Errorf("retry set holds %d pairs (%d in flight), %d dead letters; want the pair dropped",
+			len(pc.retries.pairs), pc.retries.flying, len(dead.written))
+	}
+}
