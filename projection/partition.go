@@ -43,6 +43,7 @@ type partition struct {
 	open     []*recordState // records with unfinished pairs, in offset order
 	lastDone *kgo.Record    // the last record taken
 	retries  retrySet
+	round    *retryRound      // the round of retries in flight, nil when none
 	openings uint64           // the breaker's openings count when retries were last swept
 	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
 	// refusedGroups marks the COPY groups to isolate at once (execCopy).
@@ -187,15 +188,13 @@ func (pc *partition) run() {
 	defer pc.release()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	// The round of retries in flight while the batches go on; before
-	// release, its pairs go back to the set.
-	var round *retryRound
-	defer func() { _ = pc.finishRetries(pc.ctx, round) }()
+	// Before release, the pairs of the round in flight go back to the set.
+	defer func() { _ = pc.finishRetries(pc.ctx, pc.round) }()
 	for {
 		if err := pc.settleDeadLetters(pc.ctx, false); err != nil {
 			return
 		}
-		if pc.turnRetries(&round, true) != nil {
+		if pc.turnRetries(true) != nil {
 			return
 		}
 		for pc.retries.hasRoom(pc.w.cfg) {
@@ -213,7 +212,7 @@ func (pc *partition) run() {
 					return // ctx is done: the unfinished records go to the next owner
 				}
 				recs = recs[n:]
-				if pc.turnRetries(&round, false) != nil { // a round answered meanwhile
+				if pc.turnRetries(false) != nil { // a round answered meanwhile
 					return
 				}
 			}
@@ -234,7 +233,7 @@ func (pc *partition) run() {
 		case <-pc.wake:
 		case <-timer.C:
 		case <-pc.writingDone():
-		case <-round.doneChan():
+		case <-pc.round.doneChan():
 		}
 	}
 }

@@ -222,7 +222,7 @@ func TestRetryDueDeadLettersAWaitingPairOfAnOpenBreakerWithoutAnAttempt(t *testi
 	if d := pc.retries.nextDue(time.Hour); d != 0 {
 		t.Fatalf("next due in %s after the breaker opened, want now", d)
 	}
-	if err := pc.retryDue(context.Background()); err != nil {
+	if err := pc.finishRetries(context.Background(), pc.startRetries(context.Background())); err != nil {
 		t.Fatal(err)
 	}
 	if err := pc.settleDeadLetters(context.Background(), true); err != nil {

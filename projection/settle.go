@@ -174,12 +174,6 @@ func (r *retryRound) doneChan() <-chan struct{} {
 	return r.done
 }
 
-// retryDue makes the next attempt of every pair that is due and settles
-// it (startRetries, then finishRetries at once).
-func (pc *partition) retryDue(ctx context.Context) error {
-	return pc.finishRetries(ctx, pc.startRetries(ctx))
-}
-
 // startRetries takes the pairs that are due from the retry set and starts
 // their next attempts (those of Planners together in one round trip:
 // attemptTogether) in a goroutine of its own; it returns the round, nil
@@ -229,37 +223,36 @@ func (pc *partition) startRetries(ctx context.Context) *retryRound {
 // answering) holds none of the partition's later records.
 const retryRoundWait = 250 * time.Millisecond
 
-// turnRetries settles *round once its attempts are made and then, with
+// turnRetries settles pc.round once its attempts are made and then, with
 // none in flight and start, starts the next round of the pairs due (made
 // due at once first when their breaker opened) and waits for it up to
 // retryRoundWait, settling it when it is answered by then. It returns
 // ctx's error when ctx is done first.
-func (pc *partition) turnRetries(round **retryRound, start bool) error {
-	if (*round).finished() {
-		err := pc.finishRetries(pc.ctx, *round)
-		*round = nil
-		if err != nil {
+func (pc *partition) turnRetries(start bool) error {
+	if pc.round.finished() {
+		r := pc.round
+		pc.round = nil
+		if err := pc.finishRetries(pc.ctx, r); err != nil {
 			return err
 		}
 	}
-	if *round != nil || !start {
+	if pc.round != nil || !start {
 		return nil
 	}
 	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
-	*round = pc.startRetries(pc.ctx)
-	if *round == nil {
+	r := pc.startRetries(pc.ctx)
+	if r == nil {
 		return nil
 	}
 	t := time.NewTimer(retryRoundWait)
 	defer t.Stop()
 	select {
-	case <-(*round).done:
-		err := pc.finishRetries(pc.ctx, *round)
-		*round = nil
-		return err
+	case <-r.done:
+		return pc.finishRetries(pc.ctx, r)
 	case <-t.C:
 	case <-pc.ctx.Done():
 	}
+	pc.round = r
 	return nil
 }
 
