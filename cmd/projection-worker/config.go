@@ -115,7 +115,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 		"time without heartbeats after which Kafka removes this worker from the group and rebalances ("+minSessionTimeout.String()+" to "+maxSessionTimeout.String()+", the broker's default bounds)")
 	fs.Int(&s.maxRetries, "max-retries", "MAX_RETRIES", def.MaxRetries, "retries of a failing (event, projection) pair before it is dead-lettered")
 	fs.Duration(&s.retryInitial, "retry-initial", "RETRY_INITIAL", def.Initial, "first retry wait (doubles each retry, with jitter)")
-	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait")
+	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait before jitter (a wait is at most 1.5× it)")
 	fs.Duration(&s.dbWaitMax, "database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL", projection.DefaultDatabaseWait().MaxInterval,
 		"longest wait between a paused partition's attempts while the database is unavailable (--on-infra-error pause): it resumes within 1.5× this of the database answering")
 	fs.String(&s.onInfraError, "on-infra-error", "ON_INFRA_ERROR", string(projection.InfraPause), "when the database is unavailable: pause (wait, not ready) or dlq (retry, then dead-letter)")
