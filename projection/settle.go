@@ -3,9 +3,8 @@ package projection
 // What becomes of a pair that failed: settle (a batch's failures) and
 // finishRetries (a round of retries, made aside: startRetries) either put
 // it in the partition's retry set (retryset.go) to wait for its next
-// attempt, or dead-letter it: at once
-// (an invalid record, a permanent error, an open breaker, breaker.go) or
-// once its retries run out. Dead letters are written without holding the
+// attempt, or dead-letter it: at once (an invalid record, a permanent
+// error, an open breaker, breaker.go) or once its retries run out. Dead letters are written without holding the
 // partition (writeDeadLetters); a dead letter that cannot be written holds
 // its record, visibly (deadLetter).
 
