@@ -149,6 +149,12 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 	}
 
 	rest := planned
+	var ride *retryRound // the due retries that rode the batch (applySuspects)
+	defer func() {
+		if err != nil && ride != nil { // ctx is done: back to the set, for release
+			_ = pc.finishRetries(ctx, ride)
+		}
+	}()
 	if w.cfg.CopyMinRows > 0 {
 		var groups []*copyGroup
 		var suspects []pair
@@ -160,7 +166,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		}
 		failures = append(failures, refused...)
 		var left []pair
-		left, refused = pc.applySuspects(ctx, suspects)
+		left, refused, ride = pc.applySuspects(ctx, suspects, groups)
 		rest = append(rest, left...)
 		failures = append(failures, refused...)
 	}
@@ -181,7 +187,12 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		}
 		endPair(p.span, spanOutcome(out), 0)
 	}
-	return pc.settle(ctx, batch, failures)
+	if err := pc.settle(ctx, batch, failures); err != nil {
+		return err
+	}
+	r := ride
+	ride = nil
+	return pc.finishRetries(ctx, r)
 }
 
 // applyCopyGroups applies groups with COPY in one transaction (execCopy)
@@ -377,35 +388,53 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 // applySuspects applies the upserts the table is expected to refuse
 // (copyGroupsChecked's suspects) in one round trip, each in a transaction
 // of its own (execTogether): a refused one costs neither a round trip of
-// its own nor the statements after it. It returns the pairs left for the
-// statement path (no answer, or an infrastructure error: that path waits
-// for the database) and the refused ones as failures.
-func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair, []pairFailure) {
-	if pc.w.acquire == nil {
-		return suspects, nil
+// its own nor the statements after it. The due retries of the tables the
+// batch writes ride along (rideRetries): the returned round, nil when none,
+// is answered and is settled with finishRetries. It returns the pairs left
+// for the statement path (no answer, or an infrastructure error: that path
+// waits for the database) and the refused ones as failures.
+func (pc *partition) applySuspects(ctx context.Context, suspects []pair, groups []*copyGroup) ([]pair, []pairFailure, *retryRound) {
+	if pc.w.acquire == nil || len(suspects) == 0 {
+		return suspects, nil, nil
 	}
-	left, failures := pc.applyTogether(ctx, suspects)
-	if len(suspects) > 0 {
-		pc.w.log.Debug("suspect upserts applied in one round trip", "partition", pc.partition,
-			"upserts", len(suspects), "refused", len(failures), "left", len(left))
+	ride := pc.rideRetries(groups, suspects)
+	var at plannedAttempts
+	all := suspects
+	if ride != nil {
+		at = pc.planAttempts(ctx, ride.attempting, ride.res)
+		all = append(suspects[:len(suspects):len(suspects)], at.planned...)
 	}
-	return left, failures
+	answers := pc.w.execTogether(ctx, "apply statements", all)
+	if ride != nil {
+		at.answered(ctx, answers[len(suspects):])
+		ride.answered()
+	}
+	left, failures := pc.settleTogether(ctx, suspects, answers[:len(suspects)])
+	pc.w.log.Debug("suspect upserts applied in one round trip", "partition", pc.partition,
+		"upserts", len(suspects), "refused", len(failures), "left", len(left), "retries", len(at.planned))
+	return left, failures, ride
 }
 
 // applyTogether applies pairs in one round trip, each in a transaction of
 // its own (execTogether), and returns the pairs without an answer (the
 // caller's path decides) and those PostgreSQL refused, as failures.
 func (pc *partition) applyTogether(ctx context.Context, pairs []pair) ([]pair, []pairFailure) {
-	w := pc.w
+	return pc.settleTogether(ctx, pairs, pc.w.execTogether(ctx, "apply statements", pairs))
+}
+
+// settleTogether reads execTogether's answers to pairs (same indexes): it
+// returns the pairs without an answer and those refused, as failures, and
+// ends the spans of the applied ones.
+func (pc *partition) settleTogether(ctx context.Context, pairs []pair, answers []attemptResult) ([]pair, []pairFailure) {
 	var left []pair
 	var failures []pairFailure
-	for i, r := range w.execTogether(ctx, "apply statements", pairs) {
+	for i, r := range answers {
 		p := pairs[i]
 		switch {
 		case !r.made:
 			left = append(left, p)
 		case r.err != nil:
-			failures = append(failures, w.batchFailure(ctx, p, r.err))
+			failures = append(failures, pc.w.batchFailure(ctx, p, r.err))
 		default:
 			endPair(p.span, spanOutcome(r.out), 0)
 		}

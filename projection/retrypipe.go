@@ -46,12 +46,28 @@ type attemptResult struct {
 // metrics. It leaves made false, for the pair's own attempt, for a handler
 // that is not a Planner and where execTogether does.
 func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res []attemptResult) {
-	w := pc.w
-	if w.acquire == nil || w.begin == nil {
+	if pc.w.acquire == nil || pc.w.begin == nil {
 		return
 	}
-	idx := make([]int, 0, len(ps))
-	planned := make([]pair, 0, len(ps))
+	at := pc.planAttempts(ctx, ps, res)
+	at.answered(ctx, pc.w.execTogether(ctx, "retry statements", at.planned))
+}
+
+// plannedAttempts is the statements of a round of retries (planAttempts),
+// to be made in one round trip, and where their answers go.
+type plannedAttempts struct {
+	w       *Worker
+	planned []pair
+	idx     []int           // planned[k] is the attempt of pair idx[k]
+	res     []attemptResult // by the round's pair index
+}
+
+// planAttempts plans the next attempts of the pairs in ps whose handler is
+// a Planner; a Plan error is the attempt's result at once (in res, by ps's
+// indexes), counted in the attempt metrics.
+func (pc *partition) planAttempts(ctx context.Context, ps []*retryPair, res []attemptResult) plannedAttempts {
+	w := pc.w
+	at := plannedAttempts{w: w, idx: make([]int, 0, len(ps)), planned: make([]pair, 0, len(ps)), res: res}
 	for i, p := range ps {
 		pl, ok := p.h.(Planner)
 		if !ok {
@@ -64,16 +80,23 @@ func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res [
 			res[i] = attemptResult{err: err, made: true}
 			continue
 		}
-		idx = append(idx, i)
-		planned = append(planned, pair{d: p.d, h: p.h, stmt: st})
+		at.idx = append(at.idx, i)
+		at.planned = append(at.planned, pair{d: p.d, h: p.h, stmt: st})
 	}
-	for k, r := range w.execTogether(ctx, "retry statements", planned) {
+	return at
+}
+
+// answered fills the results of the planned attempts from execTogether's
+// answers (same indexes as at.planned): a refusal reads as the one-by-one
+// attempt's would (statementError) and is counted in the attempt metrics.
+func (at plannedAttempts) answered(ctx context.Context, answers []attemptResult) {
+	for k, r := range answers {
 		if r.made && r.err != nil {
-			p := planned[k]
-			r.err = w.statementError(ctx, p.h, p.d.ev, p.stmt.Args, r.err)
-			w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(r.err))
+			p := at.planned[k]
+			r.err = at.w.statementError(ctx, p.h, p.d.ev, p.stmt.Args, r.err)
+			at.w.cfg.Metrics.failed(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema), retry.Classify(r.err))
 		}
-		res[idx[k]] = r
+		at.res[at.idx[k]] = r
 	}
 }
 

@@ -101,12 +101,13 @@ const maxRetryEarly = 10 * time.Millisecond
 // those due within a tenth of their wait after now (at most maxRetryEarly),
 // so that pairs that failed together, due microseconds apart, are retried
 // together (attemptTogether) rather than one timer each; the waits have
-// their jitter (±50 % by default) anyway.
-func (s *retrySet) takeDue(now time.Time) []*retryPair {
+// their jitter (±50 % by default) anyway. With only not nil, only the due
+// pairs it reports true for are taken.
+func (s *retrySet) takeDue(now time.Time, only func(*retryPair) bool) []*retryPair {
 	var due []*retryPair
 	kept := s.pairs[:0]
 	for _, p := range s.pairs {
-		if p.due.After(now.Add(min(p.wait/10, maxRetryEarly))) {
+		if p.due.After(now.Add(min(p.wait/10, maxRetryEarly))) || only != nil && !only(p) {
 			kept = append(kept, p)
 			continue
 		}

@@ -53,7 +53,7 @@ func TestScheduleWaitsThenDeadLettersWhenRetriesRunOut(t *testing.T) {
 		t.Fatalf("retry set = %d pairs, fingerprint %q; want 1 pair with a fingerprint", len(pc.retries.pairs), p.fp)
 	}
 	time.Sleep(2 * time.Millisecond)
-	due := pc.retries.takeDue(time.Now())
+	due := pc.retries.takeDue(time.Now(), nil)
 	if len(due) != 1 || pc.retries.bytes != 0 {
 		t.Fatalf("due = %d, bytes left %d", len(due), pc.retries.bytes)
 	}
@@ -61,7 +61,7 @@ func TestScheduleWaitsThenDeadLettersWhenRetriesRunOut(t *testing.T) {
 	if dl := pc.schedule(p); dl != nil {
 		t.Fatalf("after 1 of 2 retries dead-lettered")
 	}
-	pc.retries.takeDue(time.Now().Add(time.Second))
+	pc.retries.takeDue(time.Now().Add(time.Second), nil)
 	p.retries = 2
 	dl := pc.schedule(p)
 	if dl == nil || dl.Retries != 2 || dl.Class != retry.Projection || dl.ShortCircuit != "" {
@@ -98,7 +98,7 @@ func TestRetrySetBoundsAndOrder(t *testing.T) {
 	if s.hasRoom(cfg) {
 		t.Error("3 pairs with room for 2: hasRoom true")
 	}
-	due := s.takeDue(now)
+	due := s.takeDue(now, nil)
 	if len(due) != 2 || due[0].d.rec.Offset != 3 || due[1].d.rec.Offset != 9 {
 		t.Fatalf("due = %v, want offsets 3, 9 in order", due)
 	}
@@ -128,7 +128,7 @@ func TestRetrySetTakesPairsDueTogether(t *testing.T) {
 		s.add(p)
 	}
 	var got []int64
-	for _, p := range s.takeDue(now) {
+	for _, p := range s.takeDue(now, nil) {
 		got = append(got, p.d.rec.Offset)
 	}
 	if !slices.Equal(got, []int64{0, 1, 2}) {
@@ -169,7 +169,7 @@ func TestScheduleShortCircuitsAWaitingPairWhenTheBreakerOpens(t *testing.T) {
 	if dl := pc.schedule(p); dl != nil {
 		t.Fatal("first failure dead-lettered")
 	}
-	pc.retries.takeDue(time.Now().Add(time.Hour))
+	pc.retries.takeDue(time.Now().Add(time.Hour), nil)
 	pc.w.breaker.exhausted(p.fp, false) // another pair's exhaustion opens the breaker
 	p.retries = 1
 	dl := pc.schedule(p)
@@ -268,7 +268,7 @@ func TestRewoundDropsWhatIsDeliveredAgain(t *testing.T) {
 // failed with err: as startRetries leaves it once its goroutine is done,
 // p taken from the set and counted in flight.
 func attemptedRound(pc *partition, p *retryPair, at time.Time, err error) *retryRound {
-	pc.retries.takeDue(time.Now().Add(24 * time.Hour))
+	pc.retries.takeDue(time.Now().Add(24*time.Hour), nil)
 	r := &retryRound{attempting: []*retryPair{p}, res: []attemptResult{{err: err, made: true}},
 		done: make(chan struct{}), at: at, stopWatch: func() {}}
 	close(r.done)
@@ -332,5 +332,46 @@ func TestRetryRoundDropsAPairOfARewoundRecord(t *testing.T) {
 	if len(pc.retries.pairs) != 0 || pc.retries.flying != 0 || len(dead.written) != 0 {
 		t.Errorf("retry set holds %d pairs (%d in flight), %d dead letters; want the pair dropped",
 			len(pc.retries.pairs), pc.retries.flying, len(dead.written))
+	}
+}
+
+// TestRideRetriesTakesTheDuePairsOfTheTablesTheBatchWrites: the retries
+// that ride a batch's round trip (rideRetries) are the due pairs of the
+// table projections and tenant schemas the batch writes, in a COPY group
+// or as suspect upserts; not another table's (a lock its retry waits for
+// would hold the batch), not another tenant's, not one not yet due.
+func TestRideRetriesTakesTheDuePairsOfTheTablesTheBatchWrites(t *testing.T) {
+	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Millisecond, Multiplier: 1, MaxInterval: time.Millisecond, MaxRetries: 5}})
+	ratings, follows, likes := &TableProjection{}, &TableProjection{}, &TableProjection{}
+	waiting := func(offset int64, h Handler, schema string, due time.Duration) *retryPair {
+		p := failedPair(offset)
+		p.h, p.d.ev.TenantSchema = h, schema
+		p.due, p.wait = time.Now().Add(due), time.Second
+		pc.retries.add(p)
+		return p
+	}
+	copied := waiting(1, ratings, "t", -time.Second)
+	suspect := waiting(2, follows, "t", -time.Second)
+	otherTable := waiting(3, likes, "t", -time.Second)
+	otherTenant := waiting(4, ratings, "u", -time.Second)
+	notDue := waiting(5, ratings, "t", time.Hour)
+	batchSuspect := failedPair(9)
+	batchSuspect.d.ev.TenantSchema = "t"
+	r := pc.rideRetries([]*copyGroup{newCopyGroup(ratings, "t")}, []pair{{d: batchSuspect.d, h: follows}})
+	if r == nil || len(r.attempting) != 2 || r.attempting[0] != copied || r.attempting[1] != suspect {
+		t.Fatalf("rode %v, want the due pairs of the batch's tables (offsets 1 and 2)", r)
+	}
+	if pc.retries.flying != 2 {
+		t.Errorf("%d pairs in flight, want the 2 riding", pc.retries.flying)
+	}
+	left := map[*retryPair]bool{}
+	for _, p := range pc.retries.pairs {
+		left[p] = true
+	}
+	if len(left) != 3 || !left[otherTable] || !left[otherTenant] || !left[notDue] {
+		t.Errorf("left waiting %d pairs, want another table's, another tenant's and the one not due", len(left))
+	}
+	if r := pc.rideRetries(nil, nil); r != nil {
+		t.Errorf("a batch writing nothing took %d retries", len(r.attempting))
 	}
 }

@@ -182,12 +182,32 @@ func (r *retryRound) doneChan() <-chan struct{} {
 // still count against the retry set's bounds (retrySet.hasRoom) until it
 // is finished.
 func (pc *partition) startRetries(ctx context.Context) *retryRound {
-	due := pc.retries.takeDue(time.Now())
+	r := pc.newRound(pc.retries.takeDue(time.Now(), nil))
+	if r == nil {
+		return nil
+	}
+	r.stopWatch = pc.watchSlow("round of retries")
+	if len(r.attempting) == 0 {
+		r.answered()
+		return r
+	}
+	// attemptTogether reads only the pairs and the worker's shared state.
+	go func() {
+		pc.attemptTogether(ctx, r.attempting, r.res)
+		r.answered()
+	}()
+	return r
+}
+
+// newRound returns the round of retries of the due pairs, taken from the
+// retry set (nil when there are none): the pairs whose breaker opened while
+// they waited get their dead letters (dead), the others are to be
+// attempted and count as in flight (retrySet.fly) until finishRetries.
+func (pc *partition) newRound(due []*retryPair) *retryRound {
 	if len(due) == 0 {
 		return nil
 	}
-	r := &retryRound{attempting: make([]*retryPair, 0, len(due)), done: make(chan struct{}),
-		stopWatch: pc.watchSlow("round of retries")}
+	r := &retryRound{attempting: make([]*retryPair, 0, len(due)), done: make(chan struct{}), stopWatch: func() {}}
 	for _, p := range due {
 		if dl := pc.shortCircuit(p); dl != nil {
 			r.dead = append(r.dead, *dl)
@@ -197,18 +217,45 @@ func (pc *partition) startRetries(ctx context.Context) *retryRound {
 	}
 	r.res = make([]attemptResult, len(r.attempting))
 	pc.retries.fly(r.attempting, 1)
-	if len(r.attempting) == 0 {
-		r.at = time.Now()
-		close(r.done)
-		return r
-	}
-	// attemptTogether reads only the pairs and the worker's shared state.
-	go func() {
-		pc.attemptTogether(ctx, r.attempting, r.res)
-		r.at = time.Now()
-		close(r.done)
-	}()
 	return r
+}
+
+// answered marks r's attempts made, now.
+func (r *retryRound) answered() {
+	r.at = time.Now()
+	close(r.done)
+}
+
+// rideRetries takes from the retry set the due pairs of the table
+// projections and tenant schemas that the batch writes (its COPY groups
+// and its suspect upserts), for their attempts to ride the batch's round
+// trip of suspect upserts (applySuspects) rather than make a round of
+// their own: a 1 % poison that a CHECK refuses inside COPY groups (23514)
+// then costs PostgreSQL's statements, not rounds waiting for a connection
+// of the pool while the partition waits for them. Only those tables: a
+// lock that makes their retries wait holds the batch's COPY anyway. It
+// returns nil when no pair is due.
+func (pc *partition) rideRetries(groups []*copyGroup, suspects []pair) *retryRound {
+	if len(pc.retries.pairs) == 0 {
+		return nil
+	}
+	type table struct {
+		h      Handler
+		schema string
+	}
+	writes := make([]table, 0, len(groups)+1)
+	for _, g := range groups {
+		writes = append(writes, table{g.p, g.schema})
+	}
+	for _, p := range suspects {
+		if t := (table{p.h, p.d.ev.TenantSchema}); !slices.Contains(writes, t) {
+			writes = append(writes, t)
+		}
+	}
+	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
+	return pc.newRound(pc.retries.takeDue(time.Now(), func(p *retryPair) bool {
+		return slices.Contains(writes, table{p.h, p.d.ev.TenantSchema})
+	}))
 }
 
 // retryRoundWait is how long a partition's goroutine waits for the round
