@@ -115,7 +115,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 		"time without heartbeats after which Kafka removes this worker from the group and rebalances ("+minSessionTimeout.String()+" to "+maxSessionTimeout.String()+", the broker's default bounds)")
 	fs.Int(&s.maxRetries, "max-retries", "MAX_RETRIES", def.MaxRetries, "retries of a failing (event, projection) pair before it is dead-lettered")
 	fs.Duration(&s.retryInitial, "retry-initial", "RETRY_INITIAL", def.Initial, "first retry wait (doubles each retry, with jitter)")
-	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait before jitter (a wait is at most 1.5× it)")
+	fs.Duration(&s.retryMax, "retry-max-interval", "RETRY_MAX_INTERVAL", def.MaxInterval, "longest retry wait before jitter (a wait is at most 1.5× it); at most 24h")
 	fs.Duration(&s.dbWaitMax, "database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL", projection.DefaultDatabaseWait().MaxInterval,
 		"longest wait between a paused partition's attempts while the database is unavailable (--on-infra-error pause): it resumes within 1.5× this of the database answering")
 	fs.String(&s.onInfraError, "on-infra-error", "ON_INFRA_ERROR", string(projection.InfraPause), "when the database is unavailable: pause (wait, not ready) or dlq (retry, then dead-letter)")
@@ -139,7 +139,7 @@ func (s *settings) registerRun(fs *flagenv.Set) {
 	fs.Int(&s.breaker.Threshold, "breaker-threshold", "BREAKER_THRESHOLD", projection.DefaultBreakerThreshold, "pairs of one failure fingerprint that exhaust their retries within --breaker-window before later ones are dead-lettered at once (-1: no breaker)")
 	fs.Duration(&s.breaker.Window, "breaker-window", "BREAKER_WINDOW", projection.DefaultBreakerWindow, "window in which --breaker-threshold exhausted pairs open a fingerprint's breaker")
 	fs.Duration(&s.breaker.ProbeInterval, "breaker-probe-interval", "BREAKER_PROBE_INTERVAL", projection.DefaultBreakerProbeInterval, "how often an open breaker still retries one pair in full; its success closes the breaker")
-	fs.Int(&s.spanQueue, "trace-queue-size", "OTEL_BSP_MAX_QUEUE_SIZE", DefaultSpanQueueSize, "spans waiting for OTLP export; when full, new spans are dropped (and counted)")
+	fs.Int(&s.spanQueue, "trace-queue-size", "OTEL_BSP_MAX_QUEUE_SIZE", DefaultSpanQueueSize, "spans waiting for OTLP export, at most 1048576; when full, new spans are dropped (and counted)")
 	fs.Bool(&s.traceEveryPair, "trace-every-pair", "TRACE_EVERY_PAIR", false, "a span for every (event, projection) pair, not only for the pairs that failed an attempt (about 3x the spans)")
 	fs.Duration(&s.failureLogInterval, "failure-log-interval", "FAILURE_LOG_INTERVAL", projection.DefaultFailureLogInterval, "interval over which the WARN lines of failing pairs are aggregated per failure fingerprint: the first in full, the repeats as one line with their count")
 	fs.Int(&s.maxTenants, "metrics-max-tenants", "METRICS_MAX_TENANTS", projection.DefaultMaxTenantSchemas,
@@ -228,6 +228,14 @@ func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 	}
 }
 
+// maxRetryWait is the largest --retry-max-interval: 24 h.
+const maxRetryWait = 24 * time.Hour
+
+// maxSpanQueue is the largest --trace-queue-size: 1 048 576 spans (the
+// SDK allocates the queue whole at start; a span waiting in it takes
+// about 1 KiB).
+const maxSpanQueue = 1 << 20
+
 // retryPolicy returns the retry policy of the flags, or a usage error.
 func (s *settings) retryPolicy() (retry.Policy, error) {
 	p := retry.DefaultPolicy()
@@ -235,15 +243,25 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 	p.Initial = s.retryInitial
 	p.MaxInterval = s.retryMax
 	if err := p.Validate(); err != nil {
-		// The flag of the field Validate refused, in its order.
+		// The flag of the field Validate refused, in its order; an initial
+		// wait above the maximum is the initial flag's fault when the
+		// maximum is the default (trial: --retry-initial 1h alone blamed
+		// --retry-max-interval).
 		flag := "--max-retries (MAX_RETRIES)"
 		switch {
 		case p.Initial <= 0:
+			flag = "--retry-initial (RETRY_INITIAL)"
+		case p.MaxInterval < p.Initial && p.MaxInterval == retry.DefaultPolicy().MaxInterval:
 			flag = "--retry-initial (RETRY_INITIAL)"
 		case p.MaxInterval < p.Initial:
 			flag = "--retry-max-interval (RETRY_MAX_INTERVAL)"
 		}
 		return p, flagenv.Usagef("%s: %v", flag, err)
+	}
+	if p.MaxInterval > maxRetryWait {
+		// Jitter multiplies the wait: far beyond this it overflows to a
+		// negative wait, which retries at once.
+		return p, flagenv.Usagef("--retry-max-interval (RETRY_MAX_INTERVAL) must be at most %s, got %s", maxRetryWait, p.MaxInterval)
 	}
 	return p, nil
 }
@@ -435,8 +453,8 @@ func (s *settings) checkRun() error {
 	if s.breaker.ProbeInterval <= 0 {
 		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be > 0, got %s", s.breaker.ProbeInterval)
 	}
-	if s.spanQueue < 1 {
-		return flagenv.Usagef("--trace-queue-size must be >= 1, got %d", s.spanQueue)
+	if s.spanQueue < 1 || s.spanQueue > maxSpanQueue {
+		return flagenv.Usagef("--trace-queue-size (OTEL_BSP_MAX_QUEUE_SIZE) must be in [1, %d], got %d", maxSpanQueue, s.spanQueue)
 	}
 	if err := checkOTelEnv(); err != nil {
 		return err

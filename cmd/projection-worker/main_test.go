@@ -391,6 +391,10 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--breaker-probe-interval", args: []string{"--breaker-probe-interval", "-1s"}},
 		{flag: "--retry-max-interval", args: []string{"--retry-max-interval", "1ms"}},
 		{flag: "--retry-initial", args: []string{"--retry-initial", "5"}},
+		{flag: "--retry-initial", args: []string{"--retry-initial", "1h"}}, // above the default maximum (trial: blamed --retry-max-interval)
+		{flag: "RETRY_INITIAL", env: []string{"RETRY_INITIAL", "1h"}},
+		{flag: "--retry-max-interval", args: []string{"--retry-max-interval", "25h"}},     // jitter overflowed a wait far beyond it
+		{flag: "--trace-queue-size", args: []string{"--trace-queue-size", "99999999999"}}, // trial: out of memory at start
 		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
 		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
 		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
