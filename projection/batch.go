@@ -404,9 +404,15 @@ func (pc *partition) applySuspects(ctx context.Context, suspects []pair, groups 
 		at = pc.planAttempts(ctx, ride.attempting, ride.res)
 		all = append(suspects[:len(suspects):len(suspects)], at.planned...)
 	}
-	answers := pc.w.execTogether(ctx, "apply statements", all)
+	answers := pc.w.execTogether(ctx, "apply statements", all, len(suspects))
 	if ride != nil {
-		at.answered(ctx, answers[len(suspects):])
+		rode := answers[len(suspects):]
+		for k, r := range rode {
+			if r.made && retry.SQLState(r.err) == lockNotAvailable {
+				rode[k] = attemptResult{aside: true}
+			}
+		}
+		at.answered(ctx, rode)
 		ride.answered()
 	}
 	left, failures := pc.settleTogether(ctx, suspects, answers[:len(suspects)])
@@ -419,7 +425,7 @@ func (pc *partition) applySuspects(ctx context.Context, suspects []pair, groups 
 // its own (execTogether), and returns the pairs without an answer (the
 // caller's path decides) and those PostgreSQL refused, as failures.
 func (pc *partition) applyTogether(ctx context.Context, pairs []pair) ([]pair, []pairFailure) {
-	return pc.settleTogether(ctx, pairs, pc.w.execTogether(ctx, "apply statements", pairs))
+	return pc.settleTogether(ctx, pairs, pc.w.execTogether(ctx, "apply statements", pairs, len(pairs)))
 }
 
 // settleTogether reads execTogether's answers to pairs (same indexes): it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,6 +384,94 @@ func (r *rig) checkDeadLetteredOnce(n, retries int, sqlstate string) {
 	for rec, k := range perOffset {
 		if k != 1 {
 			r.t.Errorf("record %s has %d dead letters, want 1", rec, k)
+		}
+	}
+}
+
+// TestWorkerRetryFindingALockDoesNotHoldTheBatchesItRides: retries that
+// wait for a lock hold neither a round nor the batches they could ride
+// (ops trial: with rows locked by another session, a retry that rode a
+// batch held its partition for as long as the lock was held). Four
+// ratings fail at first (a trigger raises 23514 while a flag says so) and
+// are retried every 100–300 ms; then the flag is cleared and the test
+// takes the advisory lock the trigger takes for them, so that their
+// retries wait. 3 000 ratings follow in the same partition, one in 50
+// refused (stars beyond the smallint column: upserts the table is expected
+// to refuse, so that every batch has some and its due retries ride). They
+// are all applied while the lock is held; once it is released the four
+// ratings apply, with no dead letter but the refused ratings'.
+func TestWorkerRetryFindingALockDoesNotHoldTheBatchesItRides(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 2})
+	ratings := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	flag := pgx.Identifier{r.tenant, "flag"}.Sanitize()
+	const lockKey = 4242
+	exec(t, r.pool, "ALTER TABLE "+ratings+" ALTER COLUMN stars TYPE smallint")
+	exec(t, r.pool, "CREATE TABLE "+flag+" (fail boolean NOT NULL)")
+	exec(t, r.pool, "INSERT INTO "+flag+" VALUES (true)")
+	exec(t, r.pool, "CREATE FUNCTION "+pgx.Identifier{r.tenant, "locked_rating"}.Sanitize()+"() RETURNS trigger LANGUAGE plpgsql AS $$"+
+		" BEGIN IF NEW.user_id LIKE 'locked-%' THEN"+
+		" PERFORM pg_advisory_xact_lock("+strconv.Itoa(lockKey)+");"+
+		" IF (SELECT fail FROM "+flag+") THEN RAISE EXCEPTION 'refused for now' USING ERRCODE = 'check_violation'; END IF;"+
+		" END IF; RETURN NEW; END $$")
+	exec(t, r.pool, "CREATE TRIGGER locked_rating BEFORE INSERT OR UPDATE ON "+ratings+
+		" FOR EACH ROW EXECUTE FUNCTION "+pgx.Identifier{r.tenant, "locked_rating"}.Sanitize()+"()")
+	failed := make(chan struct{})
+	var once sync.Once
+	r.start(func(c *projection.Config) {
+		c.Retry = retry.Policy{Initial: 200 * time.Millisecond, Multiplier: 1, MaxInterval: 200 * time.Millisecond, MaxRetries: 1000}
+		c.Breaker.Threshold = -1
+		c.MaxBatchRecords = 100
+		c.CopyMinRows = 4
+		c.Logger = slog.New(signalHandler{Handler: c.Logger.Handler(), msg: "projection failed, retrying", signal: func() { once.Do(func() { close(failed) }) }})
+	})
+	const key = "one-partition" // every record in one partition, whose retry set rides its batches
+	rated := func(user string, stars int) []byte {
+		return []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	const locked = 4
+	var keys, values []string
+	for i := range locked {
+		keys, values = append(keys, key), append(values, string(rated(fmt.Sprintf("locked-%d", i), 3)))
+	}
+	r.produceAll(keys, values)
+	select {
+	case <-failed:
+	case <-time.After(testTimeout):
+		t.Fatal("the locked ratings did not fail")
+	}
+	ctx := context.Background()
+	exec(t, r.pool, "UPDATE "+flag+" SET fail = false")
+	lock, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey); err != nil {
+		t.Fatal(err)
+	}
+	const n, every = 3000, 50
+	keys, values = nil, nil
+	refused := 0
+	for i := range n {
+		stars := 1 + i%5
+		if i%every == every/2 {
+			stars, refused = 40000, refused+1
+		}
+		keys, values = append(keys, key), append(values, string(rated(fmt.Sprintf("rater-%d", i), stars)))
+	}
+	r.produceAll(keys, values)
+	waitFor(t, "the ratings after the waiting retries to be applied", func() bool { return r.count("artist_ratings") == n-refused })
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.waitCommitted(testTimeout)
+	if got := r.count("artist_ratings"); got != n-refused+locked {
+		t.Errorf("rows = %d, want %d: the good ratings and the %d retried", got, n-refused+locked, locked)
+	}
+	for _, d := range r.deadLetters() {
+		if d.headers[dlq.HeaderSQLState] != "22003" {
+			t.Errorf("dead letter %s (%s), want only the refused ratings' 22003", d.msg.Error, d.headers[dlq.HeaderSQLState])
 		}
 	}
 }

@@ -37,6 +37,10 @@ type attemptResult struct {
 	out  Outcome
 	err  error
 	made bool
+	// aside: a retry that rode a batch found a lock it would wait for
+	// longer than rideLockTimeout; it was not made, and goes back to the
+	// retry set for a round of its own (finishRetries).
+	aside bool
 }
 
 // attemptTogether makes the attempts of the pairs in ps whose handler is a
@@ -50,7 +54,7 @@ func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res [
 		return
 	}
 	at := pc.planAttempts(ctx, ps, res)
-	at.answered(ctx, pc.w.execTogether(ctx, "retry statements", at.planned))
+	at.answered(ctx, pc.w.execTogether(ctx, "retry statements", at.planned, len(at.planned)))
 }
 
 // plannedAttempts is the statements of a round of retries (planAttempts),
@@ -101,7 +105,8 @@ func (at plannedAttempts) answered(ctx context.Context, answers []attemptResult)
 }
 
 // execTogether applies the planned pairs' statements in one round trip,
-// each in a transaction of its own (execIndependently), under a span named
+// each in a transaction of its own (execIndependently; from index bounded
+// on, under a lock_timeout of rideLockTimeout: execBounded), under a span named
 // name linked to their records, and returns each pair's outcome or
 // PostgreSQL's error as it is; an applied pair is counted in the metrics
 // (its apply duration the round trip's). It leaves made false for a
@@ -110,7 +115,7 @@ func (at plannedAttempts) answered(ctx context.Context, answers []attemptResult)
 // round trip that failed (connection lost, ctx done): they may or may not
 // have been applied, and the upsert's guard makes applying one again
 // harmless.
-func (w *Worker) execTogether(ctx context.Context, name string, planned []pair) []attemptResult {
+func (w *Worker) execTogether(ctx context.Context, name string, planned []pair, bounded int) []attemptResult {
 	res := make([]attemptResult, len(planned))
 	if len(planned) == 0 {
 		return res
@@ -121,7 +126,7 @@ func (w *Worker) execTogether(ctx context.Context, name string, planned []pair) 
 	for i, p := range planned {
 		stmts[i] = p.stmt
 	}
-	tags, errs, err := execIndependently(sctx, w.acquire, stmts)
+	tags, errs, err := execBounded(sctx, w.acquire, stmts, bounded)
 	endBatch(span, err)
 	took := time.Since(start)
 	for i, terr := range errs {
@@ -179,6 +184,41 @@ func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev
 		return tp.newColumnError(ev, ci, err)
 	}
 	return err
+}
+
+// rideLockTimeout bounds how long a retry that rides a batch's round trip
+// (rideRetries) waits for a lock (a row another session holds, an
+// advisory lock in a trigger): 100 ms, PostgreSQL's lock_timeout for its
+// statement, so that such a retry holds its batch, and so its partition,
+// no longer than that; it then goes aside (attemptResult.aside).
+const rideLockTimeout = 100 * time.Millisecond
+
+// lockNotAvailable is SQLSTATE 55P03, what lock_timeout cancels a
+// statement with.
+const lockNotAvailable = "55P03"
+
+var (
+	setRideLockTimeout = Statement{SQL: fmt.Sprintf("SET lock_timeout = %d", rideLockTimeout.Milliseconds())}
+	resetLockTimeout   = Statement{SQL: "RESET lock_timeout"}
+)
+
+// execBounded is execIndependently with the statements from index bounded
+// on run under a lock_timeout of rideLockTimeout: a SET before them and a
+// RESET (back to the session's configured value) after them, in the same
+// pipeline, whose own results are left out. With bounded >= len(stmts) it
+// is execIndependently.
+func execBounded(ctx context.Context, db Acquirer, stmts []Statement, bounded int) (tags []pgconn.CommandTag, errs []error, err error) {
+	if bounded >= len(stmts) {
+		return execIndependently(ctx, db, stmts)
+	}
+	all := make([]Statement, 0, len(stmts)+2)
+	all = append(append(append(append(all, stmts[:bounded]...), setRideLockTimeout), stmts[bounded:]...), resetLockTimeout)
+	tags, errs, err = execIndependently(ctx, db, all)
+	// Without the SET's result (index bounded) and the RESET's (the last);
+	// a round trip that failed left fewer.
+	tags = slices.Delete(tags, min(bounded, len(tags)), min(bounded+1, len(tags)))
+	errs = slices.Delete(errs, min(bounded, len(errs)), min(bounded+1, len(errs)))
+	return tags[:min(len(tags), len(stmts))], errs[:min(len(errs), len(stmts))], err
 }
 
 // execIndependently executes stmts on one connection of db in one round

@@ -25,27 +25,14 @@ import (
 func TestExecIndependentlyRollsBackOnlyTheRefusedStatements(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	schema := pgtest.NewSchemaName(t)
-	tbl := pgx.Identifier{schema, "t"}.Sanitize()
-	for _, sql := range []string{
-		"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(),
-		"CREATE TABLE " + tbl + " (id int PRIMARY KEY, n int CHECK (n > 0), note text," +
-			" u int UNIQUE DEFERRABLE INITIALLY DEFERRED)",
-		"INSERT INTO " + tbl + " (id, n, u) VALUES (100, 1, 7)",
-	} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	tbl := testTable(t, pool, "(id int PRIMARY KEY, n int CHECK (n > 0), note text, u int UNIQUE DEFERRABLE INITIALLY DEFERRED)",
+		"(id, n, u) VALUES (100, 1, 7)")
 	ins := "INSERT INTO " + tbl + " (id, n, note, u) VALUES ($1::text::int, $2::text::int, $3::text, $4::text::int)"
 	stmts := []Statement{
 		{SQL: ins, Args: []any{"1", "1", "a", nil}},
 		{SQL: ins, Args: []any{"2", "0", nil, nil}}, // CHECK: 23514
 		{SQL: ins, Args: []any{"3", "3", nil, nil}},
-		{SQL: "INSERT INTO " + pgx.Identifier{schema, "missing"}.Sanitize() + " VALUES ($1::text::int)", Args: []any{"4"}}, // 42P01 at parse
+		{SQL: "INSERT INTO " + strings.TrimSuffix(tbl, `"t"`) + `"missing" VALUES ($1::text::int)`, Args: []any{"4"}}, // 42P01 at parse
 		{SQL: ins, Args: []any{"5", "5", nil, "7"}}, // deferred unique: 23505 at COMMIT
 		{SQL: "UPDATE " + tbl + " SET note = 'b' WHERE id = 1"},
 	}
@@ -262,4 +249,65 @@ func TestExecIndependentlyPreparesAgainAfterDeallocateAll(t *testing.T) {
 	if _, errs, err := execIndependently(ctx, pool, stmts); err != nil || errs[0] != nil {
 		t.Fatalf("the call after: %v, %v; want the statement prepared again", err, errs)
 	}
+}
+
+// TestExecBoundedGivesUpOnALockAfterRideLockTimeout: the statements from
+// the bound on wait for a row lock another session holds at most
+// rideLockTimeout (55P03), those before it run as they would, and the
+// connection's lock_timeout is its configured value again afterwards
+// (ops trial: a retry that rode a batch waited for a row lock for as long
+// as it was held, and its partition with it).
+func TestExecBoundedGivesUpOnALockAfterRideLockTimeout(t *testing.T) {
+	pool := onePool(t)
+	other := pgtest.Pool(t)
+	ctx := context.Background()
+	tbl := testTable(t, other, "(id int PRIMARY KEY, n int)", "VALUES (1, 0), (2, 0)")
+	lock, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, "SELECT 1 FROM "+tbl+" WHERE id = 1 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	upd := "UPDATE " + tbl + " SET n = n + 1 WHERE id = $1::text::int"
+	stmts := []Statement{{SQL: upd, Args: []any{"2"}}, {SQL: upd, Args: []any{"1"}}, {SQL: upd, Args: []any{"2"}}}
+	_, errs, err := execBounded(ctx, pool, stmts, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != 3 || errs[0] != nil || retry.SQLState(errs[1]) != lockNotAvailable || errs[2] != nil {
+		t.Fatalf("errors %v; want the locked row's update cancelled with %s and the others applied", errs, lockNotAvailable)
+	}
+	var n int
+	if err := other.QueryRow(ctx, "SELECT n FROM "+tbl+" WHERE id = 2").Scan(&n); err != nil || n != 2 {
+		t.Errorf("row 2: n = %d (%v), want 2", n, err)
+	}
+	var setting string
+	if err := pool.QueryRow(ctx, "SHOW lock_timeout").Scan(&setting); err != nil || setting != "0" {
+		t.Errorf("lock_timeout after = %q (%v), want the configured 0", setting, err)
+	}
+}
+
+// testTable creates table t with columns cols in a new schema, dropped
+// when t ends, inserts rows (the INSERT's text after the table name), and
+// returns its quoted name.
+func testTable(t *testing.T, pool *pgxpool.Pool, cols, rows string) string {
+	t.Helper()
+	ctx := context.Background()
+	schema := pgtest.NewSchemaName(t)
+	tbl := pgx.Identifier{schema, "t"}.Sanitize()
+	for _, sql := range []string{
+		"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(),
+		"CREATE TABLE " + tbl + " " + cols,
+		"INSERT INTO " + tbl + " " + rows,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	return tbl
 }

@@ -41,6 +41,9 @@ type retryPair struct {
 	fp          string                      // the failure's fingerprint (breaker)
 	probe       bool                        // the half-open probe of fp's breaker
 	span        trace.Span                  // the pair's span (tracing.go), nil without tracing
+	// noRide: a ride of its (rideRetries) found a lock; it is retried in
+	// rounds of its own only, which wait for a lock aside.
+	noRide bool
 }
 
 func (s *retrySet) hasRoom(cfg Config) bool {

@@ -375,3 +375,45 @@ func TestRideRetriesTakesTheDuePairsOfTheTablesTheBatchWrites(t *testing.T) {
 		t.Errorf("a batch writing nothing took %d retries", len(r.attempting))
 	}
 }
+
+// TestARiderThatFoundALockGoesAsideWithoutAnAttempt: a retry that rode a
+// batch and found a lock (attemptResult.aside) goes back to the retry set
+// due at once, its retries not counted, and no longer rides; nothing
+// rides while a round is in flight.
+func TestARiderThatFoundALockGoesAsideWithoutAnAttempt(t *testing.T) {
+	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 5}})
+	ratings := &TableProjection{}
+	p := failedPair(3)
+	p.h, p.retries = ratings, 2
+	pc.open = append(pc.open, &recordState{d: p.d, pending: map[string]time.Time{p.h.Name(): p.firstAt}})
+	p.due, p.wait = time.Now().Add(-time.Second), time.Second
+	pc.retries.add(p)
+	groups := []*copyGroup{newCopyGroup(ratings, "t")}
+	r := pc.rideRetries(groups, nil)
+	if r == nil || len(r.attempting) != 1 {
+		t.Fatalf("rode %v, want the due pair", r)
+	}
+	r.res[0] = attemptResult{aside: true}
+	r.answered()
+	if err := pc.finishRetries(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	if len(pc.retries.pairs) != 1 || pc.retries.flying != 0 || p.retries != 2 || !p.noRide || p.due.After(time.Now()) {
+		t.Fatalf("retry set %d pairs (%d flying), pair retries %d noRide %v due in %s; want it back, due, 2 retries, no ride",
+			len(pc.retries.pairs), pc.retries.flying, p.retries, p.noRide, time.Until(p.due))
+	}
+	if r := pc.rideRetries(groups, nil); r != nil {
+		t.Error("a pair that found a lock rode again")
+	}
+	q := failedPair(4)
+	q.h, q.due, q.wait = ratings, time.Now().Add(-time.Second), time.Second
+	pc.retries.add(q)
+	pc.round = &retryRound{done: make(chan struct{})}
+	if r := pc.rideRetries(groups, nil); r != nil {
+		t.Error("a retry rode while a round was in flight")
+	}
+	pc.round = nil
+	if r := pc.rideRetries(groups, nil); r == nil || len(r.attempting) != 1 || r.attempting[0] != q {
+		t.Errorf("rode %v, want the other due pair", r)
+	}
+}

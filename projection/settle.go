@@ -231,12 +231,16 @@ func (r *retryRound) answered() {
 // and its suspect upserts), for their attempts to ride the batch's round
 // trip of suspect upserts (applySuspects) rather than make a round of
 // their own: a 1 % poison that a CHECK refuses inside COPY groups (23514)
-// then costs PostgreSQL's statements, not rounds waiting for a connection
-// of the pool while the partition waits for them. Only those tables: a
-// lock that makes their retries wait holds the batch's COPY anyway. It
-// returns nil when no pair is due.
+// then costs PostgreSQL's statements, not rounds waiting for another
+// connection of the pool while the partition waits for them. Only those
+// tables: a table lock that makes their retries wait holds the batch's
+// COPY anyway. A lock on a row (or an advisory lock a trigger takes) holds
+// a rider at most rideLockTimeout; it then goes aside for a round of its
+// own and never rides again (retryPair.noRide). Nothing rides while a
+// round is in flight: that round may be waiting for the same lock. It
+// returns nil when no pair rides.
 func (pc *partition) rideRetries(groups []*copyGroup, suspects []pair) *retryRound {
-	if len(pc.retries.pairs) == 0 {
+	if len(pc.retries.pairs) == 0 || pc.round != nil {
 		return nil
 	}
 	type table struct {
@@ -254,7 +258,7 @@ func (pc *partition) rideRetries(groups []*copyGroup, suspects []pair) *retryRou
 	}
 	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
 	return pc.newRound(pc.retries.takeDue(time.Now(), func(p *retryPair) bool {
-		return slices.Contains(writes, table{p.h, p.d.ev.TenantSchema})
+		return !p.noRide && slices.Contains(writes, table{p.h, p.d.ev.TenantSchema})
 	}))
 }
 
@@ -327,6 +331,12 @@ func (pc *partition) finishRetries(ctx context.Context, r *retryRound) error {
 				w.breaker.cancelled(p.fp)
 			}
 			pc.endSpans(nil, []*retryPair{p})
+			continue
+		}
+		if r.res[i].aside { // due again at once, for a round aside; not an attempt
+			p.noRide = true
+			p.due = time.Now()
+			pc.retries.add(p)
 			continue
 		}
 		out, err := r.res[i].out, r.res[i].err
