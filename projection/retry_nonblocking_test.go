@@ -221,7 +221,7 @@ func TestWorkerRetryWaitingOnALockDoesNotHoldItsPartition(t *testing.T) {
 	r.start(func(c *projection.Config) {
 		c.Retry = retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 5}
 		c.Breaker.Threshold = -1
-		c.Logger = slog.New(signalHandler{Handler: c.Logger.Handler(), msg: "projection failed, retrying", signal: func() { once.Do(func() { close(failed) }) }})
+		c.Logger = slog.New(onMessage(c.Logger.Handler(), "projection failed, retrying", func() { once.Do(func() { close(failed) }) }))
 	})
 	const key = "one-partition"
 	r.produce(key, []byte(r.event("ARTIST_RATED", "rater", 1, `{"user_id":"rater","artist_id":"a","stars":0}`)))
@@ -263,28 +263,6 @@ func TestWorkerRetryWaitingOnALockDoesNotHoldItsPartition(t *testing.T) {
 	}
 }
 
-// signalHandler calls signal for each log record whose message is msg.
-type signalHandler struct {
-	slog.Handler
-	msg    string
-	signal func()
-}
-
-func (h signalHandler) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == h.msg {
-		h.signal()
-	}
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h signalHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return signalHandler{Handler: h.Handler.WithAttrs(attrs), msg: h.msg, signal: h.signal}
-}
-
-func (h signalHandler) WithGroup(name string) slog.Handler {
-	return signalHandler{Handler: h.Handler.WithGroup(name), msg: h.msg, signal: h.signal}
-}
-
 // TestWorkerDueRetriesRideTheBatchesOfTheirTable: while a partition's
 // batches go on writing a table, the retries of that table's pairs that
 // come due are made in the batches' round trip of suspect upserts rather
@@ -304,7 +282,7 @@ func TestWorkerDueRetriesRideTheBatchesOfTheirTable(t *testing.T) {
 		c.Retry = retry.Policy{Initial: 10 * time.Millisecond, Multiplier: 1, MaxInterval: 10 * time.Millisecond, MaxRetries: 3}
 		c.Breaker.Threshold = -1
 		c.MaxBatchRecords = 100
-		c.Logger = slog.New(attrCounter{Handler: c.Logger.Handler(), count: func(rec slog.Record) {
+		c.Logger = slog.New(logObserver{Handler: c.Logger.Handler(), observe: func(rec slog.Record) {
 			if rec.Message != "suspect upserts applied in one round trip" {
 				return
 			}
@@ -341,29 +319,39 @@ func TestWorkerDueRetriesRideTheBatchesOfTheirTable(t *testing.T) {
 	}
 }
 
-// attrCounter passes each log record to count (DEBUG ones too) and logs
+// logObserver passes each log record to observe (DEBUG ones too) and logs
 // those its Handler enables.
-type attrCounter struct {
+type logObserver struct {
 	slog.Handler
-	count func(slog.Record)
+	observe func(slog.Record)
 }
 
-func (h attrCounter) Enabled(context.Context, slog.Level) bool { return true }
+// onMessage returns h, calling signal for each log record whose message
+// is msg.
+func onMessage(h slog.Handler, msg string, signal func()) slog.Handler {
+	return logObserver{Handler: h, observe: func(r slog.Record) {
+		if r.Message == msg {
+			signal()
+		}
+	}}
+}
 
-func (h attrCounter) Handle(ctx context.Context, rec slog.Record) error {
-	h.count(rec)
+func (h logObserver) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h logObserver) Handle(ctx context.Context, rec slog.Record) error {
+	h.observe(rec)
 	if !h.Handler.Enabled(ctx, rec.Level) {
 		return nil
 	}
 	return h.Handler.Handle(ctx, rec)
 }
 
-func (h attrCounter) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return attrCounter{Handler: h.Handler.WithAttrs(attrs), count: h.count}
+func (h logObserver) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return logObserver{Handler: h.Handler.WithAttrs(attrs), observe: h.observe}
 }
 
-func (h attrCounter) WithGroup(name string) slog.Handler {
-	return attrCounter{Handler: h.Handler.WithGroup(name), count: h.count}
+func (h logObserver) WithGroup(name string) slog.Handler {
+	return logObserver{Handler: h.Handler.WithGroup(name), observe: h.observe}
 }
 
 // checkDeadLetteredOnce checks that the dead letters are of n records, one
@@ -423,7 +411,7 @@ func TestWorkerRetryFindingALockDoesNotHoldTheBatchesItRides(t *testing.T) {
 		c.Breaker.Threshold = -1
 		c.MaxBatchRecords = 100
 		c.CopyMinRows = 4
-		c.Logger = slog.New(signalHandler{Handler: c.Logger.Handler(), msg: "projection failed, retrying", signal: func() { once.Do(func() { close(failed) }) }})
+		c.Logger = slog.New(onMessage(c.Logger.Handler(), "projection failed, retrying", func() { once.Do(func() { close(failed) }) }))
 	})
 	const key = "one-partition" // every record in one partition, whose retry set rides its batches
 	rated := func(user string, stars int) []byte {
