@@ -468,6 +468,15 @@ func (s *settings) checkRun() error {
 	if s.dlqTimeout <= 0 {
 		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)
 	}
+	// The retry and database-wait flags too (new-user trial: make run
+	// started its Kafka and PostgreSQL, and migrated, before refusing
+	// --retry-initial 1h).
+	if _, err := s.retryPolicy(); err != nil {
+		return err
+	}
+	if _, err := s.databaseWait(); err != nil {
+		return err
+	}
 	if s.dlqMaxBytes != 0 && (s.dlqMaxBytes < 1024 || s.dlqMaxBytes > maxDLQBytes) {
 		return flagenv.Usagef("--dlq-max-bytes (DLQ_MAX_BYTES) must be in 1024..%d (or 0: the dead-letter topic's max.message.bytes), got %d", maxDLQBytes, s.dlqMaxBytes)
 	}

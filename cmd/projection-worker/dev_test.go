@@ -102,6 +102,9 @@ func TestDevExitStatusFollowsTheRule(t *testing.T) {
 		// trial: they were started, and the tenants migrated, first).
 		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--copy-min-rows", "0"},
 		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--max-batch-records", "0"},
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--retry-initial", "1h"}, // new-user trial: after the stack started
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--max-retries", "-3"},
+		{"dev", "--kafka-port", "-1", "--projections", exampleProjections, "--database-wait-max-interval", "0s"},
 	} {
 		r := runCmd(t, 10*time.Second, args...)
 		if r.code != 2 || !strings.Contains(r.stderr, "projection-worker: --") || strings.Contains(r.stdout, "dev:") {
