@@ -231,6 +231,26 @@ func (s *settings) logger(w io.Writer) (*slog.Logger, error) {
 // maxRetryWait is the largest --retry-max-interval: 24 h.
 const maxRetryWait = 24 * time.Hour
 
+// The smallest durations the flags take. Below them the setting does not
+// do what its flag says (new-user trial: 1ns was accepted for each):
+//   - minRetryWait, --retry-initial: 1 ms; shorter, a pair's retries are
+//     spent at once, with no backoff;
+//   - minDLQWriteTimeout, --dlq-write-timeout: 100 ms; a produce with
+//     acks=all takes a round trip to the leader and its in-sync replicas,
+//     and an attempt cut shorter fails every time, so the partition never
+//     moves past its dead letter;
+//   - minShutdownGrace, --shutdown-grace: 1 s, to commit and leave the
+//     group (Kubernetes gives 30 s by default);
+//   - minBreakerWindow, --breaker-window: 1 s; --breaker-threshold
+//     exhausted pairs within less never happen, so no breaker opens (use
+//     --breaker-threshold -1 for no breaker).
+const (
+	minRetryWait       = time.Millisecond
+	minDLQWriteTimeout = 100 * time.Millisecond
+	minShutdownGrace   = time.Second
+	minBreakerWindow   = time.Second
+)
+
 // maxSpanQueue is the largest --trace-queue-size: 1 048 576 spans (the
 // SDK allocates the queue whole at start; a span waiting in it takes
 // about 1 KiB).
@@ -257,6 +277,9 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 			flag = "--retry-max-interval (RETRY_MAX_INTERVAL)"
 		}
 		return p, flagenv.Usagef("%s: %v", flag, err)
+	}
+	if p.Initial < minRetryWait {
+		return p, flagenv.Usagef("--retry-initial (RETRY_INITIAL) must be at least %s (shorter, the retries are spent at once, with no backoff), got %s", minRetryWait, p.Initial)
 	}
 	if p.MaxInterval > maxRetryWait {
 		// Jitter multiplies the wait: far beyond this it overflows to a
@@ -441,14 +464,14 @@ func (s *settings) checkRun() error {
 	if s.kafkaStartTimeout < 0 {
 		return flagenv.Usagef("--kafka-start-timeout must be >= 0 (0: try once), got %s", s.kafkaStartTimeout)
 	}
-	if s.shutdownGrace <= 0 {
-		return flagenv.Usagef("--shutdown-grace must be > 0, got %s", s.shutdownGrace)
+	if s.shutdownGrace < minShutdownGrace {
+		return flagenv.Usagef("--shutdown-grace (SHUTDOWN_GRACE) must be at least %s (time to commit and leave the group), got %s", minShutdownGrace, s.shutdownGrace)
 	}
 	if s.breaker.Threshold == 0 || s.breaker.Threshold < -1 {
 		return flagenv.Usagef("--breaker-threshold must be >= 1, or -1 for no breaker, got %d", s.breaker.Threshold)
 	}
-	if s.breaker.Window <= 0 {
-		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be > 0, got %s", s.breaker.Window)
+	if s.breaker.Window < minBreakerWindow {
+		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be at least %s (shorter, no breaker ever opens), got %s", minBreakerWindow, s.breaker.Window)
 	}
 	if s.breaker.ProbeInterval <= 0 {
 		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be > 0, got %s", s.breaker.ProbeInterval)
@@ -465,8 +488,8 @@ func (s *settings) checkRun() error {
 	if s.maxTenants < 0 {
 		return flagenv.Usagef("--metrics-max-tenants must be >= 0, got %d", s.maxTenants)
 	}
-	if s.dlqTimeout <= 0 {
-		return flagenv.Usagef("--dlq-write-timeout must be > 0, got %s", s.dlqTimeout)
+	if s.dlqTimeout < minDLQWriteTimeout {
+		return flagenv.Usagef("--dlq-write-timeout (DLQ_WRITE_TIMEOUT) must be at least %s (shorter, no dead-letter write is ever acknowledged in time and its partition stalls), got %s", minDLQWriteTimeout, s.dlqTimeout)
 	}
 	// The retry and database-wait flags too (new-user trial: make run
 	// started its Kafka and PostgreSQL, and migrated, before refusing

@@ -395,6 +395,15 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "RETRY_INITIAL", env: []string{"RETRY_INITIAL", "1h"}},
 		{flag: "--retry-max-interval", args: []string{"--retry-max-interval", "25h"}},     // jitter overflowed a wait far beyond it
 		{flag: "--trace-queue-size", args: []string{"--trace-queue-size", "99999999999"}}, // trial: out of memory at start
+		// Durations accepted down to 1ns before (new-user trial): below
+		// their floors the flags do not do what they say.
+		{flag: "--retry-initial", args: []string{"--retry-initial", "1ns"}},
+		{flag: "--retry-initial", args: []string{"--retry-initial", "999us"}},
+		{flag: "--dlq-write-timeout", args: []string{"--dlq-write-timeout", "1ns"}},
+		{flag: "DLQ_WRITE_TIMEOUT", env: []string{"DLQ_WRITE_TIMEOUT", "99ms"}},
+		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "1ns"}},
+		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "999ms"}},
+		{flag: "--breaker-window", args: []string{"--breaker-window", "1ns"}},
 		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
 		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
 		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
