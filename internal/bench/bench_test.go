@@ -412,6 +412,8 @@ func (e *env) runWorker(s *scenario) workerResult {
 	// offsets) a hundred times a second all along.
 	poll := time.NewTimer(pollEvery)
 	defer poll.Stop()
+	// BENCH_TIMELINE=1: the pairs done, each second (as BenchmarkWorkerInProcess).
+	timeline, nextMark := os.Getenv("BENCH_TIMELINE") != "", time.Second
 	for res.allAppliedAt == 0 && res.committedAt == 0 {
 		select {
 		case err := <-exited:
@@ -423,6 +425,10 @@ func (e *env) runWorker(s *scenario) workerResult {
 		next := pollEvery
 		if done, ok := pairsDone(hc, httpAddr); ok {
 			now := time.Since(start)
+			if timeline && now >= nextMark {
+				e.logf("%s: t=%.1fs: %d pairs done", s.name, now.Seconds(), done)
+				nextMark = now.Truncate(time.Second) + time.Second
+			}
 			if done > 0 && res.firstAppliedAt == 0 {
 				res.firstAppliedAt, res.firstDone = now, done
 			}
