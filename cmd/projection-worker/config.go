@@ -236,14 +236,16 @@ const maxRetryWait = 24 * time.Hour
 //   - minRetryWait, --retry-initial: 1 ms; shorter, a pair's retries are
 //     spent at once, with no backoff;
 //   - minDLQWriteTimeout, --dlq-write-timeout: 100 ms; a produce with
-//     acks=all takes a round trip to the leader and its in-sync replicas,
-//     and an attempt cut shorter fails every time, so the partition never
-//     moves past its dead letter;
+//     acks=all takes a round trip to the leader and its in-sync replicas
+//     (a bound near that fails attempts that would succeed), and the
+//     committed offset does not move past a dead letter until a write of
+//     it is acknowledged;
 //   - minShutdownGrace, --shutdown-grace: 1 s, to commit and leave the
 //     group (Kubernetes gives 30 s by default);
 //   - minBreakerWindow, --breaker-window: 1 s; --breaker-threshold
-//     exhausted pairs within less never happen, so no breaker opens (use
-//     --breaker-threshold -1 for no breaker).
+//     pairs exhausting their retries within less hardly ever happens, so
+//     the breaker would hardly ever open (--breaker-threshold -1 turns it
+//     off).
 const (
 	minRetryWait       = time.Millisecond
 	minDLQWriteTimeout = 100 * time.Millisecond
@@ -471,7 +473,7 @@ func (s *settings) checkRun() error {
 		return flagenv.Usagef("--breaker-threshold must be >= 1, or -1 for no breaker, got %d", s.breaker.Threshold)
 	}
 	if s.breaker.Window < minBreakerWindow {
-		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be at least %s (shorter, no breaker ever opens), got %s", minBreakerWindow, s.breaker.Window)
+		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be at least %s (shorter, the breaker would hardly ever open; --breaker-threshold -1 turns it off), got %s", minBreakerWindow, s.breaker.Window)
 	}
 	if s.breaker.ProbeInterval <= 0 {
 		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be > 0, got %s", s.breaker.ProbeInterval)
@@ -489,7 +491,7 @@ func (s *settings) checkRun() error {
 		return flagenv.Usagef("--metrics-max-tenants must be >= 0, got %d", s.maxTenants)
 	}
 	if s.dlqTimeout < minDLQWriteTimeout {
-		return flagenv.Usagef("--dlq-write-timeout (DLQ_WRITE_TIMEOUT) must be at least %s (shorter, no dead-letter write is ever acknowledged in time and its partition stalls), got %s", minDLQWriteTimeout, s.dlqTimeout)
+		return flagenv.Usagef("--dlq-write-timeout (DLQ_WRITE_TIMEOUT) must be at least %s (a write with acks=all takes a round trip to the partition leader and its in-sync replicas, and the committed offset does not move past a dead letter until a write is acknowledged), got %s", minDLQWriteTimeout, s.dlqTimeout)
 	}
 	// The retry and database-wait flags too (new-user trial: make run
 	// started its Kafka and PostgreSQL, and migrated, before refusing
