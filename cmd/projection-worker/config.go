@@ -242,15 +242,19 @@ const maxRetryWait = 24 * time.Hour
 //     it is acknowledged;
 //   - minShutdownGrace, --shutdown-grace: 1 s, to commit and leave the
 //     group (Kubernetes gives 30 s by default);
-//   - minBreakerWindow, --breaker-window: 1 s; --breaker-threshold
-//     pairs exhausting their retries within less hardly ever happens, so
-//     the breaker would hardly ever open (--breaker-threshold -1 turns it
-//     off).
+//   - minBreakerWindow, --breaker-window and --breaker-probe-interval: 1 s;
+//     --breaker-threshold pairs exhausting their retries within less
+//     hardly ever happens, so the breaker would hardly ever open
+//     (--breaker-threshold -1 turns it off), and a probe is a pair retried
+//     in full, which takes longer than that with the default policy;
+//   - minDatabaseWait, --database-wait-max-interval: 100 ms (second
+//     trial: 1ns kept a core busy for as long as the database was down).
 const (
 	minRetryWait       = time.Millisecond
 	minDLQWriteTimeout = 100 * time.Millisecond
 	minShutdownGrace   = time.Second
 	minBreakerWindow   = time.Second
+	minDatabaseWait    = 100 * time.Millisecond
 )
 
 // maxSpanQueue is the largest --trace-queue-size: 1 048 576 spans (the
@@ -264,6 +268,9 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 	p.MaxRetries = s.maxRetries
 	p.Initial = s.retryInitial
 	p.MaxInterval = s.retryMax
+	if p.Initial < minRetryWait { // before Validate, whose "> 0" is not the limit (trial)
+		return p, flagenv.Usagef("--retry-initial (RETRY_INITIAL) must be at least %s (shorter, the retries are spent at once, with no backoff), got %s", minRetryWait, p.Initial)
+	}
 	if err := p.Validate(); err != nil {
 		// The flag of the field Validate refused, in its order; an initial
 		// wait above the maximum is the initial flag's fault when the
@@ -280,9 +287,6 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 		}
 		return p, flagenv.Usagef("%s: %v", flag, err)
 	}
-	if p.Initial < minRetryWait {
-		return p, flagenv.Usagef("--retry-initial (RETRY_INITIAL) must be at least %s (shorter, the retries are spent at once, with no backoff), got %s", minRetryWait, p.Initial)
-	}
 	if p.MaxInterval > maxRetryWait {
 		// Jitter multiplies the wait: far beyond this it overflows to a
 		// negative wait, which retries at once.
@@ -295,8 +299,8 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 // (projection.DefaultDatabaseWait with --database-wait-max-interval), or a
 // usage error.
 func (s *settings) databaseWait() (retry.Policy, error) {
-	if s.dbWaitMax <= 0 {
-		return retry.Policy{}, flagenv.Usagef("--database-wait-max-interval (DATABASE_WAIT_MAX_INTERVAL) must be a positive duration (the longest wait between attempts), got %s", s.dbWaitMax)
+	if s.dbWaitMax < minDatabaseWait {
+		return retry.Policy{}, flagenv.Usagef("--database-wait-max-interval (DATABASE_WAIT_MAX_INTERVAL) must be at least %s (the longest wait between attempts while the database is down), got %s", minDatabaseWait, s.dbWaitMax)
 	}
 	p := projection.DefaultDatabaseWait()
 	p.MaxInterval = s.dbWaitMax
@@ -475,8 +479,8 @@ func (s *settings) checkRun() error {
 	if s.breaker.Window < minBreakerWindow {
 		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be at least %s (shorter, the breaker would hardly ever open; --breaker-threshold -1 turns it off), got %s", minBreakerWindow, s.breaker.Window)
 	}
-	if s.breaker.ProbeInterval <= 0 {
-		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be > 0, got %s", s.breaker.ProbeInterval)
+	if s.breaker.ProbeInterval < minBreakerWindow {
+		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be at least %s, got %s", minBreakerWindow, s.breaker.ProbeInterval)
 	}
 	if s.spanQueue < 1 || s.spanQueue > maxSpanQueue {
 		return flagenv.Usagef("--trace-queue-size (OTEL_BSP_MAX_QUEUE_SIZE) must be in [1, %d], got %d", maxSpanQueue, s.spanQueue)

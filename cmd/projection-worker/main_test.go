@@ -182,7 +182,7 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"DATABASE_URL", "invalid port"}},
 		{name: "run brokers without port", args: runArgs("--brokers", "nohostport"), wantCode: 2, wantStderr: []string{"--brokers", `"nohostport" is not host:port`}},
 		{name: "run broker port out of range", args: runArgs("--brokers", "127.0.0.1:9092,127.0.0.1:99999"), wantCode: 2, wantStderr: []string{"--brokers", `"127.0.0.1:99999": the port must be a number from 1 to 65535`}},
-		{name: "run database wait not positive", args: runArgs("--database-wait-max-interval", "0s"), wantCode: 2, wantStderr: []string{"--database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL", "must be a positive duration"}},
+		{name: "run database wait below its floor", args: runArgs("--database-wait-max-interval", "0s"), wantCode: 2, wantStderr: []string{"--database-wait-max-interval", "DATABASE_WAIT_MAX_INTERVAL", "must be at least 100ms"}},
 		{name: "run http addr port out of range", args: runArgs("--http-addr", "127.0.0.1:99999"), wantCode: 2, wantStderr: []string{"--http-addr", "HTTP_ADDR", "invalid port"}},
 		{name: "run broker port not a number", args: runArgs("--brokers", "kafka:http"), wantCode: 2, wantStderr: []string{"--brokers", `"kafka:http": the port must be a number from 1 to 65535`}},
 		{name: "run projections file missing", args: runArgs("--projections", "/nonexistent/projections.yaml"),
@@ -355,9 +355,10 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		flag string   // the flag (or environment variable) that is wrong
 		args []string // added to a run command that is otherwise valid
 		env  []string // environment variables set, name then value
+		says string   // when set, stderr must say this too (the limit)
 	}{
 		{flag: "--max-retries", args: []string{"--max-retries", "-1"}},
-		{flag: "--retry-initial", args: []string{"--retry-initial", "0s"}},
+		{flag: "--retry-initial", args: []string{"--retry-initial", "0s"}, says: "at least 1ms"}, // trial: said "> 0"
 		{flag: "--dlq-max-bytes", args: []string{"--dlq-max-bytes", "10"}},
 		{flag: "--partitions", args: []string{"--partitions", "0"}},
 		{flag: "--log-level", args: []string{"--log-level", "loud"}},
@@ -404,6 +405,10 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "1ns"}},
 		{flag: "--shutdown-grace", args: []string{"--shutdown-grace", "999ms"}},
 		{flag: "--breaker-window", args: []string{"--breaker-window", "1ns"}},
+		{flag: "--breaker-probe-interval", args: []string{"--breaker-probe-interval", "1ns"}},
+		// Second trial: 1ns kept a core busy while the database was down.
+		{flag: "--database-wait-max-interval", args: []string{"--database-wait-max-interval", "1ns"}, says: "at least 100ms"},
+		{flag: "DATABASE_WAIT_MAX_INTERVAL", env: []string{"DATABASE_WAIT_MAX_INTERVAL", "99ms"}},
 		{flag: "--create-topics", args: []string{"--create-topics", "maybe"}},
 		{flag: "--max-poll-records", args: []string{"--max-poll-records", "ten"}},
 		{flag: "--metrics-max-tenants", args: []string{"--metrics-max-tenants", "-1"}},
@@ -451,6 +456,9 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 			}
 			if !strings.Contains(r.stderr, tt.flag) {
 				t.Errorf("stderr does not name %s\n%s", tt.flag, r)
+			}
+			if !strings.Contains(r.stderr, tt.says) {
+				t.Errorf("stderr does not say %q\n%s", tt.says, r)
 			}
 			// The retry flags are checked together: the message names the one at fault.
 			for _, other := range []string{"--max-retries", "--retry-initial", "--retry-max-interval"} {
