@@ -257,6 +257,15 @@ const (
 	minDatabaseWait    = 100 * time.Millisecond
 )
 
+// atLeast returns nil when d, the value of flag ("--name (ENV)"), is at
+// least floor, else the usage error that says so and why.
+func atLeast(flag string, d, floor time.Duration, why string) error {
+	if d >= floor {
+		return nil
+	}
+	return flagenv.Usagef("%s must be at least %s (%s), got %s", flag, floor, why, d)
+}
+
 // maxSpanQueue is the largest --trace-queue-size: 1 048 576 spans (the
 // SDK allocates the queue whole at start; a span waiting in it takes
 // about 1 KiB).
@@ -268,8 +277,9 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 	p.MaxRetries = s.maxRetries
 	p.Initial = s.retryInitial
 	p.MaxInterval = s.retryMax
-	if p.Initial < minRetryWait { // before Validate, whose "> 0" is not the limit (trial)
-		return p, flagenv.Usagef("--retry-initial (RETRY_INITIAL) must be at least %s (shorter, the retries are spent at once, with no backoff), got %s", minRetryWait, p.Initial)
+	// Before Validate, whose "> 0" is not the limit (trial).
+	if err := atLeast("--retry-initial (RETRY_INITIAL)", p.Initial, minRetryWait, "shorter, the retries are spent at once, with no backoff"); err != nil {
+		return p, err
 	}
 	if err := p.Validate(); err != nil {
 		// The flag of the field Validate refused, in its order; an initial
@@ -299,8 +309,8 @@ func (s *settings) retryPolicy() (retry.Policy, error) {
 // (projection.DefaultDatabaseWait with --database-wait-max-interval), or a
 // usage error.
 func (s *settings) databaseWait() (retry.Policy, error) {
-	if s.dbWaitMax < minDatabaseWait {
-		return retry.Policy{}, flagenv.Usagef("--database-wait-max-interval (DATABASE_WAIT_MAX_INTERVAL) must be at least %s (the longest wait between attempts while the database is down), got %s", minDatabaseWait, s.dbWaitMax)
+	if err := atLeast("--database-wait-max-interval (DATABASE_WAIT_MAX_INTERVAL)", s.dbWaitMax, minDatabaseWait, "the longest wait between attempts while the database is down"); err != nil {
+		return retry.Policy{}, err
 	}
 	p := projection.DefaultDatabaseWait()
 	p.MaxInterval = s.dbWaitMax
@@ -470,17 +480,22 @@ func (s *settings) checkRun() error {
 	if s.kafkaStartTimeout < 0 {
 		return flagenv.Usagef("--kafka-start-timeout must be >= 0 (0: try once), got %s", s.kafkaStartTimeout)
 	}
-	if s.shutdownGrace < minShutdownGrace {
-		return flagenv.Usagef("--shutdown-grace (SHUTDOWN_GRACE) must be at least %s (time to commit and leave the group), got %s", minShutdownGrace, s.shutdownGrace)
-	}
 	if s.breaker.Threshold == 0 || s.breaker.Threshold < -1 {
 		return flagenv.Usagef("--breaker-threshold must be >= 1, or -1 for no breaker, got %d", s.breaker.Threshold)
 	}
-	if s.breaker.Window < minBreakerWindow {
-		return flagenv.Usagef("--breaker-window (BREAKER_WINDOW) must be at least %s (shorter, the breaker would hardly ever open; --breaker-threshold -1 turns it off), got %s", minBreakerWindow, s.breaker.Window)
-	}
-	if s.breaker.ProbeInterval < minBreakerWindow {
-		return flagenv.Usagef("--breaker-probe-interval (BREAKER_PROBE_INTERVAL) must be at least %s, got %s", minBreakerWindow, s.breaker.ProbeInterval)
+	for _, f := range []struct {
+		flag     string
+		v, floor time.Duration
+		why      string
+	}{
+		{"--shutdown-grace (SHUTDOWN_GRACE)", s.shutdownGrace, minShutdownGrace, "time to commit and leave the group"},
+		{"--breaker-window (BREAKER_WINDOW)", s.breaker.Window, minBreakerWindow, "shorter, the breaker would hardly ever open; --breaker-threshold -1 turns it off"},
+		{"--breaker-probe-interval (BREAKER_PROBE_INTERVAL)", s.breaker.ProbeInterval, minBreakerWindow, "a probe is a pair retried in full"},
+		{"--dlq-write-timeout (DLQ_WRITE_TIMEOUT)", s.dlqTimeout, minDLQWriteTimeout, "a write with acks=all takes a round trip to the partition leader and its in-sync replicas, and the committed offset does not move past a dead letter until a write is acknowledged"},
+	} {
+		if err := atLeast(f.flag, f.v, f.floor, f.why); err != nil {
+			return err
+		}
 	}
 	if s.spanQueue < 1 || s.spanQueue > maxSpanQueue {
 		return flagenv.Usagef("--trace-queue-size (OTEL_BSP_MAX_QUEUE_SIZE) must be in [1, %d], got %d", maxSpanQueue, s.spanQueue)
@@ -493,9 +508,6 @@ func (s *settings) checkRun() error {
 	}
 	if s.maxTenants < 0 {
 		return flagenv.Usagef("--metrics-max-tenants must be >= 0, got %d", s.maxTenants)
-	}
-	if s.dlqTimeout < minDLQWriteTimeout {
-		return flagenv.Usagef("--dlq-write-timeout (DLQ_WRITE_TIMEOUT) must be at least %s (a write with acks=all takes a round trip to the partition leader and its in-sync replicas, and the committed offset does not move past a dead letter until a write is acknowledged), got %s", minDLQWriteTimeout, s.dlqTimeout)
 	}
 	// The retry and database-wait flags too (new-user trial: make run
 	// started its Kafka and PostgreSQL, and migrated, before refusing
