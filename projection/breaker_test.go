@@ -119,8 +119,12 @@ func TestBreakerConfigValidate(t *testing.T) {
 		want BreakerConfig
 		ok   bool
 	}{
-		{"defaults", BreakerConfig{}, BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: 30 * time.Second}, true},
-		{"disabled", BreakerConfig{Threshold: -1}, BreakerConfig{Threshold: -1, Window: time.Minute, ProbeInterval: 30 * time.Second}, true},
+		{"defaults", BreakerConfig{}, BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: 30 * time.Second, RetrySlots: 32}, true},
+		{"disabled", BreakerConfig{Threshold: -1}, BreakerConfig{Threshold: -1, Window: time.Minute, ProbeInterval: 30 * time.Second, RetrySlots: 32}, true},
+		{"slots at least the threshold", BreakerConfig{Threshold: 50}, BreakerConfig{Threshold: 50, Window: time.Minute, ProbeInterval: 30 * time.Second, RetrySlots: 50}, true},
+		{"no slots", BreakerConfig{RetrySlots: -1}, BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: 30 * time.Second, RetrySlots: -1}, true},
+		{"fewer slots than the threshold", BreakerConfig{Threshold: 5, RetrySlots: 3}, BreakerConfig{}, false},
+		{"bad slots", BreakerConfig{RetrySlots: -2}, BreakerConfig{}, false},
 		{"bad threshold", BreakerConfig{Threshold: -2}, BreakerConfig{}, false},
 		{"bad window", BreakerConfig{Window: -time.Second}, BreakerConfig{}, false},
 	}
@@ -192,6 +196,77 @@ func TestBreakerClosesAfterAQuietWindow(t *testing.T) {
 		if (*changes)[i] != want[i] {
 			t.Errorf("changes = %v, want %v", *changes, want)
 			break
+		}
+	}
+}
+
+// TestBreakerRetrySlots: at most RetrySlots pairs of one fingerprint hold
+// a retry slot; a slot frees when its pair leaves (unlead) or expires; a
+// success frees them all and counts a release; an open breaker drops them
+// and lets every pair through without one; a disabled breaker, or
+// RetrySlots -1, never makes a pair wait.
+func TestBreakerRetrySlots(t *testing.T) {
+	cfg := BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: 30 * time.Second, RetrySlots: 3}
+	b, clock, _ := newClockedBreaker(cfg)
+	expires := clock.now().Add(20 * time.Second)
+	var ids []uint64
+	for i := range 3 {
+		id, ok := b.lead("fp", expires.Add(time.Duration(i)*time.Second))
+		if !ok || id == 0 {
+			t.Fatalf("lead %d = %d, %v; want a slot", i+1, id, ok)
+		}
+		ids = append(ids, id)
+	}
+	if id, ok := b.lead("fp", expires); ok || id != 0 {
+		t.Fatalf("a 4th pair of fp: lead = %d, %v; want to wait", id, ok)
+	}
+	if !b.waiting("fp") {
+		t.Error("waiting(fp) = false with its slots held")
+	}
+	if got, want := b.holdUntil("fp"), expires; !got.Equal(want) {
+		t.Errorf("holdUntil = %s, want the first expiry %s", got, want)
+	}
+	if _, ok := b.lead("other", expires); !ok {
+		t.Error("another fingerprint waits for fp's slots")
+	}
+	b.unlead("fp", ids[1])
+	id, ok := b.lead("fp", expires)
+	if !ok {
+		t.Fatal("no slot after one was freed")
+	}
+	if _, ok := b.lead("fp", expires); ok {
+		t.Fatal("a 4th slot after one was freed and taken again")
+	}
+	clock.add(20 * time.Second) // the slots expiring at expires have expired
+	if _, ok := b.lead("fp", clock.now().Add(time.Minute)); !ok {
+		t.Fatal("no slot once the first ones expired")
+	}
+	b.unlead("fp", id)
+
+	before := b.releases.Load()
+	b.succeeded("fp", false)
+	if b.releases.Load() != before+1 || b.waiting("fp") {
+		t.Errorf("after a success: releases %d (was %d), waiting %v; want one more and no slot held", b.releases.Load(), before, b.waiting("fp"))
+	}
+	for range 3 {
+		b.lead("fp", clock.now().Add(time.Minute))
+	}
+	for range 3 {
+		b.exhausted("fp", false)
+	}
+	if !b.isOpen("fp") {
+		t.Fatal("breaker not open after 3 exhaustions")
+	}
+	if id, ok := b.lead("fp", clock.now().Add(time.Minute)); !ok || id != 0 || b.waiting("fp") {
+		t.Errorf("open breaker: lead = %d, %v, waiting %v; want through without a slot", id, ok, b.waiting("fp"))
+	}
+
+	for _, cfg := range []BreakerConfig{{Threshold: -1}, {Threshold: 3, RetrySlots: -1}} {
+		off, _, _ := newClockedBreaker(cfg)
+		for i := range 10 {
+			if id, ok := off.lead("fp", clock.now().Add(time.Minute)); !ok || id != 0 {
+				t.Fatalf("%+v: lead %d = %d, %v; want through without a slot", cfg, i+1, id, ok)
+			}
 		}
 	}
 }

@@ -44,7 +44,7 @@ type partition struct {
 	lastDone *kgo.Record    // the last record taken
 	retries  retrySet
 	round    *retryRound      // the round of retries in flight, nil when none
-	openings uint64           // the breaker's openings count when retries were last swept
+	seen     breakerSeen      // the breaker's counts when retries were last swept
 	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
 	// refusedGroups marks the COPY groups to isolate at once (execCopy).
 	refusedGroups refusedMarks

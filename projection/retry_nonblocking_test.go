@@ -141,6 +141,99 @@ func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
 	}
 }
 
+// TestWorkerRetriesThresholdPairsOfAFingerprintAtATime: 12 ratings of a
+// table missing a column (42703, one fingerprint) fail together over the
+// rig's 4 partitions; only RetrySlots (3 here, 32 by default) of them are
+// retried, in full, and once those open the breaker the 9 others, which
+// waited for a retry slot, are dead-lettered at once without a retry: 3 × 3
+// retries reach PostgreSQL, not 12 × up to 3. Before retry slots every
+// pair was retried on its own until the breaker opened.
+func TestWorkerRetriesThresholdPairsOfAFingerprintAtATime(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 4}) // the slots are the worker's, across partitions
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	const pairs, threshold, retries = 12, 3, 3
+	r.start(func(c *projection.Config) {
+		c.Breaker = projection.BreakerConfig{Threshold: threshold, Window: time.Minute, ProbeInterval: time.Hour, RetrySlots: threshold}
+		c.Retry = retry.Policy{Initial: 50 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second, MaxRetries: retries}
+	})
+	for i := range pairs {
+		user := fmt.Sprintf("rater-%d", i)
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":3}`, user))))
+	}
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != pairs {
+		t.Fatalf("dead letters = %d, want %d", len(dls), pairs)
+	}
+	fp := dls[0].headers[dlq.HeaderFingerprint]
+	var full, short int
+	for _, d := range dls {
+		switch sc := d.headers[dlq.HeaderShortCircuit]; {
+		case d.headers[dlq.HeaderFingerprint] != fp:
+			t.Errorf("fingerprint %s, want one fingerprint %s", d.headers[dlq.HeaderFingerprint], fp)
+		case sc == "" && d.msg.RetryCount == retries:
+			full++
+		case sc == fp && d.msg.RetryCount == 0:
+			short++
+		default:
+			t.Errorf("dead letter of offset %s: retryCount %d, short-circuit %q; want %d retries and none, or 0 and %s",
+				d.headers[dlq.HeaderOriginalOffset], d.msg.RetryCount, sc, retries, fp)
+		}
+	}
+	if full != threshold || short != pairs-threshold {
+		t.Errorf("retried in full = %d, short-circuited without a retry = %d; want %d and %d", full, short, threshold, pairs-threshold)
+	}
+}
+
+// TestWorkerReleasesPairsWaitingForARetrySlotWhenARetrySucceeds: 12
+// ratings of a table missing a column fail; 3 hold the retry slots of
+// their fingerprint and are retried every 200 ms, the 9 others wait. Once
+// the column is back, a retry succeeds and the waiting pairs are retried at
+// once: all 12 rows are written long before a slot would expire (300
+// retries × 200 ms + 10 s) and nothing is dead-lettered.
+func TestWorkerReleasesPairsWaitingForARetrySlotWhenARetrySucceeds(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 4}) // the slots are the worker's, across partitions
+	table := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	exec(t, r.pool, "ALTER TABLE "+table+" DROP COLUMN stars")
+	const pairs = 12
+	logs := r.startLogged(func(c *projection.Config) {
+		c.Breaker = projection.BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: time.Hour, RetrySlots: 3}
+		c.Retry = retry.Policy{Initial: 200 * time.Millisecond, Multiplier: 1, MaxInterval: 200 * time.Millisecond, MaxRetries: 300}
+	})
+	for i := range pairs {
+		user := fmt.Sprintf("rater-%d", i)
+		r.produce(user, []byte(r.event("ARTIST_RATED", user, 1, fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":3}`, user))))
+	}
+	waitFor(t, "the third retry of a pair", func() bool {
+		for _, rec := range logs.records("projection failed, retrying") {
+			third := false
+			rec.Attrs(func(a slog.Attr) bool {
+				third = third || a.Key == "retry" && a.Value.Int64() >= 3
+				return true
+			})
+			if third {
+				return true
+			}
+		}
+		return false
+	})
+	if n := len(r.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters before the fix, want none", n)
+	}
+	exec(t, r.pool, "ALTER TABLE "+table+" ADD COLUMN stars integer")
+	fixed := time.Now()
+	waitFor(t, "every rating applied", func() bool { return r.count("artist_ratings") == pairs })
+	if took := time.Since(fixed); took > 30*time.Second {
+		t.Errorf("the waiting pairs were applied %s after the fix, want at once (a slot expires after 70 s)", took)
+	}
+	r.waitCommitted(testTimeout)
+	if n := len(r.deadLetters()); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
 // countingPool is a pool whose Exec and Acquire calls are counted: a pair
 // attempted on its own is one Exec (and a statement prepared again after
 // its SQL failed); the due retries of a partition attempted together are

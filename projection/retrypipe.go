@@ -186,6 +186,16 @@ func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev
 	return err
 }
 
+// slotSlack is what a retry slot (breaker.lead) is held beyond the
+// pair's longest waits (retry.Policy.Longest): the time its attempts take.
+// A slot is freed when its pair leaves the retry set; this bounds only
+// how long the pairs waiting for a slot wait for one whose pair left
+// unseen.
+const slotSlack = 10 * time.Second
+
+// slotTerm is how long a retry slot taken now is held at most.
+func (w *Worker) slotTerm() time.Duration { return w.cfg.Retry.Longest() + slotSlack }
+
 // rideLockTimeout bounds how long a retry that rides a batch's round trip
 // (rideRetries) waits for a lock (a row another session holds, an
 // advisory lock in a trigger): 100 ms, PostgreSQL's lock_timeout for its

@@ -44,6 +44,10 @@ type retryPair struct {
 	// noRide: a ride of its (rideRetries) found a lock; it is retried in
 	// rounds of its own only, which wait for a lock aside.
 	noRide bool
+	// slot is the retry slot of fp it holds (breaker.lead), 0 for none;
+	// follow says it waits for one, without retries, until due.
+	slot   uint64
+	follow bool
 }
 
 func (s *retrySet) hasRoom(cfg Config) bool {
@@ -68,21 +72,52 @@ func (s *retrySet) add(p *retryPair) {
 	s.bytes += recordBytes(p.d.rec)
 }
 
-// dueOnOpenBreakers makes due now every waiting pair whose fingerprint's
-// breaker opened since the last call (seen is the breaker's openings count
-// then, updated), except the breakers' probes: startRetries then dead-letters
-// them at once instead of at the end of their backoff.
-func (s *retrySet) dueOnOpenBreakers(b *breaker, seen *uint64) {
-	n := b.openings.Load()
-	if n == *seen {
-		return
-	}
-	*seen = n
+// breakerSeen holds the breaker's counts (openings, releases) a partition
+// last saw.
+type breakerSeen struct{ openings, releases uint64 }
+
+// dueOnBreakers readies the waiting pairs for takeDue by what the breaker
+// b says (seen: its counts at the last call, updated; term: how long a
+// retry slot taken now is held at most):
+//   - a breaker opened since: every waiting pair of its fingerprint but
+//     the breaker's probe is due now, so that startRetries dead-letters it
+//     at once instead of at the end of its backoff;
+//   - a success released a fingerprint's pairs that wait for a slot: due
+//     now, retried without one;
+//   - a pair that waits for a slot and is due asks for one (breaker.lead):
+//     it is retried with it, or due again when the first slot expires.
+func (s *retrySet) dueOnBreakers(b *breaker, seen *breakerSeen, term time.Duration) {
 	now := time.Now()
-	for _, p := range s.pairs {
-		if !p.probe && p.due.After(now) && b.isOpen(p.fp) {
-			p.due = now
+	if n := b.openings.Load(); n != seen.openings {
+		seen.openings = n
+		for _, p := range s.pairs {
+			if !p.probe && p.due.After(now) && b.isOpen(p.fp) {
+				p.due = now
+			}
 		}
+	}
+	if n := b.releases.Load(); n != seen.releases {
+		seen.releases = n
+		for _, p := range s.pairs {
+			if p.follow && !b.waiting(p.fp) {
+				p.follow, p.due = false, now
+			}
+		}
+	}
+	for _, p := range s.pairs {
+		if !p.follow || p.due.After(now) {
+			continue
+		}
+		id, ok := b.lead(p.fp, now.Add(term))
+		if ok {
+			p.slot, p.follow = id, false
+			continue
+		}
+		p.due = b.holdUntil(p.fp)
+		if !p.due.After(now) { // freed meanwhile: ask again soon
+			p.due = now.Add(maxRetryEarly)
+		}
+		p.wait = p.due.Sub(now)
 	}
 }
 
@@ -123,9 +158,6 @@ func (s *retrySet) takeDue(now time.Time, only func(*retryPair) bool) []*retryPa
 	return due
 }
 
-// cancel drops every waiting pair (revoke or shutdown: a cancelled retry is
-// not a failure and gets no dead letter) and frees the breaker probes among
-// them.
 // counts returns the retries each waiting pair has made, by pair.
 func (s *retrySet) counts() map[pairKey]int {
 	out := make(map[pairKey]int, len(s.pairs))
@@ -135,17 +167,19 @@ func (s *retrySet) counts() map[pairKey]int {
 	return out
 }
 
+// cancel drops every waiting pair (revoke or shutdown: a cancelled retry is
+// not a failure and gets no dead letter) and frees the breaker probes and
+// retry slots among them.
 func (s *retrySet) cancel(b *breaker) {
 	for _, p := range s.pairs {
-		if p.probe {
-			b.cancelled(p.fp)
-		}
+		b.left(p)
 	}
 	s.pairs, s.bytes = nil, 0
 }
 
 // dropFrom drops the waiting pairs of records at offset from and after
-// (they are delivered again), freeing their breaker probes.
+// (they are delivered again), freeing their breaker probes and retry
+// slots.
 func (s *retrySet) dropFrom(from int64, b *breaker) {
 	kept := s.pairs[:0]
 	for _, p := range s.pairs {
@@ -154,9 +188,7 @@ func (s *retrySet) dropFrom(from int64, b *breaker) {
 			continue
 		}
 		s.bytes -= recordBytes(p.d.rec)
-		if p.probe {
-			b.cancelled(p.fp)
-		}
+		b.left(p)
 	}
 	clear(s.pairs[len(kept):])
 	s.pairs = kept

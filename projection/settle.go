@@ -91,19 +91,35 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		}
 		p.probe = probe
 		p.backoff = w.cfg.Retry.NewBackOff()
+		if !probe && w.cfg.Retry.MaxRetries > 0 {
+			var lead bool
+			p.slot, lead = w.breaker.lead(p.fp, time.Now().Add(w.slotTerm()))
+			p.follow = !lead
+		}
 	} else if dl := pc.shortCircuit(p); dl != nil {
 		return dl
 	}
-	wait := p.backoff.NextBackOff()
+	var wait time.Duration
+	if !p.follow {
+		wait = p.backoff.NextBackOff()
+	}
 	if p.retries >= w.cfg.Retry.MaxRetries || wait == backoff.Stop {
+		w.breaker.unlead(p.fp, p.slot)
+		p.slot = 0
 		w.breaker.exhausted(p.fp, p.probe)
 		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt, p.span)
 		return &dl
+	}
+	if p.follow { // until a slot frees (dueOnBreakers asks), a success or the breaker opens
+		wait = max(time.Until(w.breaker.holdUntil(p.fp)), maxRetryEarly)
 	}
 	ev := p.d.ev
 	attrs := []any{"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
 		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema,
 		"retry", p.retries + 1, "wait", wait, "error", p.err}
+	if p.follow {
+		attrs = append(attrs, "waits_for_retry_slot", true)
+	}
 	// The line's trace_id and span_id are the pair's; its first failure is
 	// at WARN, repeats aggregated.
 	ctx := spanContext(context.Background(), p.span)
@@ -256,7 +272,7 @@ func (pc *partition) rideRetries(groups []*copyGroup, suspects []pair) *retryRou
 			writes = append(writes, t)
 		}
 	}
-	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
 	return pc.newRound(pc.retries.takeDue(time.Now(), func(p *retryPair) bool {
 		return !p.noRide && slices.Contains(writes, table{p.h, p.d.ev.TenantSchema})
 	}))
@@ -289,7 +305,7 @@ func (pc *partition) turnRetries(start bool) error {
 	if pc.round != nil || !start {
 		return nil
 	}
-	pc.retries.dueOnOpenBreakers(pc.w.breaker, &pc.openings)
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
 	r := pc.startRetries(pc.ctx)
 	if r == nil {
 		return nil
@@ -327,9 +343,7 @@ func (pc *partition) finishRetries(ctx context.Context, r *retryRound) error {
 	dead := r.dead
 	for i, p := range r.attempting {
 		if rs := pc.stateOf(p.d.rec.Offset); rs == nil || rs.d != p.d {
-			if p.probe {
-				w.breaker.cancelled(p.fp)
-			}
+			w.breaker.left(p)
 			pc.endSpans(nil, []*retryPair{p})
 			continue
 		}
@@ -364,9 +378,7 @@ func (pc *partition) finishRetries(ctx context.Context, r *retryRound) error {
 		failedAttempt(p.span, err)
 		p.err, p.stack = err, stackOf(err)
 		if retry.IsPermanent(err) {
-			if p.probe {
-				w.breaker.cancelled(p.fp)
-			}
+			w.breaker.left(p)
 			dl := w.newDeadLetter(p.d, p.h.Name(), retry.Permanent, err, p.stack, p.retries, p.firstAt, p.span)
 			dead = append(dead, dl)
 			continue

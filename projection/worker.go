@@ -135,6 +135,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		cfg.Metrics.addBreakersOpen(context.Background(), -1)
 		w.log.Info("breaker closed: "+why, "fingerprint", fp)
 	})
+	w.breaker.onRelease = w.wakePartitions // their pairs waiting for a retry slot go now
 	// Bounded fetch buffers (SPEC: memory must not grow with the backlog);
 	// opts may override them.
 	all := []kgo.Opt{kgo.FetchMaxBytes(DefaultFetchMaxBytes), kgo.FetchMaxPartitionBytes(DefaultFetchMaxPartitionBytes)}

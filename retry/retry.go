@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"syscall"
 	"time"
@@ -260,6 +261,19 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("max retries must be >= 0, got %d", p.MaxRetries)
 	}
 	return nil
+}
+
+// Longest returns the longest that MaxRetries waits can take in all, each
+// at its longest (MaxInterval and Jitter included): 200+400+800+1600+3200
+// ms × 1.5 = 9.3 s with the defaults.
+func (p Policy) Longest() time.Duration {
+	var sum float64
+	wait := float64(p.Initial)
+	for range p.MaxRetries {
+		sum += min(wait, float64(p.MaxInterval)) * (1 + p.Jitter)
+		wait *= p.Multiplier
+	}
+	return time.Duration(min(sum, float64(math.MaxInt64/2)))
 }
 
 // NewBackOff returns a fresh exponential backoff for one sequence of attempts

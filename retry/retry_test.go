@@ -291,3 +291,25 @@ func rulesMarkdown(rules []Rule) string {
 	}
 	return b.String()
 }
+
+// TestPolicyLongest: the sum of MaxRetries waits at their longest, cap
+// and jitter included, and no overflow for a policy of huge waits.
+func TestPolicyLongest(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		p    Policy
+		want time.Duration
+	}{
+		{"defaults", DefaultPolicy(), 9300 * time.Millisecond}, // (200+400+800+1600+3200) ms × 1.5
+		{"capped, no jitter", Policy{Initial: time.Second, Multiplier: 10, MaxInterval: 5 * time.Second, MaxRetries: 3}, 11 * time.Second},
+		{"no retries", Policy{Initial: time.Second, Multiplier: 2, MaxInterval: time.Minute}, 0},
+	} {
+		if got := tt.p.Longest(); got != tt.want {
+			t.Errorf("%s: Longest = %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	huge := Policy{Initial: 1000 * time.Hour, Multiplier: 2, MaxInterval: 1000 * time.Hour, Jitter: 0.5, MaxRetries: 10000}
+	if got := huge.Longest(); got <= 0 {
+		t.Errorf("huge waits: Longest = %s, want a positive bound", got)
+	}
+}
