@@ -79,7 +79,7 @@ func (pc *partition) setDBWait(cause error) {
 	}
 	switch {
 	case waiting:
-		pc.pauseFetch()
+		pc.pauseFetch(pauseDBWait)
 		pc.w.cfg.Metrics.addPaused(pc.ctx, 1)
 		pc.w.log.Warn("database unavailable: partition paused", "topic", pc.w.cfg.Topic, "partition", pc.partition)
 	case pc.ctx.Err() != nil:

@@ -85,7 +85,7 @@ func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	full := pc.queuedBytes >= pc.w.cfg.MaxQueuedBytes*3/4
 	pc.mu.Unlock()
 	if full {
-		pc.pauseFetch()
+		pc.pauseFetch(pauseQueueFull)
 	}
 	select {
 	case pc.wake <- struct{}{}:
@@ -93,13 +93,26 @@ func (pc *partition) push(recs []*kgo.Record, hwm int64) {
 	}
 }
 
-func (pc *partition) pauseFetch() {
+// Why a partition's fetching is paused (pauseFetch).
+const (
+	pauseQueueFull    = "queue full"
+	pauseRetrySetFull = "retry set full"
+	pauseDBWait       = "database wait"
+)
+
+// pauseFetch stops fetching the partition until maybeResume. The client
+// drops what it has buffered for the partition (franz-go's
+// PauseFetchPartitions), so those records are fetched again on resume: a
+// DEBUG line names the reason and the bytes queued then.
+func (pc *partition) pauseFetch(reason string) {
 	pc.mu.Lock()
 	already := pc.fetchPaused
 	pc.fetchPaused = true
+	queued := pc.queuedBytes
 	pc.mu.Unlock()
 	if !already {
 		pc.w.cl.PauseFetchPartitions(map[string][]int32{pc.w.cfg.Topic: {pc.partition}})
+		pc.w.log.Debug("fetch paused: "+reason, "topic", pc.w.cfg.Topic, "partition", pc.partition, "queued_bytes", queued)
 	}
 }
 
@@ -224,7 +237,7 @@ func (pc *partition) run() {
 		if pc.retries.hasRoom(pc.w.cfg) {
 			pc.maybeResume()
 		} else {
-			pc.pauseFetch() // backpressure until retries drain
+			pc.pauseFetch(pauseRetrySetFull) // backpressure until retries drain
 		}
 		timer.Reset(pc.retries.nextDue(time.Hour))
 		select {
