@@ -225,7 +225,11 @@ func (pc *partition) run() {
 					return // ctx is done: the unfinished records go to the next owner
 				}
 				recs = recs[n:]
-				if pc.turnRetries(false) != nil { // a round answered meanwhile
+				// Settle a round answered meanwhile and start the next of
+				// the pairs due: a partition whose queue never runs dry
+				// (a backlog, under load) retries on schedule too, not
+				// only the pairs that ride a batch of their table.
+				if pc.turnRetries(true) != nil {
 					return
 				}
 			}

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/projection"
@@ -48,6 +50,65 @@ func TestWorkerFailingPairDoesNotHoldItsPartition(t *testing.T) {
 	}
 	if dls := r.deadLetters(); len(dls) != 0 {
 		t.Errorf("dead letters = %d, want 0 while the pair waits", len(dls))
+	}
+}
+
+// TestWorkerRetriesAPairWhileItsPartitionHasABacklog: a failing pair whose
+// table no batch writes (so its retries ride none) is retried on its
+// schedule while its partition still has a backlog of 40 000 records, not
+// once the partition has caught up: its dead letter is written before a
+// quarter of them are applied (1 399 measured; 25 583 before). A partition used to start a round of retries only when
+// its queue ran dry, so under a sustained backlog a broken tenant's pairs,
+// and the breaker that would short-circuit the rest, waited for the end of
+// the backlog (make bench's poison-unmigrated: the first of them exhausted
+// its retries 8.8 s into a 9.8 s run, with the retry sets full).
+func TestWorkerRetriesAPairWhileItsPartitionHasABacklog(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 2})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	const backlog = 40000
+	key := []byte("one-partition") // the rating and the backlog after it share a partition
+	recs := []*kgo.Record{{Key: key, Value: []byte(r.event("ARTIST_RATED", "rater", 1, `{"user_id":"rater","artist_id":"a","stars":3}`))}}
+	for i := range backlog {
+		user := fmt.Sprintf("user-%d", i)
+		recs = append(recs, &kgo.Record{Key: key, Value: []byte(r.follow(user, "artist-1", 1))})
+	}
+	if err := r.producer.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	r.produced += int64(len(recs))
+	const retries = 3
+	r.start(func(c *projection.Config) {
+		// Batches smaller than a fetch: the partition's queue never runs
+		// dry while the backlog lasts, as under load with the defaults.
+		c.MaxBatchRecords = 100
+		c.Retry = retry.Policy{Initial: 10 * time.Millisecond, Multiplier: 1, MaxInterval: 10 * time.Millisecond, MaxRetries: retries}
+	})
+	adm := kadm.NewClient(r.broker.Client(t))
+	applied := -1
+	waitFor(t, "the rating's dead letter", func() bool {
+		ends, err := adm.ListEndOffsets(context.Background(), r.dlqTopic)
+		if err != nil {
+			return false
+		}
+		written := false
+		ends.Each(func(o kadm.ListedOffset) { written = written || o.Offset > 0 })
+		if written {
+			applied = r.count("artist_followers")
+		}
+		return written
+	})
+	t.Logf("dead letter written with %d of %d records applied", applied, backlog)
+	if applied >= backlog/4 {
+		t.Errorf("the rating was dead-lettered once %d of the %d records after it were applied, want under a quarter: its 3 retries, 10 ms apart, waited for the backlog", applied, backlog)
+	}
+	r.waitCommitted(testTimeout)
+	dls := r.deadLetters()
+	if len(dls) != 1 || dls[0].msg.RetryCount != retries {
+		t.Fatalf("dead letters = %d (first: %+v), want 1 with %d retries", len(dls), dls, retries)
+	}
+	if got := r.count("artist_followers"); got != backlog {
+		t.Errorf("rows = %d, want %d", got, backlog)
 	}
 }
 
