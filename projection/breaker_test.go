@@ -1,8 +1,13 @@
 package projection
 
 import (
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/causet/projection-worker/retry"
 )
 
 // fakeClock is a settable clock for the breaker.
@@ -267,6 +272,26 @@ func TestBreakerRetrySlots(t *testing.T) {
 			if id, ok := off.lead("fp", clock.now().Add(time.Minute)); !ok || id != 0 {
 				t.Fatalf("%+v: lead %d = %d, %v; want through without a slot", cfg, i+1, id, ok)
 			}
+		}
+	}
+}
+
+// TestReadmeStatesTheRetrySlots: the README's "Retry slots" paragraph
+// gives the default number of slots and how long a slot is held at most,
+// from the constants the worker uses.
+func TestReadmeStatesTheRetrySlots(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := strings.Join(strings.Fields(string(b)), " ")
+	term := retry.DefaultPolicy().Longest() + slotSlack
+	for _, want := range []string{
+		fmt.Sprintf("at most %d of its pairs (or `--breaker-threshold`, if larger)", DefaultBreakerRetrySlots),
+		fmt.Sprintf("plus %s: %.1f s with the defaults", strings.TrimSuffix(slotSlack.String(), "s")+" s", term.Seconds()),
+	} {
+		if !strings.Contains(readme, want) {
+			t.Errorf("README.md does not say %q", want)
 		}
 	}
 }
