@@ -52,6 +52,7 @@ type Worker struct {
 	dead     DeadLetterWriter
 	handlers []Handler
 	breaker  *breaker
+	slotHold time.Duration // how long a retry slot is held at most (slotTerm)
 	failures *failureLog
 	tr       *tracing      // nil: no spans
 	catalog  *tableCatalog // the tables' columns as PostgreSQL has them (copyGroupsChecked)
@@ -136,6 +137,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		w.log.Info("breaker closed: "+why, "fingerprint", fp)
 	})
 	w.breaker.onRelease = w.wakePartitions // their pairs waiting for a retry slot go now
+	w.slotHold = cfg.Retry.Longest() + slotSlack
 	// Bounded fetch buffers (SPEC: memory must not grow with the backlog);
 	// opts may override them.
 	all := []kgo.Opt{kgo.FetchMaxBytes(DefaultFetchMaxBytes), kgo.FetchMaxPartitionBytes(DefaultFetchMaxPartitionBytes)}

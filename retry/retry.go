@@ -265,14 +265,18 @@ func (p Policy) Validate() error {
 
 // Longest returns the longest that MaxRetries waits can take in all, each
 // at its longest (MaxInterval and Jitter included): 200+400+800+1600+3200
-// ms × 1.5 = 9.3 s with the defaults.
+// ms × 1.5 = 9.3 s with the defaults. It takes a step per wait only until
+// the waits reach MaxInterval (the rest are MaxInterval each), so a huge
+// MaxRetries costs nothing; the result is capped at MaxInt64/2.
 func (p Policy) Longest() time.Duration {
 	var sum float64
-	wait := float64(p.Initial)
-	for range p.MaxRetries {
-		sum += min(wait, float64(p.MaxInterval)) * (1 + p.Jitter)
+	wait, capped := float64(p.Initial), float64(p.MaxInterval)
+	n := p.MaxRetries
+	for ; n > 0 && wait < capped; n-- {
+		sum += wait * (1 + p.Jitter)
 		wait *= p.Multiplier
 	}
+	sum += float64(n) * capped * (1 + p.Jitter)
 	return time.Duration(min(sum, float64(math.MaxInt64/2)))
 }
 

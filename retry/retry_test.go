@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -303,6 +304,7 @@ func TestPolicyLongest(t *testing.T) {
 		{"defaults", DefaultPolicy(), 9300 * time.Millisecond}, // (200+400+800+1600+3200) ms × 1.5
 		{"capped, no jitter", Policy{Initial: time.Second, Multiplier: 10, MaxInterval: 5 * time.Second, MaxRetries: 3}, 11 * time.Second},
 		{"no retries", Policy{Initial: time.Second, Multiplier: 2, MaxInterval: time.Minute}, 0},
+		{"multiplier 1", Policy{Initial: 200 * time.Millisecond, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 300}, time.Minute},
 	} {
 		if got := tt.p.Longest(); got != tt.want {
 			t.Errorf("%s: Longest = %s, want %s", tt.name, got, tt.want)
@@ -311,5 +313,20 @@ func TestPolicyLongest(t *testing.T) {
 	huge := Policy{Initial: 1000 * time.Hour, Multiplier: 2, MaxInterval: 1000 * time.Hour, Jitter: 0.5, MaxRetries: 10000}
 	if got := huge.Longest(); got <= 0 {
 		t.Errorf("huge waits: Longest = %s, want a positive bound", got)
+	}
+	// --max-retries 9223372036854775807 (a new user's "retry forever"):
+	// Longest ran a step per retry, on every partition turn, and the
+	// worker spun on every core (new-user trial). Now it returns at once.
+	forever := DefaultPolicy()
+	forever.MaxRetries = math.MaxInt
+	done := make(chan time.Duration, 1)
+	go func() { done <- forever.Longest() }()
+	select {
+	case got := <-done:
+		if got < time.Duration(math.MaxInt64/4) {
+			t.Errorf("MaxRetries MaxInt: Longest = %s, want about the cap, MaxInt64/2 ns", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("MaxRetries MaxInt: Longest did not return within 10 s (a step per retry)")
 	}
 }
