@@ -283,6 +283,10 @@ func TestWorkerReleasesPairsWaitingForARetrySlotWhenARetrySucceeds(t *testing.T)
 	if n := len(r.deadLetters()); n != 0 {
 		t.Fatalf("%d dead letters before the fix, want none", n)
 	}
+	// Each waiting pair says so once, at DEBUG (README, Retry slots).
+	if n := len(logs.records("projection failed, waiting for a retry slot")); n != pairs-3 {
+		t.Errorf("%d lines \"projection failed, waiting for a retry slot\", want %d: one per pair without a slot", n, pairs-3)
+	}
 	exec(t, r.pool, "ALTER TABLE "+table+" ADD COLUMN stars integer")
 	fixed := time.Now()
 	waitFor(t, "every rating applied", func() bool { return r.count("artist_ratings") == pairs })

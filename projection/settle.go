@@ -121,11 +121,15 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		attrs = append(attrs, "waits_for_retry_slot", true)
 	}
 	// The line's trace_id and span_id are the pair's; its first failure is
-	// at WARN, repeats aggregated.
+	// at WARN, repeats aggregated; a pair that waits for a retry slot is
+	// not retried yet: a DEBUG line of its own, out of the aggregate.
 	ctx := spanContext(context.Background(), p.span)
-	if first {
+	switch {
+	case p.follow:
+		w.log.DebugContext(ctx, "projection failed, waiting for a retry slot", attrs...)
+	case first:
 		w.failures.write(ctx, slog.LevelWarn, "projection failed, retrying", p.fp, attrs...)
-	} else {
+	default:
 		w.log.DebugContext(ctx, "projection failed, retrying", attrs...)
 	}
 	retryEvent(p.span, p.retries+1, wait)
