@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,7 +58,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		// a taken port was said after initdb and the migrations).
 		ln, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
-			return fmt.Errorf("--http-addr %s: %w (another port: make run ARGS='--http-addr 127.0.0.1:18080')", s.httpAddr, err)
+			return fmt.Errorf("--http-addr %s: %w (another port: make run ARGS='--http-addr %s')", s.httpAddr, err, otherAddr(s.httpAddr))
 		}
 		ln.Close()
 	}
@@ -153,15 +154,18 @@ func parseDev(args []string, stderr io.Writer) (settings, int, error) {
 	s.registerRun(fs)
 	fs.String(&s.projections, "projections", "PROJECTIONS_FILE", "examples/projections.yaml", "projection definitions file")
 	fs.String(&s.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL to use instead of a throwaway cluster")
-	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1 (-1: any free port)")
+	fs.Int(&kafkaPort, "kafka-port", "DEV_KAFKA_PORT", 9092, "port of the embedded Kafka on 127.0.0.1 (0 or -1: any free port, printed)")
 	if err := parseFlags(fs, args); err != nil {
 		return s, 0, err
 	}
 	if kafkaPort < -1 || kafkaPort > 65535 {
-		return s, 0, fs.WithEnv(flagenv.Usagef("--kafka-port must be a port (0-65535, or -1 for any free port), got %d", kafkaPort))
+		return s, 0, fs.WithEnv(flagenv.Usagef("--kafka-port must be a port (1-65535, or 0 or -1 for any free port), got %d", kafkaPort))
 	}
 	if err := s.checkRun(); err != nil { // before Kafka and PostgreSQL start (exit status 2)
 		return s, 0, fs.WithEnv(err)
+	}
+	if kafkaPort == 0 { // any free port, as for a listener (new-user trial: 0 meant 9092)
+		kafkaPort = -1
 	}
 	return s, kafkaPort, nil
 }
@@ -205,4 +209,14 @@ func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts [
 		case <-tick.C:
 		}
 	}
+}
+
+// otherAddr suggests an address to try when addr is taken: the next port on
+// the same host (new-user trial: the hint named the taken address itself).
+func otherAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if n, perr := strconv.Atoi(port); err == nil && perr == nil && n > 0 && n < 65535 {
+		return net.JoinHostPort(host, strconv.Itoa(n+1))
+	}
+	return "127.0.0.1:18080"
 }

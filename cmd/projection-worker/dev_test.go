@@ -145,6 +145,26 @@ func TestDevSaysATakenHTTPAddressFirst(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr.String(), "--http-addr "+ln.Addr().String()) || strings.Contains(stdout.String(), "throwaway") || strings.Contains(stdout.String(), "kfake") {
 		t.Errorf("exit %d, want 1 naming --http-addr before anything starts\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
+	// The hint names another port, not the taken one (new-user trial).
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	n, _ := strconv.Atoi(port)
+	if hint := fmt.Sprintf("ARGS='--http-addr 127.0.0.1:%d'", n+1); n < 65535 && !strings.Contains(stderr.String(), hint) {
+		t.Errorf("stderr does not suggest %s:\n%s", hint, stderr.String())
+	}
+}
+
+// TestDevKafkaPortZeroIsAnyFreePort: --kafka-port 0 takes any free port, as
+// -1 does (new-user trial: it silently meant 9092).
+func TestDevKafkaPortZeroIsAnyFreePort(t *testing.T) {
+	clearSettingsEnv(t)
+	for _, arg := range []string{"0", "-1"} {
+		if _, port, err := parseDev([]string{"--kafka-port", arg}, io.Discard); err != nil || port != -1 {
+			t.Errorf("parseDev(--kafka-port %s) = %d, %v; want -1 (any free port), nil", arg, port, err)
+		}
+	}
+	if _, port, err := parseDev([]string{"--kafka-port", "29092"}, io.Discard); err != nil || port != 29092 {
+		t.Errorf("parseDev(--kafka-port 29092) = %d, %v; want 29092, nil", port, err)
+	}
 }
 
 // TestDevLogsTextUnlessAsked: the dev command (make run) logs text by
