@@ -494,8 +494,16 @@ func (k *soak) startInstance() {
 		kgo.SeedBrokers(k.cluster.ListenAddrs()...),
 		kgo.ClientID(name),
 		kgo.WithLogger(kslog.New(log.With("component", "kgo"))),
-		// A member that died abruptly is noticed in seconds, not 45 s.
-		kgo.SessionTimeout(10 * time.Second),
+		// A member that died abruptly is noticed in 25 s, not 45 s. Not
+		// less: kfake, unlike Apache Kafka, expires a member whose
+		// JoinGroup waits in a rebalance once its session timeout passes,
+		// and restarts the rebalance deadline at every join, so a kill
+		// during a rebalance (which then waits for the dead member's
+		// session) dropped the live members that had rejoined; they went
+		// on with their partitions, unaware, beside the new owner (seed
+		// 1796342323001481726 with 10 s: 44 and 423 duplicate dead letters
+		// from two such members; with 25 s none).
+		kgo.SessionTimeout(25 * time.Second),
 		kgo.HeartbeatInterval(time.Second),
 		kgo.RebalanceTimeout(10 * time.Second),
 	}
