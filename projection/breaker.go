@@ -64,9 +64,7 @@ func (c *BreakerConfig) Validate() error {
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = DefaultBreakerProbeInterval
 	}
-	if c.RetrySlots == 0 {
-		c.RetrySlots = max(DefaultBreakerRetrySlots, c.Threshold)
-	}
+	c.defaultRetrySlots()
 	switch {
 	case c.RetrySlots < -1 || c.RetrySlots >= 0 && c.RetrySlots < c.Threshold:
 		return fmt.Errorf("breaker retry slots must be at least the threshold (%d), or -1 for none, got %d", c.Threshold, c.RetrySlots)
@@ -133,9 +131,7 @@ func newBreaker(cfg BreakerConfig, onChange func(fingerprint string, open bool, 
 	if onChange == nil {
 		onChange = func(string, bool, int, string) {}
 	}
-	if cfg.RetrySlots == 0 { // not validated (tests)
-		cfg.RetrySlots = max(DefaultBreakerRetrySlots, cfg.Threshold)
-	}
+	cfg.defaultRetrySlots() // not validated (tests)
 	return &breaker{cfg: cfg, now: time.Now, onChange: onChange, fp: make(map[string]*fingerprintState), slots: map[string][]retrySlot{}}
 }
 
@@ -218,6 +214,14 @@ func (b *breaker) waiting(fp string) bool {
 	defer b.mu.Unlock()
 	st := b.fp[fp]
 	return len(b.slots[fp]) > 0 && (st == nil || !st.open)
+}
+
+// defaultRetrySlots fills in RetrySlots when unset: DefaultBreakerRetrySlots,
+// or Threshold when larger.
+func (c *BreakerConfig) defaultRetrySlots() {
+	if c.RetrySlots == 0 {
+		c.RetrySlots = max(DefaultBreakerRetrySlots, c.Threshold)
+	}
 }
 
 // errShortCircuit is returned by admit for a pair to dead-letter at once.
