@@ -165,10 +165,13 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 			return err
 		}
 		failures = append(failures, refused...)
+		pc.noteWrites(groups, suspects)
 		var left []pair
-		left, refused, ride = pc.applySuspects(ctx, suspects, groups)
+		left, refused, ride = pc.applySuspects(ctx, suspects)
 		rest = append(rest, left...)
 		failures = append(failures, refused...)
+	} else {
+		pc.noteWrites(nil, nil) // nothing rides without COPY groups
 	}
 	f, err := pc.applyPlanned(ctx, rest)
 	if err != nil {
@@ -389,15 +392,15 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 // (copyGroupsChecked's suspects) in one round trip, each in a transaction
 // of its own (execTogether): a refused one costs neither a round trip of
 // its own nor the statements after it. The due retries of the tables the
-// batch writes ride along (rideRetries): the returned round, nil when none,
+// batch writes (noteWrites) ride along (rideRetries): the returned round, nil when none,
 // is answered and is settled with finishRetries. It returns the pairs left
 // for the statement path (no answer, or an infrastructure error: that path
 // waits for the database) and the refused ones as failures.
-func (pc *partition) applySuspects(ctx context.Context, suspects []pair, groups []*copyGroup) ([]pair, []pairFailure, *retryRound) {
+func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair, []pairFailure, *retryRound) {
 	if pc.w.acquire == nil || len(suspects) == 0 {
 		return suspects, nil, nil
 	}
-	ride := pc.rideRetries(groups, suspects)
+	ride := pc.rideRetries()
 	var at plannedAttempts
 	all := suspects
 	if ride != nil {

@@ -43,9 +43,12 @@ type partition struct {
 	open     []*recordState // records with unfinished pairs, in offset order
 	lastDone *kgo.Record    // the last record taken
 	retries  retrySet
-	round    *retryRound      // the round of retries in flight, nil when none
-	seen     breakerSeen      // the breaker's counts when retries were last swept
-	writing  *deadLetterWrite // the dead-letter write in flight, nil when none
+	round    *retryRound // the round of retries in flight, nil when none
+	// rode holds the tables the last batch wrote with COPY or suspect
+	// upserts, which due retries may ride (noteWrites).
+	rode    []projectionTable
+	seen    breakerSeen      // the breaker's counts when retries were last swept
+	writing *deadLetterWrite // the dead-letter write in flight, nil when none
 	// refusedGroups marks the COPY groups to isolate at once (execCopy).
 	refusedGroups refusedMarks
 	// pairsPerRecord is planned pairs per record of the last batch, in
@@ -207,7 +210,7 @@ func (pc *partition) run() {
 		if err := pc.settleDeadLetters(pc.ctx, false); err != nil {
 			return
 		}
-		if pc.turnRetries(true) != nil {
+		if pc.turnRetries(true, nil) != nil {
 			return
 		}
 		for pc.retries.hasRoom(pc.w.cfg) {
@@ -228,8 +231,10 @@ func (pc *partition) run() {
 				// Settle a round answered meanwhile and start the next of
 				// the pairs due: a partition whose queue never runs dry
 				// (a backlog, under load) retries on schedule too, not
-				// only the pairs that ride a batch of their table.
-				if pc.turnRetries(true) != nil {
+				// only the pairs that ride a batch of their table. It
+				// leaves the pairs that may ride the next batch
+				// (leftToRide).
+				if pc.turnRetries(true, pc.leftToRide) != nil {
 					return
 				}
 			}

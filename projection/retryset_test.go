@@ -222,7 +222,7 @@ func TestRetryDueDeadLettersAWaitingPairOfAnOpenBreakerWithoutAnAttempt(t *testi
 	if d := pc.retries.nextDue(time.Hour); d != 0 {
 		t.Fatalf("next due in %s after the breaker opened, want now", d)
 	}
-	if err := pc.finishRetries(context.Background(), pc.startRetries(context.Background())); err != nil {
+	if err := pc.finishRetries(context.Background(), pc.startRetries(context.Background(), nil)); err != nil {
 		t.Fatal(err)
 	}
 	if err := pc.settleDeadLetters(context.Background(), true); err != nil {
@@ -357,7 +357,7 @@ func TestRideRetriesTakesTheDuePairsOfTheTablesTheBatchWrites(t *testing.T) {
 	notDue := waiting(5, ratings, "t", time.Hour)
 	batchSuspect := failedPair(9)
 	batchSuspect.d.ev.TenantSchema = "t"
-	r := pc.rideRetries([]*copyGroup{newCopyGroup(ratings, "t")}, []pair{{d: batchSuspect.d, h: follows}})
+	r := rideWith(pc, []*copyGroup{newCopyGroup(ratings, "t")}, []pair{{d: batchSuspect.d, h: follows}})
 	if r == nil || len(r.attempting) != 2 || r.attempting[0] != copied || r.attempting[1] != suspect {
 		t.Fatalf("rode %v, want the due pairs of the batch's tables (offsets 1 and 2)", r)
 	}
@@ -371,7 +371,7 @@ func TestRideRetriesTakesTheDuePairsOfTheTablesTheBatchWrites(t *testing.T) {
 	if len(left) != 3 || !left[otherTable] || !left[otherTenant] || !left[notDue] {
 		t.Errorf("left waiting %d pairs, want another table's, another tenant's and the one not due", len(left))
 	}
-	if r := pc.rideRetries(nil, nil); r != nil {
+	if r := rideWith(pc, nil, nil); r != nil {
 		t.Errorf("a batch writing nothing took %d retries", len(r.attempting))
 	}
 }
@@ -389,7 +389,7 @@ func TestARiderThatFoundALockGoesAsideWithoutAnAttempt(t *testing.T) {
 	p.due, p.wait = time.Now().Add(-time.Second), time.Second
 	pc.retries.add(p)
 	groups := []*copyGroup{newCopyGroup(ratings, "t")}
-	r := pc.rideRetries(groups, nil)
+	r := rideWith(pc, groups, nil)
 	if r == nil || len(r.attempting) != 1 {
 		t.Fatalf("rode %v, want the due pair", r)
 	}
@@ -402,18 +402,61 @@ func TestARiderThatFoundALockGoesAsideWithoutAnAttempt(t *testing.T) {
 		t.Fatalf("retry set %d pairs (%d flying), pair retries %d noRide %v due in %s; want it back, due, 2 retries, no ride",
 			len(pc.retries.pairs), pc.retries.flying, p.retries, p.noRide, time.Until(p.due))
 	}
-	if r := pc.rideRetries(groups, nil); r != nil {
+	if r := rideWith(pc, groups, nil); r != nil {
 		t.Error("a pair that found a lock rode again")
 	}
 	q := failedPair(4)
 	q.h, q.due, q.wait = ratings, time.Now().Add(-time.Second), time.Second
 	pc.retries.add(q)
 	pc.round = &retryRound{done: make(chan struct{})}
-	if r := pc.rideRetries(groups, nil); r != nil {
+	if r := rideWith(pc, groups, nil); r != nil {
 		t.Error("a retry rode while a round was in flight")
 	}
 	pc.round = nil
-	if r := pc.rideRetries(groups, nil); r == nil || len(r.attempting) != 1 || r.attempting[0] != q {
+	if r := rideWith(pc, groups, nil); r == nil || len(r.attempting) != 1 || r.attempting[0] != q {
 		t.Errorf("rode %v, want the other due pair", r)
+	}
+}
+
+// rideWith notes the tables groups and suspects write, as a batch does,
+// and returns the round of the due retries that ride it.
+func rideWith(pc *partition, groups []*copyGroup, suspects []pair) *retryRound {
+	pc.noteWrites(groups, suspects)
+	return pc.rideRetries()
+}
+
+// TestTheRoundBetweenBatchesLeavesThePairsThatMayRide: between batches
+// (partition.run), a due pair that may ride the next batch (its table was
+// written by the last one, and it never found a lock) stays in the retry
+// set while it is late by less than its wait; the others are taken.
+func TestTheRoundBetweenBatchesLeavesThePairsThatMayRide(t *testing.T) {
+	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 5}})
+	ratings, likes := &TableProjection{}, &TableProjection{}
+	waiting := func(offset int64, h Handler, late time.Duration, noRide bool) *retryPair {
+		p := failedPair(offset)
+		p.h, p.d.ev.TenantSchema, p.noRide = h, "t", noRide
+		p.due, p.wait = time.Now().Add(-late), time.Second
+		pc.retries.add(p)
+		return p
+	}
+	rider := waiting(1, ratings, 100*time.Millisecond, false)
+	overdue := waiting(2, ratings, 2*time.Second, false)
+	foundALock := waiting(3, ratings, 100*time.Millisecond, true)
+	otherTable := waiting(4, likes, 100*time.Millisecond, false)
+	pc.noteWrites([]*copyGroup{newCopyGroup(ratings, "t")}, nil)
+	r := pc.startRetries(context.Background(), pc.leftToRide)
+	if r == nil {
+		t.Fatal("no round, want the pairs that may not ride")
+	}
+	<-r.done
+	taken := map[*retryPair]bool{}
+	for _, p := range r.attempting {
+		taken[p] = true
+	}
+	if len(taken) != 3 || !taken[overdue] || !taken[foundALock] || !taken[otherTable] {
+		t.Errorf("round took %d pairs, want the one late by more than its wait, the one that found a lock and another table's", len(taken))
+	}
+	if len(pc.retries.pairs) != 1 || pc.retries.pairs[0] != rider {
+		t.Errorf("left %d pairs waiting, want the one that may ride", len(pc.retries.pairs))
 	}
 }

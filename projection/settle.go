@@ -200,9 +200,14 @@ func (r *retryRound) doneChan() <-chan struct{} {
 // it waited is not attempted: the breaker already says how it would end
 // (its dead letter is written by finishRetries). The pairs of the round
 // still count against the retry set's bounds (retrySet.hasRoom) until it
-// is finished.
-func (pc *partition) startRetries(ctx context.Context) *retryRound {
-	r := pc.newRound(pc.retries.takeDue(time.Now(), nil))
+// is finished. With skip not nil, the due pairs it reports true for stay
+// in the set.
+func (pc *partition) startRetries(ctx context.Context, skip func(*retryPair) bool) *retryRound {
+	var only func(*retryPair) bool
+	if skip != nil {
+		only = func(p *retryPair) bool { return !skip(p) }
+	}
+	r := pc.newRound(pc.retries.takeDue(time.Now(), only))
 	if r == nil {
 		return nil
 	}
@@ -248,9 +253,9 @@ func (r *retryRound) answered() {
 
 // rideRetries takes from the retry set the due pairs of the table
 // projections and tenant schemas that the batch writes (its COPY groups
-// and its suspect upserts), for their attempts to ride the batch's round
-// trip of suspect upserts (applySuspects) rather than make a round of
-// their own: a 1 % poison that a CHECK refuses inside COPY groups (23514)
+// and its suspect upserts: pc.rode, noteWrites), for their attempts to
+// ride the batch's round trip of suspect upserts (applySuspects) rather
+// than make a round of their own: a 1 % poison that a CHECK refuses inside COPY groups (23514)
 // then costs PostgreSQL's statements, not rounds waiting for another
 // connection of the pool while the partition waits for them. Only those
 // tables: a table lock that makes their retries wait holds the batch's
@@ -259,27 +264,53 @@ func (r *retryRound) answered() {
 // own and never rides again (retryPair.noRide). Nothing rides while a
 // round is in flight: that round may be waiting for the same lock. It
 // returns nil when no pair rides.
-func (pc *partition) rideRetries(groups []*copyGroup, suspects []pair) *retryRound {
+func (pc *partition) rideRetries() *retryRound {
 	if len(pc.retries.pairs) == 0 || pc.round != nil {
 		return nil
 	}
-	type table struct {
-		h      Handler
-		schema string
-	}
-	writes := make([]table, 0, len(groups)+1)
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
+	return pc.newRound(pc.retries.takeDue(time.Now(), pc.mayRide))
+}
+
+// noteWrites sets pc.rode to the tables of the batch's COPY groups and
+// suspect upserts, which its due retries may ride (rideRetries) and which
+// the round between batches leaves to the next batch (leftToRide).
+func (pc *partition) noteWrites(groups []*copyGroup, suspects []pair) {
+	pc.rode = pc.rode[:0]
 	for _, g := range groups {
-		writes = append(writes, table{g.p, g.schema})
-	}
-	for _, p := range suspects {
-		if t := (table{p.h, p.d.ev.TenantSchema}); !slices.Contains(writes, t) {
-			writes = append(writes, t)
+		if t := (projectionTable{g.p, g.schema}); !slices.Contains(pc.rode, t) {
+			pc.rode = append(pc.rode, t)
 		}
 	}
-	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
-	return pc.newRound(pc.retries.takeDue(time.Now(), func(p *retryPair) bool {
-		return !p.noRide && slices.Contains(writes, table{p.h, p.d.ev.TenantSchema})
-	}))
+	for _, p := range suspects {
+		if t := (projectionTable{p.h, p.d.ev.TenantSchema}); !slices.Contains(pc.rode, t) {
+			pc.rode = append(pc.rode, t)
+		}
+	}
+}
+
+// projectionTable is a projection's table in a tenant schema.
+type projectionTable struct {
+	h      Handler
+	schema string
+}
+
+// mayRide reports whether p may ride a batch that writes the tables in
+// pc.rode (rideRetries).
+func (pc *partition) mayRide(p *retryPair) bool {
+	return !p.noRide && slices.Contains(pc.rode, projectionTable{p.h, p.d.ev.TenantSchema})
+}
+
+// leftToRide reports whether the round that starts between batches (run)
+// leaves p, due, in the retry set: p could ride the batch just applied
+// (mayRide), so the next batch, which most likely writes its table too,
+// may carry its attempt in its round trip of suspect upserts (a round of
+// its own costs PostgreSQL another connection and the partition its
+// wait), and p is late by less than its wait. The bound keeps a pair
+// retried on time, at most its wait late, under a backlog of batches that
+// write its table but have no suspect upserts to ride.
+func (pc *partition) leftToRide(p *retryPair) bool {
+	return pc.mayRide(p) && time.Since(p.due) < p.wait
 }
 
 // retryRoundWait is how long a partition's goroutine waits for the round
@@ -298,7 +329,7 @@ const retryRoundWait = 250 * time.Millisecond
 // due at once first when their breaker opened) and waits for it up to
 // retryRoundWait, settling it when it is answered by then. It returns
 // ctx's error when ctx is done first.
-func (pc *partition) turnRetries(start bool) error {
+func (pc *partition) turnRetries(start bool, skip func(*retryPair) bool) error {
 	if pc.round.finished() {
 		r := pc.round
 		pc.round = nil
@@ -310,7 +341,7 @@ func (pc *partition) turnRetries(start bool) error {
 		return nil
 	}
 	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
-	r := pc.startRetries(pc.ctx)
+	r := pc.startRetries(pc.ctx, skip)
 	if r == nil {
 		return nil
 	}
