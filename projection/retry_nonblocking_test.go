@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -284,8 +285,21 @@ func TestWorkerReleasesPairsWaitingForARetrySlotWhenARetrySucceeds(t *testing.T)
 		t.Fatalf("%d dead letters before the fix, want none", n)
 	}
 	// Each waiting pair says so once, at DEBUG (README, Retry slots).
-	if n := len(logs.records("projection failed, waiting for a retry slot")); n != pairs-3 {
+	waiting := logs.records("projection failed, waiting for a retry slot")
+	if n := len(waiting); n != pairs-3 {
 		t.Errorf("%d lines \"projection failed, waiting for a retry slot\", want %d: one per pair without a slot", n, pairs-3)
+	}
+	for _, rec := range waiting {
+		var keys []string
+		rec.Attrs(func(a slog.Attr) bool {
+			keys = append(keys, a.Key)
+			return true
+		})
+		// Not retried: no retry number and no retry wait (README).
+		if !slices.Contains(keys, "wait_at_most") || slices.Contains(keys, "retry") || slices.Contains(keys, "wait") {
+			t.Errorf("waiting line's attributes %v, want wait_at_most and neither retry nor wait", keys)
+			break
+		}
 	}
 	exec(t, r.pool, "ALTER TABLE "+table+" ADD COLUMN stars integer")
 	fixed := time.Now()

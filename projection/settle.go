@@ -115,10 +115,11 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	}
 	ev := p.d.ev
 	attrs := []any{"topic", p.d.rec.Topic, "partition", p.d.rec.Partition, "offset", p.d.rec.Offset,
-		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema,
-		"retry", p.retries + 1, "wait", wait, "error", p.err}
-	if p.follow {
-		attrs = append(attrs, "waits_for_retry_slot", true)
+		"projection", p.h.Name(), "tenant_schema", ev.TenantSchema}
+	if p.follow { // no retry is scheduled: it waits for the slots at most until they expire
+		attrs = append(attrs, "waits_for_retry_slot", true, "wait_at_most", wait, "error", p.err)
+	} else {
+		attrs = append(attrs, "retry", p.retries+1, "wait", wait, "error", p.err)
 	}
 	// The line's trace_id and span_id are the pair's; its first failure is
 	// at WARN, repeats aggregated; a pair that waits for a retry slot is
