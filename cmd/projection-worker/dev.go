@@ -58,7 +58,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		// a taken port was said after initdb and the migrations).
 		ln, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
-			return fmt.Errorf("--http-addr %s: %w (another port: make run ARGS='--http-addr %s')", s.httpAddr, err, otherAddr(s.httpAddr))
+			a := otherAddr(s.httpAddr)
+			return fmt.Errorf("--http-addr %s: %w (%s is free now: pass --http-addr %s, with make run in ARGS)", s.httpAddr, err, a, a)
 		}
 		ln.Close()
 	}
@@ -211,12 +212,22 @@ func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts [
 	}
 }
 
-// otherAddr suggests an address to try when addr is taken: the next port on
-// the same host (new-user trial: the hint named the taken address itself).
+// otherAddr suggests an address to try when addr is taken: the first of
+// the next 100 ports on the same host that is free now (new-user trials:
+// the hint named the taken address itself, then a port that was taken
+// too); "127.0.0.1:18080" when addr has no port or none of them is free.
 func otherAddr(addr string) string {
 	host, port, err := net.SplitHostPort(addr)
-	if n, perr := strconv.Atoi(port); err == nil && perr == nil && n > 0 && n < 65535 {
-		return net.JoinHostPort(host, strconv.Itoa(n+1))
+	n, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || n <= 0 {
+		return "127.0.0.1:18080"
+	}
+	for p := n + 1; p <= min(n+100, 65535); p++ {
+		a := net.JoinHostPort(host, strconv.Itoa(p))
+		if ln, err := net.Listen("tcp", a); err == nil {
+			ln.Close()
+			return a
+		}
 	}
 	return "127.0.0.1:18080"
 }

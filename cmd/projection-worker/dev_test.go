@@ -145,11 +145,55 @@ func TestDevSaysATakenHTTPAddressFirst(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr.String(), "--http-addr "+ln.Addr().String()) || strings.Contains(stdout.String(), "throwaway") || strings.Contains(stdout.String(), "kfake") {
 		t.Errorf("exit %d, want 1 naming --http-addr before anything starts\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
-	// The hint names another port, not the taken one (new-user trial).
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	// The hint names another port that is free (new-user trials: it named
+	// the taken one, then the next port, taken too).
+	_, hint, ok := strings.Cut(stderr.String(), "pass --http-addr ")
+	hint, _, _ = strings.Cut(hint, ",")
+	if !ok || hint == ln.Addr().String() {
+		t.Fatalf("stderr does not suggest another --http-addr:\n%s", stderr.String())
+	}
+	free, err := net.Listen("tcp", hint)
+	if err != nil {
+		t.Errorf("the suggested --http-addr %s is not free: %v", hint, err)
+	} else {
+		free.Close()
+	}
+}
+
+// TestOtherAddrSkipsTakenPorts: the suggestion is free, past the taken
+// ports after the one asked for.
+func TestOtherAddrSkipsTakenPorts(t *testing.T) {
+	var taken []net.Listener
+	defer func() {
+		for _, ln := range taken {
+			ln.Close()
+		}
+	}()
+	first, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken = append(taken, first)
+	_, port, _ := net.SplitHostPort(first.Addr().String())
 	n, _ := strconv.Atoi(port)
-	if hint := fmt.Sprintf("ARGS='--http-addr 127.0.0.1:%d'", n+1); n < 65535 && !strings.Contains(stderr.String(), hint) {
-		t.Errorf("stderr does not suggest %s:\n%s", hint, stderr.String())
+	for p := n + 1; p <= n+3 && p < 65535; p++ {
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			taken = append(taken, ln)
+		}
+	}
+	got := otherAddr(first.Addr().String())
+	for _, ln := range taken {
+		if got == ln.Addr().String() {
+			t.Fatalf("otherAddr(%s) = %s, a taken port", first.Addr(), got)
+		}
+	}
+	ln, err := net.Listen("tcp", got)
+	if err != nil {
+		t.Fatalf("otherAddr(%s) = %s, not free: %v", first.Addr(), got, err)
+	}
+	ln.Close()
+	if got := otherAddr("no-port"); got != "127.0.0.1:18080" {
+		t.Errorf("otherAddr(no-port) = %s, want 127.0.0.1:18080", got)
 	}
 }
 
@@ -258,5 +302,22 @@ func TestDevLeavesAnExampleSchemaItDidNotMake(t *testing.T) {
 	var staging bool
 	if err := pool.QueryRow(check, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'acme_concertapp_staging')").Scan(&staging); err != nil || staging {
 		t.Errorf("dev made the staging schema (%v, %v) before stopping, want nothing changed", staging, err)
+	}
+}
+
+// TestDevSaysATakenKafkaPort: a taken --kafka-port stops make run with
+// status 1 and says how to take a free one (new-user trial: no hint).
+func TestDevSaysATakenKafkaPort(t *testing.T) {
+	clearSettingsEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), []string{"dev", "--kafka-port", port, "--http-addr", "", "--projections", exampleProjections}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "127.0.0.1:"+port) || !strings.Contains(stderr.String(), "--kafka-port 0 takes any free port") {
+		t.Errorf("exit %d, want 1 naming the port and --kafka-port 0\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
 }

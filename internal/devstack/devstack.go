@@ -69,7 +69,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	}
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(opts.KafkaPort), kfake.DefaultNumPartitions(int(opts.Partitions)))
 	if err != nil {
-		return nil, fmt.Errorf("embedded kafka on 127.0.0.1:%d: %w (is another broker or `make run` already listening there?)", opts.KafkaPort, err)
+		return nil, fmt.Errorf("embedded kafka on 127.0.0.1:%d: %w (is another broker or `make run` already listening there? --kafka-port 0 takes any free port)", opts.KafkaPort, err)
 	}
 	s := &Stack{Brokers: kc.ListenAddrs()[0], kafka: kc, DatabaseURL: opts.DatabaseURL}
 	opts.Logf("embedded kafka (kfake) listening on %s", s.Brokers)
