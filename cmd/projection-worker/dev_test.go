@@ -135,11 +135,7 @@ func TestDevCtrlCWhileStartingIsAStop(t *testing.T) {
 // start (new-user trial: it was said after initdb and the migrations).
 func TestDevSaysATakenHTTPAddressFirst(t *testing.T) {
 	clearSettingsEnv(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := takenPort(t)
 	var stdout, stderr syncBuffer
 	code := run(context.Background(), []string{"dev", "--kafka-port", "-1", "--http-addr", ln.Addr().String(), "--projections", exampleProjections}, &stdout, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "--http-addr "+ln.Addr().String()) || strings.Contains(stdout.String(), "throwaway") || strings.Contains(stdout.String(), "kfake") {
@@ -169,11 +165,7 @@ func TestOtherAddrSkipsTakenPorts(t *testing.T) {
 			ln.Close()
 		}
 	}()
-	first, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	taken = append(taken, first)
+	first := takenPort(t)
 	_, port, _ := net.SplitHostPort(first.Addr().String())
 	n, _ := strconv.Atoi(port)
 	for p := n + 1; p <= n+3 && p < 65535; p++ {
@@ -309,11 +301,7 @@ func TestDevLeavesAnExampleSchemaItDidNotMake(t *testing.T) {
 // status 1 and says how to take a free one (new-user trial: no hint).
 func TestDevSaysATakenKafkaPort(t *testing.T) {
 	clearSettingsEnv(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := takenPort(t)
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	var stdout, stderr syncBuffer
 	code := run(context.Background(), []string{"dev", "--kafka-port", port, "--http-addr", "", "--projections", exampleProjections}, &stdout, &stderr)

@@ -58,11 +58,7 @@ func TestRunExitsClearlyWhenKafkaStaysUnreachable(t *testing.T) {
 // --kafka-start-timeout 5s, and a bare "context deadline exceeded").
 func TestRunStartTimeoutBoundsAnAttempt(t *testing.T) {
 	clearSettingsEnv(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := takenPort(t)
 	go func() {
 		var held []net.Conn // never answered, closed when the test ends
 		defer func() {

@@ -578,11 +578,7 @@ func TestTopicsWarnsAboutShortDeadLetterRetention(t *testing.T) {
 func TestRunHTTPAddrInUseExitsOne(t *testing.T) {
 	t.Parallel()
 	b := kafkatest.New(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := takenPort(t)
 	r := runCmd(t, 60*time.Second, "run",
 		"--brokers", strings.Join(b.Addrs, ","),
 		"--database-url", "postgres://postgres:postgres@"+closedAddr(t)+"/postgres?sslmode=disable",
@@ -644,4 +640,16 @@ func topicConfig(ctx context.Context, t *testing.T, adm *kadm.Client, topic, key
 	}
 	t.Fatalf("%s has no config %s", topic, key)
 	return ""
+}
+
+// takenPort returns a listener on a free port of 127.0.0.1, closed when
+// the test ends: a port another service holds.
+func takenPort(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
