@@ -18,7 +18,7 @@ const DefaultFailureLogInterval = time.Minute
 // fingerprint is written in full, with its fingerprint; the repeats are
 // counted and, when the interval ends, written as one line per message and
 // fingerprint, "<message> (repeated)" with their count, the interval and
-// the last pair's partition and offset. 100 000 dead letters of one cause
+// the last pair's partition, offset and error. 100 000 dead letters of one cause
 // then write a few lines a minute, not 100 000.
 type failureLog struct {
 	log      *slog.Logger
@@ -100,7 +100,7 @@ func (l *failureLog) writeRepeats(ctx context.Context, k failureKey, r *failureR
 	attrs := []any{"fingerprint", k.fingerprint, "count", r.n, "since", r.since}
 	for i := 0; i+1 < len(r.last); i += 2 {
 		switch r.last[i] {
-		case "projection", "tenant_schema", "error_class", "partition", "offset":
+		case "projection", "tenant_schema", "error_class", "partition", "offset", "error":
 			attrs = append(attrs, "last_"+r.last[i].(string), r.last[i+1])
 		}
 	}
@@ -110,10 +110,13 @@ func (l *failureLog) writeRepeats(ctx context.Context, k failureKey, r *failureR
 	l.log.Log(trace.ContextWithSpanContext(ctx, r.lastSpan), r.level, k.msg+" (repeated)", attrs...)
 }
 
-// run flushes the failure log every interval until ctx is done, then
-// writes what is left.
+// run flushes the failure log every tenth of the interval (at least 1 ms)
+// until ctx is done, then writes what is left: a fingerprint's repeats are
+// written at most a tenth of the interval after its interval ends
+// (new-user trial: flushed once an interval, a repeat came up to two
+// intervals after its fingerprint's first line).
 func (l *failureLog) run(ctx context.Context) {
-	t := time.NewTicker(l.interval)
+	t := time.NewTicker(max(l.interval/10, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

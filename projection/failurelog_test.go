@@ -109,16 +109,61 @@ func TestFailureLogRepeatsCarryTheLastRepeatsTrace(t *testing.T) {
 	ctx2, sc2 := recordCtx(2)
 	ctx3, sc3 := recordCtx(3)
 	l.write(ctx1, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 1)
-	l.write(ctx2, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 2)
+	l.write(ctx2, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 2, "error", "the second's")
 	clock.add(time.Minute)
 	l.write(ctx3, slog.LevelWarn, "dead-lettered", "fp", "partition", 0, "offset", 3)
 	lines := logLines(t, &buf)
-	if len(lines) != 3 || lines[1]["msg"] != "dead-lettered (repeated)" || lines[1]["last_offset"] != 2.0 {
-		t.Fatalf("lines %v, want offset 1 in full, offset 2 as a repeat, offset 3 in full", lines)
+	if len(lines) != 3 || lines[1]["msg"] != "dead-lettered (repeated)" || lines[1]["last_offset"] != 2.0 || lines[1]["last_error"] != "the second's" {
+		t.Fatalf("lines %v, want offset 1 in full, offset 2 (and its error) as a repeat, offset 3 in full", lines)
 	}
 	for i, want := range []trace.SpanContext{sc1, sc2, sc3} {
 		if !spans[i].Equal(want) {
 			t.Errorf("line %d (%v) carries trace %s, want %s", i, lines[i]["msg"], spans[i].TraceID(), want.TraceID())
 		}
+	}
+}
+
+// recordChan is a slog.Handler that sends each record's message.
+type recordChan chan string
+
+func (h recordChan) Enabled(context.Context, slog.Level) bool { return true }
+func (h recordChan) Handle(_ context.Context, r slog.Record) error {
+	h <- r.Message
+	return nil
+}
+func (h recordChan) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h recordChan) WithGroup(string) slog.Handler      { return h }
+
+// TestFailureLogWritesRepeatsSoonAfterTheirInterval: a fingerprint whose
+// first line came half an interval after run started gets its repeats
+// written about one interval after that line, not at the next whole
+// interval of run's (new-user trial: up to two intervals).
+func TestFailureLogWritesRepeatsSoonAfterTheirInterval(t *testing.T) {
+	const interval = 2 * time.Second
+	lines := make(recordChan, 8)
+	l := newFailureLog(slog.New(lines), interval)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(interval / 2)
+	first := time.Now()
+	l.write(ctx, slog.LevelWarn, "dead-lettered", "fp", "offset", 1)
+	l.write(ctx, slog.LevelWarn, "dead-lettered", "fp", "offset", 2)
+	if msg := <-lines; msg != "dead-lettered" {
+		t.Fatalf("first line %q", msg)
+	}
+	select {
+	case msg := <-lines:
+		// Flushed once an interval, the repeats came 1.5 intervals after
+		// the first line; a tenth of an interval's ticks bring it to 1.1.
+		if took := time.Since(first); msg != "dead-lettered (repeated)" || took > interval*13/10 {
+			t.Errorf("%q %s after the first line, want the repeated line within 1.3 intervals (%s)", msg, took, interval*13/10)
+		}
+	case <-time.After(3 * interval):
+		t.Fatal("no repeated line within 3 intervals")
 	}
 }
