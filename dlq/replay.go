@@ -511,7 +511,7 @@ func eventsTopicLimits(ctx context.Context, opts []kgo.Opt, topic string) (int32
 	}
 	td, ok := tds[topic]
 	if !ok || td.Err != nil || len(td.Partitions) == 0 {
-		if ok && td.Err != nil {
+		if ok && td.Err != nil && !errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
 			err = td.Err
 		} else {
 			err = ErrTopicNotFound

@@ -63,6 +63,8 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 			log.Error("interrupted", "err", runErr)
 		} else if cause := kafkaCause(runErr, s.kafka.Brokers); cause != "" {
 			log.Error(cmd+" failed", "cause", cause, "err", runErr)
+		} else if setting := s.missingTopicSetting(runErr); setting != "" {
+			log.Error(cmd+" failed", "cause", "the topic does not exist: check "+setting, "err", runErr)
 		} else {
 			log.Error(cmd+" failed", "err", runErr)
 		}
@@ -263,6 +265,27 @@ const noMatch = "no dead letter matched the filter"
 // errNothingMatched is returned by retry and skip with --fail-on-empty when
 // the filters select no dead letter: exit status 3.
 var errNothingMatched = errors.New(noMatch)
+
+// missingTopicSetting names the flag and variable of the topic that err
+// says does not exist (dlq.ErrTopicNotFound, wrapped by "<what> <topic>:"),
+// "" when err says no such thing (new-user trial: a mistyped --dlq-topic
+// gave "list offsets of nosuch.dlq: topic does not exist", naming no flag,
+// while a mistyped --ledger-topic is named).
+func (s *settings) missingTopicSetting(err error) string {
+	if !errors.Is(err, dlq.ErrTopicNotFound) {
+		return ""
+	}
+	for _, t := range []struct{ topic, setting string }{
+		{s.dlqTopic, "--dlq-topic (DLQ_TOPIC)"},
+		{s.topic, "--topic (EVENTS_TOPIC)"},
+		{s.ledgerTopic, ledgerTopicSetting},
+	} {
+		if strings.Contains(err.Error(), " "+t.topic+": "+dlq.ErrTopicNotFound.Error()) {
+			return t.setting
+		}
+	}
+	return ""
+}
 
 // ledgerTopicSetting names the ledger topic's flag and variable in the
 // warning of a ledger topic that does not exist.

@@ -247,6 +247,29 @@ func TestAFilterFromTheEnvironmentIsSaid(t *testing.T) {
 	}
 }
 
+// TestAMissingTopicNamesItsFlag: a dead-letter or events topic that does
+// not exist fails the command with a cause naming its flag and variable, as
+// the ledger topic's warning does (new-user trial: "list offsets of
+// nosuch.dlq: topic does not exist" named no flag).
+func TestAMissingTopicNamesItsFlag(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	missing := kafkatest.TopicName(t, "nosuch")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "--all", "--dlq-topic", missing}, "check --dlq-topic (DLQ_TOPIC)"},
+		{[]string{"summary", "--all", "--dlq-topic", missing}, "check --dlq-topic (DLQ_TOPIC)"},
+		{[]string{"retry", "--all", "--topic", missing}, "check --topic (EVENTS_TOPIC)"},
+	} {
+		r := runCmd(t, f.env, c.args...)
+		if r.code != 1 || !strings.Contains(r.stderr, c.want) || !strings.Contains(r.stderr, missing) {
+			t.Errorf("%v: exit %d, want 1 and %q with the topic's name\n%s", c.args, r.code, c.want, r.stderr)
+		}
+	}
+}
+
 // TestSeedCommands runs the seed's proposed `causet dlq` commands as
 // dlq-replayer commands, then checks the summary line, the ledger status in
 // list, and that a second retry replays nothing.
