@@ -65,6 +65,9 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 			if projection.ValidTenantSchema(t) { // valid, so the pattern refused it
 				reason += " (--tenant-schema-pattern, TENANT_SCHEMA_PATTERN)"
 			}
+			if strings.Contains(t, ",") { // new-user trial: --tenant-schema t1,t2
+				reason += "; one tenant schema per --tenant-schema: repeat the flag for several (TENANT_SCHEMAS is comma-separated)"
+			}
 			if strings.Contains(reason, `, got "`) { // the reason quotes the value
 				return flagenv.Usagef("--tenant-schema: %s", reason)
 			}

@@ -221,6 +221,9 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"--tenant-schema-pattern", `the only name it matches is "public"`}},
 		{name: "migrate without tenant schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"--tenant-schema is required"}},
+		// new-user trial: the flag takes one tenant schema, not a list.
+		{name: "migrate a comma-separated --tenant-schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t1,t2"},
+			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1,t2"`, "repeat the flag for several"}},
 		{name: "migrate without database url", args: []string{"migrate", "--projections", exampleProjections, "--tenant-schema", "t1"},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
 		{name: "topics brokers without port", args: []string{"topics", "--brokers", "nohostport"}, wantCode: 2, wantStderr: []string{"--brokers"}},
