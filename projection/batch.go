@@ -392,8 +392,8 @@ func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFa
 // (copyGroupsChecked's suspects) in one round trip, each in a transaction
 // of its own (execTogether): a refused one costs neither a round trip of
 // its own nor the statements after it. The due retries of the tables the
-// batch writes (noteWrites) ride along (rideRetries): the returned round, nil when none,
-// is answered and is settled with finishRetries. It returns the pairs left
+// batch writes (noteWrites) ride along (rideRetries): the returned round,
+// nil when none, is answered and is settled with finishRetries. It returns the pairs left
 // for the statement path (no answer, or an infrastructure error: that path
 // waits for the database) and the refused ones as failures.
 func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair, []pairFailure, *retryRound) {

@@ -428,7 +428,8 @@ func rideWith(pc *partition, groups []*copyGroup, suspects []pair) *retryRound {
 // TestTheRoundBetweenBatchesLeavesThePairsThatMayRide: between batches
 // (partition.run), a due pair that may ride the next batch (its table was
 // written by the last one, and it never found a lock) stays in the retry
-// set while it is late by less than its wait; the others are taken.
+// set while it is late by less than its wait and retryRoundWait; the
+// others are taken.
 func TestTheRoundBetweenBatchesLeavesThePairsThatMayRide(t *testing.T) {
 	pc := testPartition(t, Config{Retry: retry.Policy{Initial: time.Second, Multiplier: 1, MaxInterval: time.Second, MaxRetries: 5}})
 	ratings, likes := &TableProjection{}, &TableProjection{}
@@ -441,6 +442,9 @@ func TestTheRoundBetweenBatchesLeavesThePairsThatMayRide(t *testing.T) {
 	}
 	rider := waiting(1, ratings, 100*time.Millisecond, false)
 	overdue := waiting(2, ratings, 2*time.Second, false)
+	// Late by less than its wait, more than retryRoundWait: a pair made
+	// due at once (released from waiting for a slot) is not held long.
+	releasedLate := waiting(5, ratings, retryRoundWait+50*time.Millisecond, false)
 	foundALock := waiting(3, ratings, 100*time.Millisecond, true)
 	otherTable := waiting(4, likes, 100*time.Millisecond, false)
 	pc.noteWrites([]*copyGroup{newCopyGroup(ratings, "t")}, nil)
@@ -453,8 +457,8 @@ func TestTheRoundBetweenBatchesLeavesThePairsThatMayRide(t *testing.T) {
 	for _, p := range r.attempting {
 		taken[p] = true
 	}
-	if len(taken) != 3 || !taken[overdue] || !taken[foundALock] || !taken[otherTable] {
-		t.Errorf("round took %d pairs, want the one late by more than its wait, the one that found a lock and another table's", len(taken))
+	if len(taken) != 4 || !taken[overdue] || !taken[releasedLate] || !taken[foundALock] || !taken[otherTable] {
+		t.Errorf("round took %d pairs, want the ones late by more than their wait or retryRoundWait, the one that found a lock and another table's", len(taken))
 	}
 	if len(pc.retries.pairs) != 1 || pc.retries.pairs[0] != rider {
 		t.Errorf("left %d pairs waiting, want the one that may ride", len(pc.retries.pairs))

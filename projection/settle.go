@@ -256,9 +256,10 @@ func (r *retryRound) answered() {
 // projections and tenant schemas that the batch writes (its COPY groups
 // and its suspect upserts: pc.rode, noteWrites), for their attempts to
 // ride the batch's round trip of suspect upserts (applySuspects) rather
-// than make a round of their own: a 1 % poison that a CHECK refuses inside COPY groups (23514)
-// then costs PostgreSQL's statements, not rounds waiting for another
-// connection of the pool while the partition waits for them. Only those
+// than make a round of their own: a 1 % poison that a CHECK refuses
+// inside COPY groups (23514) then costs PostgreSQL's statements, not
+// rounds waiting for another connection of the pool while the partition
+// waits for them. Only those
 // tables: a table lock that makes their retries wait holds the batch's
 // COPY anyway. A lock on a row (or an advisory lock a trigger takes) holds
 // a rider at most rideLockTimeout; it then goes aside for a round of its
@@ -307,11 +308,13 @@ func (pc *partition) mayRide(p *retryPair) bool {
 // (mayRide), so the next batch, which most likely writes its table too,
 // may carry its attempt in its round trip of suspect upserts (a round of
 // its own costs PostgreSQL another connection and the partition its
-// wait), and p is late by less than its wait. The bound keeps a pair
-// retried on time, at most its wait late, under a backlog of batches that
-// write its table but have no suspect upserts to ride.
+// wait), and p is late by less than its wait and retryRoundWait. The
+// bound keeps a pair on time under a backlog of batches that write its
+// table but have no suspect upserts to ride: at most its wait late, and
+// at most 250 ms for a pair made due at once (released from waiting for
+// a retry slot, its breaker opened), whose wait is a long one.
 func (pc *partition) leftToRide(p *retryPair) bool {
-	return pc.mayRide(p) && time.Since(p.due) < p.wait
+	return pc.mayRide(p) && time.Since(p.due) < min(p.wait, retryRoundWait)
 }
 
 // retryRoundWait is how long a partition's goroutine waits for the round
