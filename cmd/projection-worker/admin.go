@@ -49,7 +49,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	if len(s.tenantSchemas) == 0 {
-		return flagenv.Usagef("--tenant-schema is required (repeat it for several tenants)")
+		return flagenv.Usagef("--tenant-schema (TENANT_SCHEMAS) is required (repeat the flag for several tenants; the variable is comma-separated)")
 	}
 	// A tenant schema given twice is migrated once (new-user trial: twice,
 	// with its line printed twice).

@@ -53,6 +53,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return err
 	}
+	if err := checkHTTPAddr(s.httpAddr); err != nil {
+		return err
+	}
 	if s.httpAddr != "" {
 		// Before the stack, which takes seconds to start (new-user trial:
 		// a taken port was said after initdb and the migrations).

@@ -309,3 +309,17 @@ func TestDevSaysATakenKafkaPort(t *testing.T) {
 		t.Errorf("exit %d, want 1 naming the port and --kafka-port 0\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
 }
+
+// TestDevSaysAMalformedHTTPAddressIsAUsageError: a port out of range or no
+// port is exit 2 naming the flag, as for run, without a free port to try
+// (new-user trial: exit 1 and "127.0.0.1:18080 is free now").
+func TestDevSaysAMalformedHTTPAddressIsAUsageError(t *testing.T) {
+	clearSettingsEnv(t)
+	for _, addr := range []string{"127.0.0.1:99999", "nonsense"} {
+		var stdout, stderr syncBuffer
+		code := run(context.Background(), []string{"dev", "--kafka-port", "-1", "--http-addr", addr, "--projections", exampleProjections}, &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "--http-addr") || strings.Contains(stderr.String(), "is free now") || strings.Contains(stdout.String(), "kfake") {
+			t.Errorf("--http-addr %s: exit %d, want 2 naming the flag before anything starts, no free-port hint\nstdout:\n%s\nstderr:\n%s", addr, code, stdout.String(), stderr.String())
+		}
+	}
+}

@@ -220,7 +220,7 @@ func TestCommandLineContract(t *testing.T) {
 			"--tenant-schema-pattern", "public", "--tenant-schema", "acme_prod"},
 			wantCode: 2, wantStderr: []string{"--tenant-schema-pattern", `the only name it matches is "public"`}},
 		{name: "migrate without tenant schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections},
-			wantCode: 2, wantStderr: []string{"--tenant-schema is required"}},
+			wantCode: 2, wantStderr: []string{"--tenant-schema (TENANT_SCHEMAS) is required"}},
 		// new-user trial: the flag takes one tenant schema, not a list.
 		{name: "migrate a comma-separated --tenant-schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t1,t2"},
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1,t2"`, "repeat the flag for several"}},

@@ -152,16 +152,8 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return err
 	}
 	var ln net.Listener
-	if s.httpAddr != "" {
-		_, port, err := net.SplitHostPort(s.httpAddr)
-		if err == nil {
-			// A port out of range is the command line's fault, not the
-			// machine's (exit 2, not 1 as for an address in use).
-			_, err = net.LookupPort("tcp", port)
-		}
-		if err != nil {
-			return flagenv.Usagef("--http-addr %q: %v", s.httpAddr, err)
-		}
+	if err := checkHTTPAddr(s.httpAddr); err != nil {
+		return err
 	}
 	if s.httpAddr != "" {
 		if ln, err = net.Listen("tcp", s.httpAddr); err != nil {
@@ -532,6 +524,25 @@ func setMemoryLimit(log *slog.Logger, provider memlimit.Provider) error {
 		log.Debug("Go memory limit not set from the container's", "error", err)
 	case os.Getenv("GOMEMLIMIT") == "" && os.Getenv("AUTOMEMLIMIT") != "off" && limit < math.MaxInt64:
 		log.Info("Go memory limit set from the container's", "bytes", limit)
+	}
+	return nil
+}
+
+// checkHTTPAddr returns a usage error (exit 2) when addr, not empty, is not
+// a host:port whose port is a number or service name in range: the command
+// line's fault, not the machine's (exit 1, as for an address in use). A
+// malformed address is not answered with a free port to try (new-user
+// trial: dev said "127.0.0.1:18080 is free now" for 127.0.0.1:99999).
+func checkHTTPAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return flagenv.Usagef("--http-addr %q: %v", addr, err)
 	}
 	return nil
 }
