@@ -58,7 +58,7 @@ func outcomeLine(o dlq.Outcome) string {
 // (never cut, unless it is an error text; by error, without a leading
 // `projection "<p>": ` when the group has that one projection),
 // PROJECTIONS (unless the key is the projection) and the first line of a
-// SAMPLE ERROR (unless the key is the error), cut with an ellipsis (an
+// SAMPLE ERROR (unless the key is the error; without that prefix too), cut with an ellipsis (an
 // error key in its middle, keeping both ends) so that lines fit width columns; wide (width
 // 0) adds FIRST FAILED and LAST FAILED (dlq.Group's; UTC, RFC 3339) and cuts only very
 // long cells.
@@ -77,12 +77,15 @@ func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error 
 		// cut to ~23 characters side by side, rows could not be told apart).
 		column{name: "SAMPLE ERROR", shrink: true, hidden: s.By() == dlq.GroupByError})
 	for _, g := range s.Groups() {
-		key := g.Key
-		if s.By() == dlq.GroupByError && len(g.Projections) == 1 {
-			key = errorCell(g.Projections[0], key) // PROJECTIONS names it
+		key, sample := g.Key, firstLine(g.SampleError)
+		if len(g.Projections) == 1 { // PROJECTIONS (or the key) names it
+			sample = errorCell(g.Projections[0], sample)
+			if s.By() == dlq.GroupByError {
+				key = errorCell(g.Projections[0], key)
+			}
 		}
 		t.add(strconv.Itoa(g.Count), strconv.Itoa(g.Replayed), strconv.Itoa(g.Skipped), fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
-			cell(orDash(key), 160), cell(joinDash(g.Projections), 60), cell(firstLine(g.SampleError), 160))
+			cell(orDash(key), 160), cell(joinDash(g.Projections), 60), cell(sample, 160))
 	}
 	return t.write(w)
 }

@@ -198,3 +198,27 @@ func TestSummaryByErrorShowsTheErrorOnce(t *testing.T) {
 		t.Errorf("table (-want +got):\n%s", diff)
 	}
 }
+
+// TestSummaryByFingerprintLeavesOutTheProjectionPrefix: the worker's
+// errors begin `projection "<p>": `; grouped by fingerprint, a group of
+// that one projection shows its sample error without it, so that groups
+// of one projection differ where their errors do (second new-user trial:
+// five rows of `projection "artist_followers": derive…`).
+func TestSummaryByFingerprintLeavesOutTheProjectionPrefix(t *testing.T) {
+	s := dlq.NewSummary(dlq.GroupByFingerprint)
+	for _, e := range []*dlq.Entry{
+		{Projection: "artist_followers", Fingerprint: "0bc0e90fe23c6108", Message: dlq.Message{Error: `projection "artist_followers": derive score: division by zero`}},
+		{Projection: "artist_followers", Fingerprint: "1a2892427bfb7847", Message: dlq.Message{Error: `projection "artist_followers": column user_id (from payload.user_id, JSON null): null value in a primary key column`}},
+	} {
+		s.Add(e, "")
+	}
+	var b strings.Builder
+	if err := writeSummaryTable(&b, s, 100, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"0bc0e90fe23c6108  artist_followers  derive score: division by zero", "1a2892427bfb7847  artist_followers  column user_id"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table does not have %q:\n%s", want, b.String())
+		}
+	}
+}
