@@ -233,8 +233,8 @@ func (pc *partition) run() {
 				// (a backlog, under load) retries on schedule too, not
 				// only the pairs that ride a batch of their table. It
 				// leaves the pairs that may ride the next batch
-				// (leftToRide).
-				if pc.turnRetries(true, pc.leftToRide) != nil {
+				// (notLeftToRide).
+				if pc.turnRetries(true, pc.notLeftToRide) != nil {
 					return
 				}
 			}

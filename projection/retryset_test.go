@@ -448,7 +448,7 @@ func TestTheRoundBetweenBatchesLeavesThePairsThatMayRide(t *testing.T) {
 	foundALock := waiting(3, ratings, 100*time.Millisecond, true)
 	otherTable := waiting(4, likes, 100*time.Millisecond, false)
 	pc.noteWrites([]*copyGroup{newCopyGroup(ratings, "t")}, nil)
-	r := pc.startRetries(context.Background(), pc.leftToRide)
+	r := pc.startRetries(context.Background(), pc.notLeftToRide)
 	if r == nil {
 		t.Fatal("no round, want the pairs that may not ride")
 	}

@@ -201,13 +201,9 @@ func (r *retryRound) doneChan() <-chan struct{} {
 // it waited is not attempted: the breaker already says how it would end
 // (its dead letter is written by finishRetries). The pairs of the round
 // still count against the retry set's bounds (retrySet.hasRoom) until it
-// is finished. With skip not nil, the due pairs it reports true for stay
-// in the set.
-func (pc *partition) startRetries(ctx context.Context, skip func(*retryPair) bool) *retryRound {
-	var only func(*retryPair) bool
-	if skip != nil {
-		only = func(p *retryPair) bool { return !skip(p) }
-	}
+// is finished. With only not nil, only the due pairs it reports true for
+// are taken.
+func (pc *partition) startRetries(ctx context.Context, only func(*retryPair) bool) *retryRound {
 	r := pc.newRound(pc.retries.takeDue(time.Now(), only))
 	if r == nil {
 		return nil
@@ -276,7 +272,7 @@ func (pc *partition) rideRetries() *retryRound {
 
 // noteWrites sets pc.rode to the tables of the batch's COPY groups and
 // suspect upserts, which its due retries may ride (rideRetries) and which
-// the round between batches leaves to the next batch (leftToRide).
+// the round between batches leaves to the next batch (notLeftToRide).
 func (pc *partition) noteWrites(groups []*copyGroup, suspects []pair) {
 	pc.rode = pc.rode[:0]
 	for _, g := range groups {
@@ -303,18 +299,19 @@ func (pc *partition) mayRide(p *retryPair) bool {
 	return !p.noRide && slices.Contains(pc.rode, projectionTable{p.h, p.d.ev.TenantSchema})
 }
 
-// leftToRide reports whether the round that starts between batches (run)
-// leaves p, due, in the retry set: p could ride the batch just applied
-// (mayRide), so the next batch, which most likely writes its table too,
-// may carry its attempt in its round trip of suspect upserts (a round of
-// its own costs PostgreSQL another connection and the partition its
-// wait), and p is late by less than its wait and retryRoundWait. The
-// bound keeps a pair on time under a backlog of batches that write its
-// table but have no suspect upserts to ride: at most its wait late, and
-// at most 250 ms for a pair made due at once (released from waiting for
-// a retry slot, its breaker opened), whose wait is a long one.
-func (pc *partition) leftToRide(p *retryPair) bool {
-	return pc.mayRide(p) && time.Since(p.due) < min(p.wait, retryRoundWait)
+// notLeftToRide reports whether the round that starts between batches
+// (run) takes p, due. It leaves p in the retry set when p could ride the
+// batch just applied (mayRide), so the next batch, which most likely
+// writes its table too, may carry its attempt in its round trip of
+// suspect upserts (a round of its own costs PostgreSQL another connection
+// and the partition its wait), and p is late by less than its wait and
+// retryRoundWait. The bound keeps a pair on time under a backlog of
+// batches that write its table but have no suspect upserts to ride: at
+// most its wait late, and at most 250 ms for a pair made due at once
+// (released from waiting for a retry slot, its breaker opened), whose
+// wait is a long one.
+func (pc *partition) notLeftToRide(p *retryPair) bool {
+	return !pc.mayRide(p) || time.Since(p.due) >= min(p.wait, retryRoundWait)
 }
 
 // retryRoundWait is how long a partition's goroutine waits for the round
@@ -330,10 +327,11 @@ const retryRoundWait = 250 * time.Millisecond
 
 // turnRetries settles pc.round once its attempts are made and then, with
 // none in flight and start, starts the next round of the pairs due (made
-// due at once first when their breaker opened) and waits for it up to
-// retryRoundWait, settling it when it is answered by then. It returns
-// ctx's error when ctx is done first.
-func (pc *partition) turnRetries(start bool, skip func(*retryPair) bool) error {
+// due at once first when their breaker opened; with only not nil, those it
+// reports true for) and waits for it up to retryRoundWait, settling it
+// when it is answered by then. It returns ctx's error when ctx is done
+// first.
+func (pc *partition) turnRetries(start bool, only func(*retryPair) bool) error {
 	if pc.round.finished() {
 		r := pc.round
 		pc.round = nil
@@ -345,7 +343,7 @@ func (pc *partition) turnRetries(start bool, skip func(*retryPair) bool) error {
 		return nil
 	}
 	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
-	r := pc.startRetries(pc.ctx, skip)
+	r := pc.startRetries(pc.ctx, only)
 	if r == nil {
 		return nil
 	}
