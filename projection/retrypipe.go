@@ -193,10 +193,6 @@ func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev
 // unseen.
 const slotSlack = 10 * time.Second
 
-// slotTerm is how long a retry slot taken now is held at most: the
-// policy's Longest plus slotSlack, worked out once by NewWorker.
-func (w *Worker) slotTerm() time.Duration { return w.slotHold }
-
 // rideLockTimeout bounds how long a retry that rides a batch's round trip
 // (rideRetries) waits for a lock (a row another session holds, an
 // advisory lock in a trigger): 100 ms, PostgreSQL's lock_timeout for its

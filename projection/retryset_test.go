@@ -213,12 +213,12 @@ func TestRetryDueDeadLettersAWaitingPairOfAnOpenBreakerWithoutAnAttempt(t *testi
 	if dl := pc.schedule(waiting); dl != nil {
 		t.Fatal("first failure dead-lettered")
 	}
-	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotHold)
 	if d := pc.retries.nextDue(time.Hour); d < 30*time.Minute {
 		t.Fatalf("next due in %s with the breaker closed, want the pair's backoff of an hour", d)
 	}
 	pc.w.breaker.exhausted(waiting.fp, false) // another pair's exhaustion opens the breaker
-	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotHold)
 	if d := pc.retries.nextDue(time.Hour); d != 0 {
 		t.Fatalf("next due in %s after the breaker opened, want now", d)
 	}

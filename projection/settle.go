@@ -93,7 +93,7 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 		p.backoff = w.cfg.Retry.NewBackOff()
 		if !probe && w.cfg.Retry.MaxRetries > 0 {
 			var lead bool
-			p.slot, lead = w.breaker.lead(p.fp, time.Now().Add(w.slotTerm()))
+			p.slot, lead = w.breaker.lead(p.fp, time.Now().Add(w.slotHold))
 			p.follow = !lead
 		}
 	} else if dl := pc.shortCircuit(p); dl != nil {
@@ -266,7 +266,7 @@ func (pc *partition) rideRetries() *retryRound {
 	if len(pc.retries.pairs) == 0 || pc.round != nil {
 		return nil
 	}
-	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotHold)
 	return pc.newRound(pc.retries.takeDue(time.Now(), pc.mayRide))
 }
 
@@ -342,7 +342,7 @@ func (pc *partition) turnRetries(start bool, only func(*retryPair) bool) error {
 	if pc.round != nil || !start {
 		return nil
 	}
-	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotTerm())
+	pc.retries.dueOnBreakers(pc.w.breaker, &pc.seen, pc.w.slotHold)
 	r := pc.startRetries(pc.ctx, only)
 	if r == nil {
 		return nil

@@ -52,7 +52,9 @@ type Worker struct {
 	dead     DeadLetterWriter
 	handlers []Handler
 	breaker  *breaker
-	slotHold time.Duration // how long a retry slot is held at most (slotTerm)
+	// slotHold is how long a retry slot taken now is held at most: the
+	// retry policy's Longest plus slotSlack, worked out once by NewWorker.
+	slotHold time.Duration
 	failures *failureLog
 	tr       *tracing      // nil: no spans
 	catalog  *tableCatalog // the tables' columns as PostgreSQL has them (copyGroupsChecked)

@@ -58,10 +58,10 @@ func outcomeLine(o dlq.Outcome) string {
 // (never cut, unless it is an error text; by error, without a leading
 // `projection "<p>": ` when the group has that one projection),
 // PROJECTIONS (unless the key is the projection) and the first line of a
-// SAMPLE ERROR (unless the key is the error; without that prefix too), cut with an ellipsis (an
-// error key in its middle, keeping both ends) so that lines fit width columns; wide (width
-// 0) adds FIRST FAILED and LAST FAILED (dlq.Group's; UTC, RFC 3339) and cuts only very
-// long cells.
+// SAMPLE ERROR (unless the key is the error; without that prefix too),
+// cut with an ellipsis (an error key in its middle, keeping both ends) so
+// that lines fit width columns; wide (width 0) adds FIRST FAILED and LAST
+// FAILED (dlq.Group's; UTC, RFC 3339) and cuts only very long cells.
 func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error {
 	key := strings.ToUpper(string(s.By()))
 	t := newTable(width, col("COUNT"), col("REPLAYED"), col("SKIPPED"), wideCol("FIRST FAILED", wide), wideCol("LAST FAILED", wide),
