@@ -319,6 +319,8 @@ type workerResult struct {
 	peakRSS        int64         // bytes: VmHWM, else the largest VmRSS sampled
 	stopTook       time.Duration // SIGTERM → exit
 	fetched        int64         // records read from fetch responses (refetches included), 0: unknown
+	batches        int64         // batch transactions, committed and rolled back (causet.projection.batch.size's count)
+	batchPairs     int64         // the pairs of those transactions (its sum)
 	cpu            time.Duration // user + system CPU of the worker until every pair was applied
 	pgCPU          time.Duration // PostgreSQL's CPU over the same time (0: not measured)
 	selfCPU        time.Duration // this process's over the same time: the kfake broker, the polling
@@ -456,12 +458,19 @@ func (e *env) runWorker(s *scenario) workerResult {
 	}
 	sample()
 	res.fetched = fetchedRecords(hc, httpAddr)
+	if m, ok := scrape(hc, httpAddr); ok {
+		res.batches = int64(m["causet_projection_batch_size_count"])
+		res.batchPairs = int64(m["causet_projection_batch_size_sum"])
+	}
 	res.cpu = cpuTime(cmd.Process.Pid)
 	res.selfCPU = selfCPU() - self0
 	if pg0 > 0 {
 		res.pgCPU = e.pg.used() - pg0
 	}
 	res.spans = scrapeSpans(hc, httpAddr)
+	if profPrefix != "" { // and what it allocated, from its start
+		saveProfile(b, httpAddr, "allocs", profPrefix+"."+s.name+".allocs.pprof")
+	}
 
 	// SIGTERM: the worker commits what it has applied and leaves the group;
 	// the clock stops when the group's committed offsets cover every event,
@@ -503,11 +512,11 @@ func (e *env) runWorker(s *scenario) workerResult {
 		steady = fmt.Sprintf("%.0f events/s", eps)
 	}
 	e.logf("%s: worker committed %d events in %s (first pair applied at %s, all pairs applied at %s; steady %s); peak RSS %.1f MiB; "+
-		"CPU %s (%.1f µs/event; PostgreSQL %.1f µs/event); fetched %d records (%.2f× the events); exited 0 %s after SIGTERM",
+		"CPU %s (%.1f µs/event; PostgreSQL %.1f µs/event); fetched %d records (%.2f× the events); %d batch transactions of %.0f pairs on average; exited 0 %s after SIGTERM",
 		s.name, n, res.committedAt.Round(time.Millisecond), res.firstAppliedAt.Round(time.Millisecond), res.allAppliedAt.Round(time.Millisecond),
 		steady, mib(res.peakRSS),
 		res.cpu.Round(10*time.Millisecond), float64(res.cpu.Microseconds())/float64(n), float64(res.pgCPU.Microseconds())/float64(n),
-		res.fetched, float64(res.fetched)/float64(n), res.stopTook.Round(time.Millisecond))
+		res.fetched, float64(res.fetched)/float64(n), res.batches, float64(res.batchPairs)/max(1, float64(res.batches)), res.stopTook.Round(time.Millisecond))
 	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 0 && s.data.poisoned == 0 {
 		e.logf("%s: worker log (warn and above):\n%s", s.name, tail())
 	}
@@ -796,6 +805,27 @@ var profiled atomic.Int64
 // prefix.<n>.pprof, until the returned stop is called; a profile cut short
 // by the worker's exit is not kept. Merged (go tool pprof -proto
 // prefix.*), they are a candidate PGO profile of the worker process.
+// saveProfile writes the worker's pprof profile name (/debug/pprof/<name>)
+// to path; a failure is reported as the test's error.
+func saveProfile(b *testing.B, httpAddr, name, path string) {
+	resp, err := http.Get("http://" + httpAddr + "/debug/pprof/" + name)
+	if err != nil {
+		b.Error(err)
+		return
+	}
+	defer resp.Body.Close()
+	prof, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("/debug/pprof/%s: %s", name, resp.Status)
+	}
+	if err == nil {
+		err = os.WriteFile(path, prof, 0o644)
+	}
+	if err != nil {
+		b.Error(err)
+	}
+}
+
 func profileWorker(b *testing.B, httpAddr, prefix string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -450,7 +450,9 @@ func (t *throughput) deleteTopics(topics ...string) {
 // debug' it shows each COPY group that PostgreSQL refused);
 // BENCH_WORKER_CPUPROFILE=prefix runs each worker with --pprof and keeps its
 // CPU profiles, 5 s each, as prefix.<scenario>.<n>.pprof (merged, a
-// candidate for cmd/projection-worker/default.pgo: README, Performance).
+// candidate for cmd/projection-worker/default.pgo: README, Performance),
+// and what it allocated until every pair was applied as
+// prefix.<scenario>.allocs.pprof;
 //
 // BENCH_SCENARIOS=other with BENCH_OTHER_BIN=path adds the row clean-other:
 // the clean workload run by that projection-worker binary (another
