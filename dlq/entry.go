@@ -86,6 +86,11 @@ type Entry struct {
 	// causet.dlq.original-topic, -partition and -offset headers); nil when
 	// the message carries the original.
 	Omitted *OmittedOriginal
+	// OmittedHeaders are the source record's own headers, left out of the
+	// dead letter because they did not fit the topic (header
+	// causet.dlq.original-headers-omitted, with the original topic,
+	// partition and offset headers); nil when the dead letter carries them.
+	OmittedHeaders *OmittedHeaders
 }
 
 // Coordinates returns the entry's place in the dead-letter topic.
@@ -114,7 +119,7 @@ type headerValues struct {
 	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint   bool
 	originalPartition                                                 int32
 	replayCount                                                       int
-	originalTopic, originalOffset, omitted                            string
+	originalTopic, originalOffset, omitted, omittedHeaders            string
 }
 
 func readHeaders(hs []kgo.RecordHeader) headerValues {
@@ -147,6 +152,8 @@ func readHeaders(hs []kgo.RecordHeader) headerValues {
 			hv.originalOffset = string(h.Value)
 		case HeaderOriginalOmitted:
 			hv.omitted = string(h.Value)
+		case HeaderOriginalHeadersOmitted:
+			hv.omittedHeaders = string(h.Value)
 		case HeaderReplayCount:
 			hv.replayCount, _ = ParseReplayCount(h.Value)
 		}
@@ -184,14 +191,23 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	if err := segjson.Unmarshal(r.Value, &e.Message); err != nil {
 		return nil, fmt.Errorf("decode dead-letter message: %w", err)
 	}
+	// Where a value or headers left out for size are read again.
+	off, err := strconv.ParseInt(hv.originalOffset, 10, 64)
+	placed := err == nil && off >= 0 && hv.originalTopic != "" && hv.originalPartition >= 0
+	malformed := func(header, v string) error {
+		return fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed", e.Coordinates(), header, v)
+	}
 	if hv.omitted != "" {
-		o := &OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition}
-		off, err := strconv.ParseInt(hv.originalOffset, 10, 64)
-		if err != nil || off < 0 || o.Topic == "" || o.Partition < 0 || !parseOmitted(hv.omitted, o) {
-			return nil, fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed", e.Coordinates(), HeaderOriginalOmitted, hv.omitted)
+		e.Omitted = &OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}
+		if !placed || !parseOmitted(hv.omitted, e.Omitted) {
+			return nil, malformed(HeaderOriginalOmitted, hv.omitted)
 		}
-		o.Offset = off
-		e.Omitted = o
+	}
+	if hv.omittedHeaders != "" {
+		e.OmittedHeaders = &OmittedHeaders{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}
+		if !placed || !parseOmittedHeaders(hv.omittedHeaders, e.OmittedHeaders) {
+			return nil, malformed(HeaderOriginalHeadersOmitted, hv.omittedHeaders)
+		}
 	}
 	if !hv.hasProjection {
 		e.Projection = e.Message.ProjectionName

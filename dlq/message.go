@@ -72,6 +72,15 @@ const (
 	// partition and offset (the causet.dlq.original-* headers) while that
 	// topic retains it.
 	HeaderOriginalOmitted = "causet.dlq.original-omitted"
+	// HeaderOriginalHeadersOmitted says that the source record's own
+	// headers (and so the causet.dlq.original-traceparent and -tracestate
+	// copies of its trace headers) were left out because, with the rest,
+	// they did not fit the dead-letter topic: "count=N size=B sha256=hex",
+	// B the bytes of their keys and values and hex the SHA-256 of
+	// HeadersDigest's encoding of them. dlq-replayer reads them again from
+	// the original topic, partition and offset, as for
+	// HeaderOriginalOmitted.
+	HeaderOriginalHeadersOmitted = "causet.dlq.original-headers-omitted"
 	// HeaderOriginalTraceparent and HeaderOriginalTracestate keep the source
 	// record's W3C traceparent and tracestate headers (present when it had
 	// them): with tracing on, the dead letter's own traceparent is its send

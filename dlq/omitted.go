@@ -29,6 +29,52 @@ func (o *OmittedOriginal) String() string {
 	return fmt.Sprintf("%s[%d]@%d (%d bytes)", o.Topic, o.Partition, o.Offset, o.Size)
 }
 
+// OmittedHeaders are the source record's own headers that NewRecord left
+// out of a dead letter because they did not fit the dead-letter topic
+// (header causet.dlq.original-headers-omitted): where the record was read,
+// and HeadersDigest's count, size and digest of them.
+type OmittedHeaders struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Count     int
+	Size      int    // bytes of their keys and values
+	SHA256    string // lowercase hex
+}
+
+func (o *OmittedHeaders) String() string {
+	return fmt.Sprintf("%s[%d]@%d (%d headers, %d bytes)", o.Topic, o.Partition, o.Offset, o.Count, o.Size)
+}
+
+// parseOmittedHeaders reads a causet.dlq.original-headers-omitted value,
+// "count=N size=B sha256=hex", into o's Count, Size and SHA256. It
+// reports false when the value is not in that form.
+func parseOmittedHeaders(v string, o *OmittedHeaders) bool {
+	count, size := -1, -1
+	for _, f := range strings.Fields(v) {
+		k, val, _ := strings.Cut(f, "=")
+		switch k {
+		case "count", "size":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 0 {
+				return false
+			}
+			if k == "count" {
+				count = n
+			} else {
+				size = n
+			}
+		case "sha256":
+			if b, err := hex.DecodeString(val); err != nil || len(b) != sha256.Size {
+				return false
+			}
+			o.SHA256 = val
+		}
+	}
+	o.Count, o.Size = count, size
+	return count >= 0 && size >= 0 && o.SHA256 != ""
+}
+
 // parseOmitted reads a causet.dlq.original-omitted value, "size=N
 // sha256=hex", into o's Size and SHA256. It reports false when the value
 // is not in that form.
@@ -62,27 +108,98 @@ const originalReadTimeout = 30 * time.Second
 // record is gone from the log (compaction), when the bytes read differ,
 // or when Kafka cannot be read within 30 s.
 func ReadOmitted(ctx context.Context, opts []kgo.Opt, o *OmittedOriginal) ([]byte, error) {
+	r, err := readOriginal(ctx, opts, o, o.Size)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check(r); err != nil {
+		return nil, err
+	}
+	return r.Value, nil
+}
+
+// check returns an error unless r's value is the omitted one.
+func (o *OmittedOriginal) check(r *kgo.Record) error {
+	sum := sha256.Sum256(r.Value)
+	if len(r.Value) != o.Size || !bytes.Equal([]byte(hex.EncodeToString(sum[:])), []byte(o.SHA256)) {
+		return fmt.Errorf("original %s: the record there is %d bytes with another SHA-256: not the failed record", o, len(r.Value))
+	}
+	return nil
+}
+
+// ReadOmittedHeaders reads the omitted headers o of the original record
+// from its topic with a client built from opts and checks their count,
+// size and SHA-256 (HeadersDigest). It returns the record's headers that a
+// dead letter copies (every one but causet.dlq.* ones), in their order,
+// and the same errors as ReadOmitted.
+func ReadOmittedHeaders(ctx context.Context, opts []kgo.Opt, o *OmittedHeaders) ([]kgo.RecordHeader, error) {
+	r, err := readOriginal(ctx, opts, o, o.Size)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check(r); err != nil {
+		return nil, err
+	}
+	return copiedHeaders(r.Headers), nil
+}
+
+// check returns an error unless r's headers are the omitted ones.
+func (o *OmittedHeaders) check(r *kgo.Record) error {
+	if count, size, sum := HeadersDigest(r.Headers); count != o.Count || size != o.Size || sum != o.SHA256 {
+		return fmt.Errorf("original %s: the record there has %d headers of %d bytes with another SHA-256: not the failed record", o, count, size)
+	}
+	return nil
+}
+
+// copiedHeaders returns the headers of hs that a dead letter copies.
+func copiedHeaders(hs []kgo.RecordHeader) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, 0, len(hs))
+	for _, h := range hs {
+		if copiedHeader(h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// originalPlace is where a left-out original was read: an
+// *OmittedOriginal or *OmittedHeaders.
+type originalPlace interface {
+	place() (topic string, partition int32, offset int64)
+	String() string
+}
+
+func (o *OmittedOriginal) place() (string, int32, int64) { return o.Topic, o.Partition, o.Offset }
+func (o *OmittedHeaders) place() (string, int32, int64)  { return o.Topic, o.Partition, o.Offset }
+
+// readOriginal reads the record at o's place with a client built from
+// opts, fetching at least size bytes plus 1 MiB at once. It returns an
+// error saying so when the topic no longer retains the record, when it is
+// gone from the log (compaction), or when Kafka cannot be read within
+// 30 s.
+func readOriginal(ctx context.Context, opts []kgo.Opt, o originalPlace, size int) (*kgo.Record, error) {
+	topic, partition, offset := o.place()
 	ctx, cancel := context.WithTimeout(ctx, originalReadTimeout)
 	defer cancel()
-	// One client: it lists the start offset, and consumes from o.Offset.
+	// One client: it lists the start offset, and consumes from offset.
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), opts...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{o.Topic: {o.Partition: kgo.NewOffset().At(o.Offset)}}),
-		kgo.FetchMaxPartitionBytes(int32(min(o.Size+(1<<20), 1<<30))))...)
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(offset)}}),
+		kgo.FetchMaxPartitionBytes(int32(min(size+(1<<20), 1<<30))))...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
-	starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, o.Topic)
+	starts, err := kadm.NewClient(cl).ListStartOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("original %s: list start offsets: %w", o, err)
 	}
-	start, ok := starts.Lookup(o.Topic, o.Partition)
+	start, ok := starts.Lookup(topic, partition)
 	switch {
 	case !ok:
 		return nil, fmt.Errorf("original %s: the topic has no such partition", o)
 	case start.Err != nil:
 		return nil, fmt.Errorf("original %s: list start offsets: %w", o, start.Err)
-	case start.Offset > o.Offset:
+	case start.Offset > offset:
 		return nil, fmt.Errorf("original %s is no longer in the topic: its log starts at offset %d (retention or deleted records); the dead letter cannot be replayed", o, start.Offset)
 	}
 	for {
@@ -94,17 +211,13 @@ func ReadOmitted(ctx context.Context, opts []kgo.Opt, o *OmittedOriginal) ([]byt
 			return nil, fmt.Errorf("original %s: fetch: %w", o, fe.Err)
 		}
 		for _, r := range fs.Records() {
-			if r.Offset < o.Offset {
+			if r.Offset < offset {
 				continue
 			}
-			if r.Offset > o.Offset {
+			if r.Offset > offset {
 				return nil, fmt.Errorf("original %s is no longer in the topic (compacted: the next record is at offset %d); the dead letter cannot be replayed", o, r.Offset)
 			}
-			sum := sha256.Sum256(r.Value)
-			if len(r.Value) != o.Size || !bytes.Equal([]byte(hex.EncodeToString(sum[:])), []byte(o.SHA256)) {
-				return nil, fmt.Errorf("original %s: the record there is %d bytes with another SHA-256: not the failed record", o, len(r.Value))
-			}
-			return r.Value, nil
+			return r, nil
 		}
 	}
 }

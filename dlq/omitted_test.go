@@ -19,21 +19,32 @@ import (
 // value exceeds: the dead letter is written without it.
 func omittedDeadLetter(t *testing.T, f *fixture, key string, value []byte) *kgo.Record {
 	t.Helper()
-	src, err := f.cl.ProduceSync(testCtx(t), &kgo.Record{Topic: f.events, Key: []byte(key), Value: value}).First()
+	src, _ := deadLetterOver2048(t, f, &kgo.Record{Key: []byte(key), Value: value}, dlq.HeaderOriginalOmitted)
+	return src
+}
+
+// deadLetterOver2048 produces rec to f's events topic, then its dead
+// letter with a dead-letter limit of 2048 bytes, which rec exceeds: the
+// dead letter, produced too, must have header omitted. It returns the
+// produced record and the dead letter.
+func deadLetterOver2048(t *testing.T, f *fixture, rec *kgo.Record, omitted string) (src, dl *kgo.Record) {
+	t.Helper()
+	rec.Topic = f.events
+	src, err := f.cl.ProduceSync(testCtx(t), rec).First()
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
+	dl, err = dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
 		EventType: "ARTIST_FOLLOWED", Class: retry.Projection, Err: pgErr("42703", `column "x" does not exist`), Retries: 5},
 		dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test", MaxBytes: 2048}, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := headerValue(rec.Headers, dlq.HeaderOriginalOmitted); !ok {
-		t.Fatalf("a %d-byte original fit a 2048-byte dead letter: the test needs it left out", len(value))
+	if _, ok := headerValue(dl.Headers, omitted); !ok {
+		t.Fatalf("a record of %d value bytes and %d headers fit a 2048-byte dead letter without %s: the test needs it", len(rec.Value), len(rec.Headers), omitted)
 	}
-	f.produce(rec)
-	return src
+	f.produce(dl)
+	return src, dl
 }
 
 // TestRetryReadsAnOmittedOriginalAgain: a dead letter whose original was
@@ -65,15 +76,7 @@ func TestRetryReadsAnOmittedOriginalAgain(t *testing.T) {
 	if _, err := adm.DeleteRecords(testCtx(t), offs); err != nil {
 		t.Fatalf("delete records: %v", err)
 	}
-	res, outs = f.retry(dlq.ReplayConfig{Actor: "alice"})
-	if res.Refused != 1 || len(outs) != 2 {
-		t.Fatalf("result %s, outcomes %+v; want the deleted original refused", res, outs)
-	}
-	for _, o := range outs {
-		if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "no longer in the topic") {
-			t.Errorf("refused with %q, want it to say the original is no longer in the topic", o.Reason)
-		}
-	}
+	f.wantOneRefusedOfTwo("no longer in the topic")
 }
 
 // TestRetryRefusalOfAnOmittedOriginalThatIsNoEventSaysWhereItIs: an
@@ -140,5 +143,74 @@ func checkReplayedValue(t *testing.T, b *kafkatest.Broker, topic string, want []
 	}
 	if replayed == nil || !bytes.Equal(replayed.Value, want) {
 		t.Fatalf("replayed record %v, want the original's %d bytes", replayed, len(want))
+	}
+}
+
+// TestRetryReadsOmittedHeadersAgain: a dead letter whose event's own
+// headers were left out (too large for the dead-letter topic) is replayed
+// with those headers, read again from the events topic and checked, in
+// their order, before the replay headers; a dead letter whose digest does
+// not match the record at its offset is refused, saying so.
+func TestRetryReadsOmittedHeadersAgain(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	value := []byte(`{"eventType":"ARTIST_FOLLOWED","entityId":"user-1","forkId":"production","tenantSchema":"acme_prod","irVersion":"v1","sequenceNumber":1,"ts":1719331200000,"payload":{}}`)
+	own := []kgo.RecordHeader{
+		{Key: "content-type", Value: []byte("application/json")},
+		{Key: "x-baggage", Value: bytes.Repeat([]byte("b"), 4000)},
+		{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")},
+	}
+	_, rec := deadLetterOver2048(t, f, &kgo.Record{Key: []byte("user-1"), Value: value, Headers: own}, dlq.HeaderOriginalHeadersOmitted)
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
+	if res.Replayed != 1 || len(outs) != 1 {
+		t.Fatalf("result %s, outcomes %+v; want the event replayed with its headers", res, outs)
+	}
+	checkReplayedValue(t, b, f.events, value)
+	var replayed *kgo.Record
+	for _, r := range readTopic(t, b, f.events) {
+		if _, ok := headerValue(r.Headers, dlq.HeaderReplaySource); ok {
+			replayed = r
+		}
+	}
+	var got []string
+	for _, h := range replayed.Headers {
+		got = append(got, h.Key)
+	}
+	want := []string{"content-type", "x-baggage", "traceparent", dlq.HeaderReplayProjection, dlq.HeaderReplaySource, dlq.HeaderReplayCountOut, dlq.HeaderReplayFirstFailedAt}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("replayed headers %v, want %v", got, want)
+	}
+	for i, h := range own {
+		if !bytes.Equal(replayed.Headers[i].Value, h.Value) {
+			t.Errorf("replayed header %s is %d bytes, want the original's %d", h.Key, len(replayed.Headers[i].Value), len(h.Value))
+		}
+	}
+
+	// Another digest: not the record at that offset.
+	forged := *rec
+	forged.Headers = nil
+	for _, h := range rec.Headers {
+		if h.Key == dlq.HeaderOriginalHeadersOmitted {
+			h.Value = []byte("count=3 size=4083 sha256=" + strings.Repeat("0", 64))
+		}
+		forged.Headers = append(forged.Headers, h)
+	}
+	f.produce(&forged)
+	f.wantOneRefusedOfTwo("not the failed record")
+}
+
+// wantOneRefusedOfTwo retries f's dead-letter topic, which holds one
+// dead letter replayed before and one to refuse, and checks that the
+// refusal's reason says why.
+func (f *fixture) wantOneRefusedOfTwo(why string) {
+	f.t.Helper()
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
+	if res.Refused != 1 || len(outs) != 2 {
+		f.t.Fatalf("result %s, outcomes %+v; want one of the two refused", res, outs)
+	}
+	for _, o := range outs {
+		if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, why) {
+			f.t.Errorf("refused with %q, want it to say %q", o.Reason, why)
+		}
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -153,7 +155,9 @@ var ErrInvalidDeadLetter = errors.New("invalid dead letter")
 //     original-tracestate (when the source has them; with a Writer that
 //     traces, traceparent and tracestate are the send span's, after the
 //     source's other headers), and, only when something was cut,
-//     truncated.
+//     truncated; original-omitted and original-headers-omitted come
+//     before truncated when the value or the source's headers were left
+//     out (below).
 //
 // A TenantSchema that is not a valid identifier (^[a-z_][a-z0-9_]{0,62}$)
 // is written as "" in the message and the header, as the schema requires;
@@ -170,8 +174,14 @@ var ErrInvalidDeadLetter = errors.New("invalid dead letter")
 // gives its size and SHA-256 ("size=N sha256=hex"), StackTrace and Error
 // are cut again from their full text as needed: the dead letter is still
 // written, and dlq-replayer reads the value again from the original
-// topic. If the record is still too large (a key or headers larger than
-// the limit), it returns an error wrapping ErrTooLarge.
+// topic. When the source's own headers are what does not fit, they are
+// left out (with the copies of its trace headers), the value kept if it
+// then fits and left out too otherwise, and header
+// causet.dlq.original-headers-omitted gives their count, size and digest
+// (HeadersDigest); dlq-replayer reads them again too. If the record is
+// still too large (a key larger than the limit, or a limit smaller than
+// the dead letter's own headers and fields), it returns an error wrapping
+// ErrTooLarge.
 //
 // It also returns an error when cfg is invalid, and one wrapping
 // ErrInvalidDeadLetter when dl.Source or dl.Err is nil, dl.Retries or
@@ -234,7 +244,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	var originalTrace [2][]byte // traceparent, tracestate
 	var foundTrace [2]bool
 	for _, h := range src.Headers {
-		if strings.HasPrefix(h.Key, dlqHeaderPrefix) {
+		if !copiedHeader(h) {
 			continue
 		}
 		if i := traceHeader(h.Key); i >= 0 {
@@ -247,6 +257,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		}
 		headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
 	}
+	copied := len(headers) // the source's own headers, at the start
 	headers = append(headers, dl.traceHeaders...)
 	ts := int64(-1)
 	if !src.Timestamp.IsZero() {
@@ -273,6 +284,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	if dl.ShortCircuit != "" {
 		headers = append(headers, kgo.RecordHeader{Key: HeaderShortCircuit, Value: []byte(dl.ShortCircuit)})
 	}
+	own := headers[copied:len(headers):len(headers)] // the dead letter's, without the source's
 	for i, k := range [...]string{HeaderOriginalTraceparent, HeaderOriginalTracestate} {
 		if originalTrace[i] != nil {
 			headers = append(headers, kgo.RecordHeader{Key: k, Value: bytes.Clone(originalTrace[i])})
@@ -292,28 +304,79 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 			return rec, nil
 		}
 	}
+	withValue := msg
+	var omittedValue []kgo.RecordHeader // the header saying the value was left out
 	if len(src.Value) > 0 {
 		// The original value does not fit even with stackTrace and error
 		// emptied: it is left out, and its size and digest say which
 		// bytes dlq-replayer must read again from the original topic.
 		sum := sha256.Sum256(src.Value)
 		msg.OriginalEvent, msg.OriginalValueBase64 = json.RawMessage("null"), ""
-		omitted := append(headers[:len(headers):len(headers)], kgo.RecordHeader{Key: HeaderOriginalOmitted,
-			Value: []byte("size=" + strconv.Itoa(len(src.Value)) + " sha256=" + hex.EncodeToString(sum[:]))})
+		omittedValue = []kgo.RecordHeader{{Key: HeaderOriginalOmitted,
+			Value: []byte("size=" + strconv.Itoa(len(src.Value)) + " sha256=" + hex.EncodeToString(sum[:]))}}
 		var err error
-		if size, err = fit(rec, &msg, omitted, fullStack, errText, cfg.MaxBytes); err == nil {
+		if size, err = fit(rec, &msg, slices.Concat(headers, omittedValue), fullStack, errText, cfg.MaxBytes); err == nil {
 			return rec, nil
 		}
 	}
-	// What is left is the key, the headers (the record's own, carried
-	// over) and the message's fields: say their sizes, so that the
-	// operator sees which one is large (new-user trial: a 3000-byte key).
+	if len(own) < len(headers) {
+		// The source's own headers do not fit either: they are left out
+		// too (a record is never left undead-lettered for its headers),
+		// with the value when it fits, else without it. dlq-replayer reads
+		// them again as it reads the value.
+		count, hsize, sum := HeadersDigest(src.Headers)
+		omittedHeaders := kgo.RecordHeader{Key: HeaderOriginalHeadersOmitted,
+			Value: []byte("count=" + strconv.Itoa(count) + " size=" + strconv.Itoa(hsize) + " sha256=" + sum)}
+		if origLen < cfg.MaxBytes {
+			var err error
+			if size, err = fit(rec, &withValue, slices.Concat(own, []kgo.RecordHeader{omittedHeaders}), fullStack, errText, cfg.MaxBytes); err == nil {
+				return rec, nil
+			}
+		}
+		if len(src.Value) > 0 {
+			var err error
+			if size, err = fit(rec, &msg, slices.Concat(own, omittedValue, []kgo.RecordHeader{omittedHeaders}), fullStack, errText, cfg.MaxBytes); err == nil {
+				return rec, nil
+			}
+		}
+	}
+	// What is left is the key, the dead letter's own headers and the
+	// message's fields: say their sizes, so that the operator sees which
+	// one is large (new-user trial: a 3000-byte key).
 	hb := 0
-	for _, h := range headers {
+	for _, h := range own {
 		hb += len(h.Key) + len(h.Value)
 	}
-	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original value (%d bytes) left out, over the limit of %d; what remains: the record's key (%d bytes), %d headers (%d bytes, the record's own carried over) and the message's other fields: %w",
-		sourceName(src), size, len(src.Value), cfg.MaxBytes, len(src.Key), len(headers), hb, ErrTooLarge)
+	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original value (%d bytes) and headers left out, over the limit of %d; what remains: the record's key (%d bytes), the dead letter's %d headers (%d bytes) and the message's other fields: %w",
+		sourceName(src), size, len(src.Value), cfg.MaxBytes, len(src.Key), len(own), hb, ErrTooLarge)
+}
+
+// copiedHeader reports whether NewRecord copies the source record's header
+// h into the dead letter: every header but causet.dlq.* ones (a replayed
+// event that fails again gets them restated, not duplicated).
+func copiedHeader(h kgo.RecordHeader) bool { return !strings.HasPrefix(h.Key, dlqHeaderPrefix) }
+
+// HeadersDigest returns what header causet.dlq.original-headers-omitted
+// says of a record's headers hs: the count and bytes (keys and values) of
+// those a dead letter copies (every one but causet.dlq.* ones), and the
+// lowercase hex SHA-256 of their encoding, for each in order: its key's
+// length as an unsigned varint, the key, its value's length as an
+// unsigned varint, the value.
+func HeadersDigest(hs []kgo.RecordHeader) (count, size int, sha256Hex string) {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, hd := range hs {
+		if !copiedHeader(hd) {
+			continue
+		}
+		count++
+		size += len(hd.Key) + len(hd.Value)
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(hd.Key)))])
+		h.Write([]byte(hd.Key))
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(hd.Value)))])
+		h.Write(hd.Value)
+	}
+	return count, size, hex.EncodeToString(h.Sum(nil))
 }
 
 // fit sets rec's value (msg with stackTrace and error) and headers

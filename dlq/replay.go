@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -325,7 +326,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			// --max-replays never refused it).
 			e.ReplayCount = max(e.ReplayCount, d.ReplayCount)
 		}
-		if e.Omitted != nil && wanted {
+		if (e.Omitted != nil || e.OmittedHeaders != nil) && wanted {
 			// Read again only for an entry that would be replayed.
 			omittedErr = r.restoreOmitted(ctx, e)
 		}
@@ -397,19 +398,58 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	return res, nil
 }
 
-// restoreOmitted reads e's omitted original value again from its topic
-// (ReadOmitted) and puts it in e.Message.OriginalEvent when it is a JSON
-// object every strict parser reads; a value that is not stays out, and the
-// entry is refused as not an event.
+// restoreOmitted reads e's original record again from its topic, once,
+// when its value or its own headers were left out of the dead letter, and
+// checks what was left out (ReadOmitted, ReadOmittedHeaders). A value goes
+// in e.Message.OriginalEvent when it is a JSON object every strict parser
+// reads; a value that is not stays out, and the entry is refused as not an
+// event. Headers go in e.Headers before the dead letter's own, as a dead
+// letter that kept them holds them: without the record's traceparent and
+// tracestate when the dead letter has its own (the send span's).
 func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
-	v, err := ReadOmitted(ctx, r.opts, e.Omitted)
+	var at originalPlace
+	size := 0
+	if o := e.OmittedHeaders; o != nil {
+		at, size = o, o.Size
+	}
+	if o := e.Omitted; o != nil {
+		at, size = o, size+o.Size
+	}
+	rec, err := readOriginal(ctx, r.opts, at, size)
 	if err != nil {
 		return err
 	}
-	if jsonstrict.IsObject(v) {
-		e.Message.OriginalEvent = json.RawMessage(v)
+	if o := e.Omitted; o != nil {
+		if err := o.check(rec); err != nil {
+			return err
+		}
+	}
+	if o := e.OmittedHeaders; o != nil {
+		if err := o.check(rec); err != nil {
+			return err
+		}
+		e.Headers = restoredHeaders(copiedHeaders(rec.Headers), e.Headers)
+	}
+	if e.Omitted != nil && jsonstrict.IsObject(rec.Value) {
+		e.Message.OriginalEvent = json.RawMessage(rec.Value)
 	}
 	return nil
+}
+
+// restoredHeaders returns a dead letter's headers with the source record's
+// own, read again, in front: own followed by dead, own without traceparent
+// and tracestate when dead has a traceparent of its own (NewRecord copies
+// the source's then only as causet.dlq.original-*).
+func restoredHeaders(own, dead []kgo.RecordHeader) []kgo.RecordHeader {
+	ownTrace := slices.ContainsFunc(dead, func(h kgo.RecordHeader) bool { return traceHeader(h.Key) == 0 })
+	out := make([]kgo.RecordHeader, 0, len(own)+len(dead))
+	for _, h := range own {
+		if ownTrace && traceHeader(h.Key) >= 0 {
+			continue
+		}
+		out = append(out, h)
+	}
+	return append(out, dead...)
 }
 
 // Skip records a "skipped" decision (Actor, Reason, RunID) in the ledger for

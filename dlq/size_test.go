@@ -3,10 +3,13 @@ package dlq
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func TestNewRecordTruncatesOversizeDeadLetters(t *testing.T) {
@@ -157,5 +160,73 @@ func TestNewRecordRefusesAKeyTooLargeToFit(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "the record's key (2000 bytes)") {
 		t.Errorf("NewRecord error %q, want the key's size", err)
+	}
+}
+
+// TestNewRecordLeavesOutHeadersTooLargeToFit: a record whose own headers
+// do not fit the dead-letter topic is still dead-lettered (before, the
+// worker's partition stopped there): its headers are left out, with the
+// copy of its traceparent, the value kept when it then fits and left out
+// too when it does not, and causet.dlq.original-headers-omitted gives
+// their count, size and digest over the documented encoding
+// (docs/dead-letters.md). A causet.dlq.* header of the source is neither
+// copied nor counted.
+func TestNewRecordLeavesOutHeadersTooLargeToFit(t *testing.T) {
+	big := kgo.RecordHeader{Key: "x-trace-baggage", Value: bytes.Repeat([]byte("b"), 3000)}
+	for name, c := range map[string]struct {
+		value     []byte
+		valueKept bool
+	}{
+		"small value kept":    {[]byte(testEvent), true},
+		"large value omitted": {[]byte(`{"blob":"` + strings.Repeat("x", 3000) + `"}`), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dl := testDeadLetter(c.value)
+			dl.Source.Headers = append(dl.Source.Headers, big, kgo.RecordHeader{Key: HeaderWorker, Value: []byte("earlier-worker")})
+			rec, err := NewRecord(dl, RecordConfig{MaxBytes: 2048}, testNow)
+			if err != nil {
+				t.Fatalf("NewRecord: %v, want the dead letter written without the record's headers", err)
+			}
+			if s := recordSize(rec); s > 2048 {
+				t.Errorf("record is %d bytes, over 2048", s)
+			}
+			for _, k := range []string{"traceparent", "content-type", big.Key, HeaderOriginalTraceparent} {
+				if v, ok := header(rec, k); ok {
+					t.Errorf("header %s = %.40q kept; want the record's own headers left out", k, v)
+				}
+			}
+			for _, k := range []string{HeaderOriginalTopic, HeaderOriginalOffset, HeaderFingerprint, HeaderErrorClass} {
+				if _, ok := header(rec, k); !ok {
+					t.Errorf("header %s missing: the dead letter's own headers must stay", k)
+				}
+			}
+			if w, _ := header(rec, HeaderWorker); w == "earlier-worker" {
+				t.Errorf("%s is the source's, want this worker's", HeaderWorker)
+			}
+			// The documented digest: key length, key, value length, value,
+			// each length an unsigned varint, for every header but causet.dlq.*.
+			var enc []byte
+			size := 0
+			for _, h := range testSource(nil).Headers {
+				enc = append(binary.AppendUvarint(enc, uint64(len(h.Key))), h.Key...)
+				enc = append(binary.AppendUvarint(enc, uint64(len(h.Value))), h.Value...)
+				size += len(h.Key) + len(h.Value)
+			}
+			enc = append(binary.AppendUvarint(enc, uint64(len(big.Key))), big.Key...)
+			enc = append(binary.AppendUvarint(enc, uint64(len(big.Value))), big.Value...)
+			size += len(big.Key) + len(big.Value)
+			want := fmt.Sprintf("count=3 size=%d sha256=%x", size, sha256.Sum256(enc))
+			if got, _ := header(rec, HeaderOriginalHeadersOmitted); got != want {
+				t.Errorf("%s = %q, want %q", HeaderOriginalHeadersOmitted, got, want)
+			}
+			m := decodeMessage(t, rec.Value)
+			_, valueOmitted := header(rec, HeaderOriginalOmitted)
+			if kept := string(m.OriginalEvent) == string(c.value); kept != c.valueKept || valueOmitted == c.valueKept {
+				t.Errorf("originalEvent %.60s (omitted header %v); want the value kept: %v", m.OriginalEvent, valueOmitted, c.valueKept)
+			}
+			if !strings.Contains(m.Error, "SQLSTATE 42703") {
+				t.Errorf("error = %q, want the failure kept", m.Error)
+			}
+		})
 	}
 }

@@ -69,7 +69,10 @@ func TestRunReportsStuckWhenTheDeadLetterTopicNeverAcknowledges(t *testing.T) {
 // base64 makes it larger still) once held its partition until someone
 // raised max.message.bytes. Now its dead letter is written without the
 // original (causet.dlq.original-omitted gives size and SHA-256), the
-// partition is never stuck, and the records after it are applied.
+// partition is never stuck, and the records after it are applied. So is
+// a poison record whose own headers are too large (8 KiB), which still
+// held its partition: it is dead-lettered without them
+// (causet.dlq.original-headers-omitted).
 func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	t.Parallel()
 	dlqTopic := kafkatest.TopicName(t, "bigdlq")
@@ -78,15 +81,17 @@ func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	huge := bytes.Repeat([]byte{0xfe}, 10<<20)
-	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("huge"), Value: huge}, &kgo.Record{Key: []byte("poison-after"), Value: poison}).FirstErr(); err != nil {
+	bigHeaders := &kgo.Record{Key: []byte("big-headers"), Value: poison,
+		Headers: []kgo.RecordHeader{{Key: "x-baggage", Value: bytes.Repeat([]byte("b"), 8<<10)}}}
+	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("huge"), Value: huge}, bigHeaders, &kgo.Record{Key: []byte("poison-after"), Value: poison}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	cons := b.Client(t, kgo.ConsumeTopics(dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var dls []*kgo.Record
-	for len(dls) < 2 {
+	for len(dls) < 3 {
 		fs := cons.PollFetches(ctx)
 		if ctx.Err() != nil {
-			t.Fatalf("%d dead letters within a minute, want 2\nstderr:\n%s", len(dls), w.stderr.String())
+			t.Fatalf("%d dead letters within a minute, want 3\nstderr:\n%s", len(dls), w.stderr.String())
 		}
 		dls = append(dls, fs.Records()...)
 	}
@@ -101,8 +106,20 @@ func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	if string(dls[0].Key) != "huge" || omitted != want || len(dls[0].Value) > 4096 {
 		t.Errorf("first dead letter: key %q, %d bytes, %s %q; want huge, <= 4096 bytes, %q", dls[0].Key, len(dls[0].Value), dlq.HeaderOriginalOmitted, omitted, want)
 	}
-	if string(dls[1].Key) != "poison-after" {
-		t.Errorf("second dead letter key %q, want poison-after: the partition went on", dls[1].Key)
+	headersOmitted := ""
+	for _, h := range dls[1].Headers {
+		if h.Key == dlq.HeaderOriginalHeadersOmitted {
+			headersOmitted = string(h.Value)
+		}
+		if h.Key == "x-baggage" {
+			t.Errorf("second dead letter carries the record's %d-byte header", len(h.Value))
+		}
+	}
+	if string(dls[1].Key) != "big-headers" || !strings.HasPrefix(headersOmitted, "count=1 size=8201 sha256=") {
+		t.Errorf("second dead letter: key %q, %s %q; want big-headers, count=1 size=8201", dls[1].Key, dlq.HeaderOriginalHeadersOmitted, headersOmitted)
+	}
+	if string(dls[2].Key) != "poison-after" {
+		t.Errorf("third dead letter key %q, want poison-after: the partition went on", dls[2].Key)
 	}
 	if body := w.get(t, "/readyz"); strings.Contains(body, "stuck") {
 		t.Errorf("/readyz %q: a partition stuck on the large dead letter", body)
