@@ -158,6 +158,7 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 				p.refuse(where+": primaryKey", v, "must be a list of column names")
 				return
 			}
+			pd.PrimaryKey = make([]string, 0, len(v.Content)) // [] is not a missing key
 			for _, e := range v.Content {
 				pd.PrimaryKey = append(pd.PrimaryKey, p.str(where+": primaryKey", resolve(e)))
 			}

@@ -137,7 +137,7 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 			`testdata/defs/many_problems.yaml: projection "Artist-Followers": events.ARTIST_UNFOLLOWED: unknown operation "remove" (want upsert or delete) (line 13)`,
 			`testdata/defs/many_problems.yaml: projections[1]: name: missing (line 14)`,
 			`testdata/defs/many_problems.yaml: projections[1]: columns: none defined (line 16)`,
-			`testdata/defs/many_problems.yaml: projections[1]: primaryKey: missing (line 15)`,
+			`testdata/defs/many_problems.yaml: projections[1]: primaryKey: empty: list the columns that identify a row, e.g. [user_id, artist_id] (line 15)`,
 			`testdata/defs/many_problems.yaml: projections[1]: events: none defined (line 17)`,
 		}},
 	}
@@ -479,6 +479,23 @@ func TestLoadDefinitionsOfWhatIsNotAFile(t *testing.T) {
 	} {
 		if _, err := LoadDefinitions(path); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("LoadDefinitions(%s) error = %v, want %q", path, err, want)
+		}
+	}
+}
+
+// TestPrimaryKeyMissingOrEmpty: a projection without primaryKey is told
+// it is missing; one with primaryKey: [] is told it is empty and what to
+// list (new-user trial: both read "missing").
+func TestPrimaryKeyMissingOrEmpty(t *testing.T) {
+	for key, want := range map[string]string{
+		"":                     "primaryKey: missing",
+		"primaryKey: []\n    ": "primaryKey: empty: list the columns that identify a row",
+	} {
+		src := "irVersion: v1\nprojections:\n  - name: p\n    table: p\n    " + key +
+			"columns:\n      k: { type: text, from: entityId }\n    events: { E: upsert }\n"
+		_, err := ParseDefinitions("p.yaml", []byte(src))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", key, err, want)
 		}
 	}
 }

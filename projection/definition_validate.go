@@ -199,8 +199,11 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 }
 
 func (d *Definitions) validatePrimaryKey(pd *ProjectionDef, pfail func(field, format string, args ...any)) {
-	if len(pd.PrimaryKey) == 0 {
+	switch {
+	case pd.PrimaryKey == nil:
 		pfail("primaryKey", "missing")
+	case len(pd.PrimaryKey) == 0:
+		pfail("primaryKey", "empty: list the columns that identify a row, e.g. [user_id, artist_id]")
 	}
 	seen := map[string]bool{}
 	for _, k := range pd.PrimaryKey {
