@@ -123,6 +123,9 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if err != nil {
 		return err
 	}
+	if n == 0 && s.output == "table" {
+		noMatchLine(stdout, st)
+	}
 	log.Info("listed", "topic", s.dlqTopic, "scanned", st.Scanned, "matched", st.Matched, "listed", n, "filters", filters)
 	return nil
 }
@@ -156,6 +159,9 @@ func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filt
 	}
 	if err != nil {
 		return err
+	}
+	if st.Matched == 0 && s.output != "json" {
+		noMatchLine(stdout, st)
 	}
 	log.Info("summarised", "topic", s.dlqTopic, "scanned", st.Scanned, "matched", st.Matched, "groups", len(sum.Groups()), "filters", filters)
 	return nil
@@ -261,6 +267,12 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 // noMatch is the line retry and skip print when the filters select no
 // dead letter.
 const noMatch = "no dead letter matched the filter"
+
+// noMatchLine ends a table that has no row (list, summary) with why: the
+// header alone read as a failed run (new-user trial).
+func noMatchLine(stdout io.Writer, st dlq.ScanStats) {
+	fmt.Fprintf(stdout, "%s (%d dead letters scanned)\n", noMatch, st.Scanned)
+}
 
 // errNothingMatched is returned by retry and skip with --fail-on-empty when
 // the filters select no dead letter: exit status 3.

@@ -727,3 +727,22 @@ func TestConcurrentRetriesSendEachEntryOnce(t *testing.T) {
 		t.Errorf("events topic has %d records, want each of the %d dead letters sent once", got, n)
 	}
 }
+
+// TestListAndSummaryWithNoMatchSaySo: a filter that selects nothing ends
+// the table with a line saying so and how many dead letters were scanned,
+// where only the header was printed (new-user trial); JSON output stays
+// empty, and exit status 0 (nothing failed).
+func TestListAndSummaryWithNoMatchSaySo(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.seed(t)
+	for _, cmd := range []string{"list", "summary"} {
+		r := runCmd(t, f.env, cmd, "--fork-id", "no-such-fork")
+		if want := "no dead letter matched the filter (3 dead letters scanned)"; r.code != 0 || r.lastLine() != want {
+			t.Errorf("%s: exit %d, last line %q, want %q\n%s", cmd, r.code, r.lastLine(), want, r.stdout)
+		}
+		r = runCmd(t, f.env, cmd, "--fork-id", "no-such-fork", "--output", "json")
+		if r.code != 0 || strings.TrimSpace(r.stdout) != "" {
+			t.Errorf("%s --output json: exit %d, stdout %q, want nothing", cmd, r.code, r.stdout)
+		}
+	}
+}
