@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/testtool"
 )
@@ -88,4 +91,27 @@ func TestREADMEReplayerSession(t *testing.T) {
 				c, diff, c, strings.Join(got, "\n"))
 		}
 	}
+}
+
+// TestReadmeNamesTheFlagAliases: every alias the replayer takes (--tls
+// for --kafka-tls, ...) is named in README.md's dlq-replayer section
+// (new-user trial: they were in -h only).
+func TestReadmeNamesTheFlagAliases(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(b), "\n### dlq-replayer\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var s settings
+	fs := flagenv.New("dlq-replayer list", io.Discard)
+	aliases := s.register(fs, "list", func(string) (string, bool) { return "", false })
+	if len(aliases.list) == 0 {
+		t.Fatal("no aliases registered: the test checks nothing")
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if target, ok := strings.CutPrefix(f.Usage, "same as --"); ok && !strings.Contains(section, "`--"+f.Name+"`") {
+			t.Errorf("README's dlq-replayer section does not name --%s (same as --%s)", f.Name, target)
+		}
+	})
 }
