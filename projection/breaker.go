@@ -84,9 +84,10 @@ type breaker struct {
 	cfg BreakerConfig
 	now func() time.Time
 	// onChange is called, outside the lock, when a fingerprint's breaker
-	// opens (open true, with the exhaustions in the window) or closes (why
-	// says how: closedByProbe or closedQuiet).
-	onChange func(fingerprint string, open bool, exhausted int, why string)
+	// opens (open true, n the exhaustions in the window) or closes (why
+	// says how: closedByProbe or closedQuiet; n the pairs dead-lettered at
+	// once while it was open, counted by shortCircuited).
+	onChange func(fingerprint string, open bool, n int, why string)
 
 	mu sync.Mutex
 	fp map[string]*fingerprintState
@@ -119,6 +120,9 @@ type fingerprintState struct {
 	probing    bool      // a probe pair is being retried
 	lastProbe  time.Time // when the last probe started
 	lastFailed time.Time // when a pair last failed with it (admit, exhausted)
+	// shortCircuited counts the pairs dead-lettered at once (their
+	// dead letters acknowledged) while the breaker was open.
+	shortCircuited int
 }
 
 // How a breaker closed (onChange's why).
@@ -248,7 +252,7 @@ func (b *breaker) admit(fp string) (probe bool, err error) {
 		// The first failure after a quiet window: a new incident, retried.
 		delete(b.fp, fp)
 		b.mu.Unlock()
-		b.onChange(fp, false, 0, closedQuiet)
+		b.onChange(fp, false, st.shortCircuited, closedQuiet)
 		return false, nil
 	}
 	defer b.mu.Unlock()
@@ -314,16 +318,16 @@ func (b *breaker) closeQuiet() {
 	}
 	b.mu.Lock()
 	now := b.now()
-	var closed []string
+	closed := map[string]int{} // fingerprint → its pairs short-circuited
 	for fp, st := range b.fp {
 		if b.quiet(st, now) {
 			delete(b.fp, fp)
-			closed = append(closed, fp)
+			closed[fp] = st.shortCircuited
 		}
 	}
 	b.mu.Unlock()
-	for _, fp := range closed {
-		b.onChange(fp, false, 0, closedQuiet)
+	for fp, n := range closed {
+		b.onChange(fp, false, n, closedQuiet)
 	}
 }
 
@@ -352,6 +356,10 @@ func (b *breaker) succeeded(fp string, probe bool) {
 	b.mu.Lock()
 	st := b.fp[fp]
 	closed := st != nil && st.open && probe
+	short := 0
+	if closed {
+		short = st.shortCircuited
+	}
 	if st != nil && (!st.open || probe) {
 		delete(b.fp, fp)
 	}
@@ -365,8 +373,18 @@ func (b *breaker) succeeded(fp string, probe bool) {
 		b.onRelease()
 	}
 	if closed {
-		b.onChange(fp, false, 0, closedByProbe)
+		b.onChange(fp, false, short, closedByProbe)
 	}
+}
+
+// shortCircuited counts a pair of fingerprint fp that an open breaker
+// dead-lettered at once, for the line that says it closed.
+func (b *breaker) shortCircuited(fp string) {
+	b.mu.Lock()
+	if st := b.fp[fp]; st != nil && st.open {
+		st.shortCircuited++
+	}
+	b.mu.Unlock()
 }
 
 // cancelled records that a probe pair ended without an outcome (revoke or

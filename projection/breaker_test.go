@@ -295,3 +295,42 @@ func TestReadmeStatesTheRetrySlots(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerClosingCountsTheShortCircuitedPairs: the close of a breaker
+// reports the pairs it dead-lettered at once while open (the worker's
+// "breaker closed" line), each incident its own; a count for a
+// fingerprint whose breaker is closed is dropped.
+func TestBreakerClosingCountsTheShortCircuitedPairs(t *testing.T) {
+	var closes []string
+	b := newBreaker(BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: 30 * time.Second}, func(fp string, open bool, n int, why string) {
+		if !open {
+			closes = append(closes, fmt.Sprintf("%s %d %s", fp, n, why))
+		}
+	})
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	b.now = clock.now
+	open := func() {
+		for range 3 {
+			b.exhausted("fp", false)
+		}
+	}
+	b.shortCircuited("fp") // closed: not counted
+	open()
+	for range 4 {
+		b.shortCircuited("fp")
+	}
+	b.shortCircuited("other")
+	clock.add(30 * time.Second)
+	if probe, err := b.admit("fp"); !probe || err != nil {
+		t.Fatalf("admit after the probe interval = %v, %v; want a probe", probe, err)
+	}
+	b.succeeded("fp", true)
+	open()
+	b.shortCircuited("fp")
+	clock.add(2 * time.Minute)
+	b.closeQuiet()
+	want := []string{"fp 4 " + closedByProbe, "fp 1 " + closedQuiet}
+	if strings.Join(closes, "|") != strings.Join(want, "|") {
+		t.Errorf("closes %q, want %q", closes, want)
+	}
+}

@@ -155,13 +155,25 @@ func TestWorkerRetrySetFullPausesWithoutLoss(t *testing.T) {
 // TestWorkerBreakerShortCircuitsAFingerprint: once pairs with one
 // fingerprint have exhausted their retries Threshold times, later pairs
 // with it are dead-lettered at once, retryCount 0, with the
-// causet.dlq.short-circuit header and the error text unchanged.
+// causet.dlq.short-circuit header and the error text unchanged; when the
+// breaker closes (a window without failures) its line counts them.
 func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
 	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
+	closed := make(chan int64, 1)
 	r.start(func(c *projection.Config) {
-		c.Breaker = projection.BreakerConfig{Threshold: 3, Window: time.Minute, ProbeInterval: time.Hour}
+		c.Breaker = projection.BreakerConfig{Threshold: 3, Window: 10 * time.Second, ProbeInterval: time.Hour}
+		c.Logger = slog.New(logObserver{Handler: c.Logger.Handler(), observe: func(rec slog.Record) {
+			if strings.HasPrefix(rec.Message, "breaker closed") {
+				rec.Attrs(func(a slog.Attr) bool {
+					if a.Key == "dead_lettered_while_open" {
+						closed <- a.Value.Int64()
+					}
+					return true
+				})
+			}
+		}})
 	})
 	rate := func(i int) {
 		user := fmt.Sprintf("rater-%d", i)
@@ -200,6 +212,14 @@ func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
 	}
 	if full != 3 || short != later {
 		t.Errorf("retried in full = %d, short-circuited = %d; want 3 and %d", full, short, later)
+	}
+	select {
+	case n := <-closed:
+		if n != later {
+			t.Errorf("breaker closed with dead_lettered_while_open=%d, want %d", n, later)
+		}
+	case <-time.After(testTimeout):
+		t.Error("no breaker closed line within the test timeout")
 	}
 }
 

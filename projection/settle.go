@@ -632,7 +632,10 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 		ctx = trace.ContextWithSpanContext(ctx, trace.SpanContextFromContext(dl.Context))
 	}
 	if dl.ShortCircuit != "" {
-		w.log.DebugContext(ctx, "dead-lettered", attrs...) // the breaker's ERROR line when it opened says it for all of them
+		// The breaker's ERROR line when it opened says it for all of them,
+		// and its line when it closes counts them.
+		w.breaker.shortCircuited(dl.ShortCircuit)
+		w.log.DebugContext(ctx, "dead-lettered", attrs...)
 		return
 	}
 	w.failures.write(ctx, slog.LevelWarn, "dead-lettered", dl.Fingerprint(), attrs...)

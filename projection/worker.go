@@ -127,16 +127,18 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	w.failures = newFailureLog(w.log, cfg.FailureLogInterval)
 	w.tr = newTracing(cfg)
 	w.processing = semaphore.NewWeighted(int64(cfg.MaxQueuedBytes))
-	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, exhausted int, why string) {
+	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, n int, why string) {
 		if open {
 			cfg.Metrics.addBreakersOpen(context.Background(), 1)
 			w.log.Error("breaker opened: pairs failing with this fingerprint are dead-lettered at once, one probe retried in full every interval; fix the cause, then dlq-replayer retry --fingerprint",
-				"fingerprint", fp, "exhausted", exhausted, "window", cfg.Breaker.Window, "probe_interval", cfg.Breaker.ProbeInterval)
+				"fingerprint", fp, "exhausted", n, "window", cfg.Breaker.Window, "probe_interval", cfg.Breaker.ProbeInterval)
 			w.wakePartitions() // their waiting pairs of fp go now
 			return
 		}
 		cfg.Metrics.addBreakersOpen(context.Background(), -1)
-		w.log.Info("breaker closed: "+why, "fingerprint", fp)
+		// The incident's total: at INFO each such dead letter is only
+		// counted here (new-user trial: only the opening line showed).
+		w.log.Info("breaker closed: "+why, "fingerprint", fp, "dead_lettered_while_open", n)
 	})
 	w.breaker.onRelease = w.wakePartitions // their pairs waiting for a retry slot go now
 	w.slotHold = cfg.Retry.Longest() + slotSlack
