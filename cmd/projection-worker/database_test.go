@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"io"
+	"log/slog"
+	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +118,72 @@ func TestReadyzSaysBusyWhenEveryConnectionIsInUse(t *testing.T) {
 	defer cancel2()
 	if got := pingError(refused.Ping(pctx2), refused.Stat()).Error(); !strings.HasPrefix(got, "database unreachable: ") {
 		t.Errorf("refused: %q, want database unreachable", got)
+	}
+}
+
+// TestWatchDatabaseSaysWhenTheDatabaseAnswers: after an unreachable start,
+// the worker says every `still` that the database still does not answer,
+// and once it does, that it answers, with nothing else to apply (new-user
+// trial: silence after the first warning). The database comes up at an
+// address that refused connections before: a proxy to the test's.
+func TestWatchDatabaseSaysWhenTheDatabaseAnswers(t *testing.T) {
+	target, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closedAddr(t)
+	u := *target
+	u.Host = addr
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); watchDatabase(ctx, pool, log, 50*time.Millisecond, 200*time.Millisecond) }()
+	for !strings.Contains(logs.String(), "database still unreachable") {
+		if ctx.Err() != nil {
+			t.Fatalf("no 'still unreachable' line:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ln, err := net.Listen("tcp", addr) // the database comes up there
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				pg, err := net.Dial("tcp", target.Host)
+				if err != nil {
+					return
+				}
+				defer pg.Close()
+				go func() { _, _ = io.Copy(pg, c) }()
+				_, _ = io.Copy(c, pg)
+			}()
+		}
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	if out := logs.String(); !strings.Contains(out, `level=INFO msg="database answers now"`) || !strings.Contains(out, "connection refused") {
+		t.Errorf("logs lack the database answering, or the reason it did not:\n%s", out)
 	}
 }

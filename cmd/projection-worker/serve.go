@@ -184,8 +184,12 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	if !checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log) && s.copyMinRows > 0 {
+	canStage, reached := checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
+	if !canStage && s.copyMinRows > 0 {
 		s.copyMinRows = -1
+	}
+	if !reached {
+		go watchDatabase(ctx, pool, log, databaseWatchEvery, databaseStillEvery)
 	}
 
 	admCl, err := kgo.NewClient(kopts...)
@@ -310,10 +314,12 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 
 // checkDatabase pings the database once at start (bounded by the pool's
 // 5 s connect timeout) and logs a warning with the reason when it does not
-// answer, so that a wrong DATABASE_URL or a database that is down shows
-// before the first record. The worker starts anyway: what happens to
-// records then is --on-infra-error's, and /readyz reports the database.
-func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) (canStage bool) {
+// answer (reached false), so that a wrong DATABASE_URL or a database that
+// is down shows before the first record. The worker starts anyway: what
+// happens to records then is --on-infra-error's, and /readyz reports the
+// database. canStage is false when the role may not create the temporary
+// tables COPY stages batches in.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) (canStage, reached bool) {
 	if err := pool.Ping(ctx); err != nil && ctx.Err() == nil {
 		then := "partitions pause until it answers, and /readyz fails"
 		if mode == projection.InfraDeadLetter {
@@ -321,17 +327,59 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.Infr
 		}
 		log.Warn("database unreachable at start: check --database-url (DATABASE_URL) and the database; the worker starts, and "+then,
 			"on_infra_error", string(mode), "error", err)
-		return true // not known: COPY stays on, and falls back to statements if refused
+		return true, false // not known: COPY stays on, and falls back to statements if refused
 	}
 	var temp bool
 	var db, role string
 	err := pool.QueryRow(ctx, "SELECT has_database_privilege(current_database(), 'TEMPORARY'), current_database(), current_user").Scan(&temp, &db, &role)
 	if err != nil || temp {
-		return true
+		return true, true
 	}
 	log.Warn("the database role may not create temporary tables, which the COPY path stages batches in: COPY is off and upserts go as pipelined statements (slower); to turn it on, GRANT TEMPORARY ON DATABASE "+
 		pgx.Identifier{db}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize(), "database", db, "role", role)
-	return false
+	return false, true
+}
+
+// How often watchDatabase pings, and logs that the database still does
+// not answer.
+const (
+	databaseWatchEvery = 5 * time.Second
+	databaseStillEvery = time.Minute
+)
+
+// sleep waits d, and reports false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// watchDatabase follows a database that did not answer at start: it pings
+// it every `every` until it answers, then logs so at INFO and returns; in
+// the meantime it logs a WARN every `still` with how long and why. With no
+// record to apply nothing else would say either (new-user trial: a worker
+// started before its database logged nothing after its first warning).
+// It returns when ctx is done.
+func watchDatabase(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, every, still time.Duration) {
+	start, warned := time.Now(), time.Now()
+	for sleep(ctx, every) {
+		pctx, cancel := context.WithTimeout(ctx, max(every, 5*time.Second)) // the pool's connect timeout
+		err := pool.Ping(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			log.Info("database answers now", "unreachable_for", time.Since(start).Round(time.Second))
+			return
+		case time.Since(warned) >= still:
+			warned = time.Now()
+			log.Warn("database still unreachable: check --database-url (DATABASE_URL) and the database", "for", time.Since(start).Round(time.Second), "error", err)
+		}
+	}
 }
 
 // checkTopics creates missing topics (with --create-topics=false it only
