@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,15 +57,24 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := checkHTTPAddr(s.httpAddr); err != nil {
 		return err
 	}
+	// Both ports before the stack, which takes seconds to start (new-user
+	// trial: a taken port was said after initdb and the migrations), and
+	// both said at once (second trial: only the HTTP one was).
+	var taken []error
 	if s.httpAddr != "" {
-		// Before the stack, which takes seconds to start (new-user trial:
-		// a taken port was said after initdb and the migrations).
 		ln, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
 			a := otherAddr(s.httpAddr)
-			return fmt.Errorf("--http-addr %s: %w (%s is free now: pass --http-addr %s, with make run in ARGS)", s.httpAddr, err, a, a)
+			taken = append(taken, fmt.Errorf("--http-addr %s: %w (%s is free now: pass --http-addr %s, with make run in ARGS)", s.httpAddr, err, a, a))
+		} else {
+			ln.Close()
 		}
-		ln.Close()
+	}
+	if err := devstack.CheckKafkaPort(kafkaPort); err != nil {
+		taken = append(taken, err)
+	}
+	if err := errors.Join(taken...); err != nil {
+		return err
 	}
 	stack, err := devstack.Start(ctx, devstack.Options{
 		KafkaPort:   kafkaPort,

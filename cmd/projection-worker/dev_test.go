@@ -310,6 +310,27 @@ func TestDevSaysATakenKafkaPort(t *testing.T) {
 	}
 }
 
+// TestDevSaysBothTakenPortsAtOnce: with --http-addr and --kafka-port both
+// taken, make run names both, each with its fix, before starting anything
+// (new-user trial: only the HTTP one was said; the Kafka one came after a
+// second try).
+func TestDevSaysBothTakenPortsAtOnce(t *testing.T) {
+	clearSettingsEnv(t)
+	httpLn, kafkaLn := takenPort(t), takenPort(t)
+	_, kport, _ := net.SplitHostPort(kafkaLn.Addr().String())
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), []string{"dev", "--kafka-port", kport, "--http-addr", httpLn.Addr().String(), "--projections", exampleProjections}, &stdout, &stderr)
+	out := stderr.String()
+	for _, want := range []string{"--http-addr " + httpLn.Addr().String(), "pass --http-addr", "127.0.0.1:" + kport, "--kafka-port 0 takes any free port"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stderr lacks %q", want)
+		}
+	}
+	if code != 1 || strings.Contains(stdout.String(), "embedded kafka (kfake) listening") {
+		t.Errorf("exit %d, want 1 before the stack started\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), out)
+	}
+}
+
 // TestDevSaysAMalformedHTTPAddressIsAUsageError: a port out of range or no
 // port is exit 2 naming the flag, as for run, without a free port to try
 // (new-user trial: exit 1 and "127.0.0.1:18080 is free now").

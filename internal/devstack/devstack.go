@@ -7,6 +7,8 @@ package devstack
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -69,7 +71,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	}
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(opts.KafkaPort), kfake.DefaultNumPartitions(int(opts.Partitions)))
 	if err != nil {
-		return nil, fmt.Errorf("embedded kafka on 127.0.0.1:%d: %w (is another broker or `make run` already listening there? --kafka-port 0 takes any free port)", opts.KafkaPort, err)
+		return nil, kafkaPortError(opts.KafkaPort, err)
 	}
 	s := &Stack{Brokers: kc.ListenAddrs()[0], kafka: kc, DatabaseURL: opts.DatabaseURL}
 	opts.Logf("embedded kafka (kfake) listening on %s", s.Brokers)
@@ -193,4 +195,23 @@ func Produce(ctx context.Context, kopts []kgo.Opt, topic string, examples []Exam
 			Headers: []kgo.RecordHeader{{Key: "source", Value: []byte("make-run")}}})
 	}
 	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// CheckKafkaPort reports, before Start, an error when the embedded
+// Kafka's port (1-65535; other values take any free port) is taken on
+// 127.0.0.1, saying how to take a free one; nil when it is free now.
+func CheckKafkaPort(port int) error {
+	if port <= 0 {
+		return nil
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return kafkaPortError(port, err)
+	}
+	return ln.Close()
+}
+
+// kafkaPortError is the error for the embedded Kafka's port taken.
+func kafkaPortError(port int, err error) error {
+	return fmt.Errorf("embedded kafka on 127.0.0.1:%d: %w (is another broker or `make run` already listening there? --kafka-port 0 takes any free port)", port, err)
 }
