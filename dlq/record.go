@@ -347,8 +347,12 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 	for _, h := range own {
 		hb += len(h.Key) + len(h.Value)
 	}
-	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original value (%d bytes) and headers left out, over the limit of %d; what remains: the record's key (%d bytes), the dead letter's %d headers (%d bytes) and the message's other fields: %w",
-		sourceName(src), size, len(src.Value), cfg.MaxBytes, len(src.Key), len(own), hb, ErrTooLarge)
+	left := fmt.Sprintf("the original value (%d bytes)", len(src.Value))
+	if len(own) < len(headers) {
+		left += fmt.Sprintf(" and its %d headers", len(headers)-len(own))
+	}
+	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and %s left out, over the limit of %d; what remains: the record's key (%d bytes), the dead letter's %d headers (%d bytes) and the message's other fields: %w",
+		sourceName(src), size, left, cfg.MaxBytes, len(src.Key), len(own), hb, ErrTooLarge)
 }
 
 // copiedHeader reports whether NewRecord copies the source record's header
