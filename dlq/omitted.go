@@ -127,22 +127,6 @@ func (o *OmittedOriginal) check(r *kgo.Record) error {
 	return nil
 }
 
-// ReadOmittedHeaders reads the omitted headers o of the original record
-// from its topic with a client built from opts and checks their count,
-// size and SHA-256 (HeadersDigest). It returns the record's headers that a
-// dead letter copies (every one but causet.dlq.* ones), in their order,
-// and the same errors as ReadOmitted.
-func ReadOmittedHeaders(ctx context.Context, opts []kgo.Opt, o *OmittedHeaders) ([]kgo.RecordHeader, error) {
-	r, err := readOriginal(ctx, opts, o, o.Size)
-	if err != nil {
-		return nil, err
-	}
-	if err := o.check(r); err != nil {
-		return nil, err
-	}
-	return copiedHeaders(r.Headers), nil
-}
-
 // check returns an error unless r's headers are the omitted ones.
 func (o *OmittedHeaders) check(r *kgo.Record) error {
 	if count, size, sum := HeadersDigest(r.Headers); count != o.Count || size != o.Size || sum != o.SHA256 {

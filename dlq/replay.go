@@ -400,7 +400,8 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 
 // restoreOmitted reads e's original record again from its topic, once,
 // when its value or its own headers were left out of the dead letter, and
-// checks what was left out (ReadOmitted, ReadOmittedHeaders). A value goes
+// checks what was left out (size and SHA-256, as ReadOmitted; the
+// headers' count, size and HeadersDigest). A value goes
 // in e.Message.OriginalEvent when it is a JSON object every strict parser
 // reads; a value that is not stays out, and the entry is refused as not an
 // event. Headers go in e.Headers before the dead letter's own, as a dead
@@ -438,8 +439,9 @@ func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
 
 // restoredHeaders returns a dead letter's headers with the source record's
 // own, read again, in front: own followed by dead, own without traceparent
-// and tracestate when dead has a traceparent of its own (NewRecord copies
-// the source's then only as causet.dlq.original-*).
+// and tracestate when dead has a traceparent of its own (a tracing
+// worker's send span, which NewRecord puts in place of the source's, as
+// in a dead letter that kept the source's headers).
 func restoredHeaders(own, dead []kgo.RecordHeader) []kgo.RecordHeader {
 	ownTrace := slices.ContainsFunc(dead, func(h kgo.RecordHeader) bool { return traceHeader(h.Key) == 0 })
 	out := make([]kgo.RecordHeader, 0, len(own)+len(dead))
