@@ -230,3 +230,29 @@ func TestNewRecordLeavesOutHeadersTooLargeToFit(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoredHeadersGiveWayToTheDeadLettersTrace: the source's headers,
+// read again, come before the dead letter's; its traceparent and
+// tracestate only when the dead letter has no traceparent of its own (a
+// tracing worker's send span took their place, as when headers are kept).
+func TestRestoredHeadersGiveWayToTheDeadLettersTrace(t *testing.T) {
+	src := []kgo.RecordHeader{{Key: "a", Value: []byte("1")}, {Key: "traceparent", Value: []byte("src")}, {Key: "tracestate", Value: []byte("s")}}
+	keys := func(hs []kgo.RecordHeader) string {
+		var ks []string
+		for _, h := range hs {
+			ks = append(ks, h.Key+"="+string(h.Value))
+		}
+		return strings.Join(ks, ",")
+	}
+	for _, c := range []struct {
+		dead []kgo.RecordHeader
+		want string
+	}{
+		{[]kgo.RecordHeader{{Key: HeaderFingerprint, Value: []byte("f")}}, "a=1,traceparent=src,tracestate=s," + HeaderFingerprint + "=f"},
+		{[]kgo.RecordHeader{{Key: "traceparent", Value: []byte("send")}, {Key: HeaderFingerprint, Value: []byte("f")}}, "a=1,traceparent=send," + HeaderFingerprint + "=f"},
+	} {
+		if got := keys(restoredHeaders(src, c.dead)); got != c.want {
+			t.Errorf("restoredHeaders(%s) = %s, want %s", keys(c.dead), got, c.want)
+		}
+	}
+}
