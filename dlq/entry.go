@@ -91,6 +91,11 @@ type Entry struct {
 	// causet.dlq.original-headers-omitted, with the original topic,
 	// partition and offset headers); nil when the dead letter carries them.
 	OmittedHeaders *OmittedHeaders
+	// OmittedKey is the source record's key, left out of the dead letter
+	// (which has none) because it did not fit the topic (header
+	// causet.dlq.original-key-omitted, with the original topic, partition
+	// and offset headers); nil when the dead letter carries it.
+	OmittedKey *OmittedKey
 }
 
 // Coordinates returns the entry's place in the dead-letter topic.
@@ -115,11 +120,11 @@ func (e *Entry) HasOriginalEvent() bool {
 
 // headerValues are the causet.dlq.* headers of one record.
 type headerValues struct {
-	projection, tenant, fork, eventType, fingerprint, class, sqlstate string
-	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint   bool
-	originalPartition                                                 int32
-	replayCount                                                       int
-	originalTopic, originalOffset, omitted, omittedHeaders            string
+	projection, tenant, fork, eventType, fingerprint, class, sqlstate  string
+	hasProjection, hasTenant, hasFork, hasEventType, hasFingerprint    bool
+	originalPartition                                                  int32
+	replayCount                                                        int
+	originalTopic, originalOffset, omitted, omittedHeaders, omittedKey string
 }
 
 func readHeaders(hs []kgo.RecordHeader) headerValues {
@@ -154,6 +159,8 @@ func readHeaders(hs []kgo.RecordHeader) headerValues {
 			hv.omitted = string(h.Value)
 		case HeaderOriginalHeadersOmitted:
 			hv.omittedHeaders = string(h.Value)
+		case HeaderOriginalKeyOmitted:
+			hv.omittedKey = string(h.Value)
 		case HeaderReplayCount:
 			hv.replayCount, _ = ParseReplayCount(h.Value)
 		}
@@ -201,6 +208,12 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 		e.Omitted = &OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}
 		if !placed || !parseOmitted(hv.omitted, e.Omitted) {
 			return nil, malformed(HeaderOriginalOmitted, hv.omitted)
+		}
+	}
+	if hv.omittedKey != "" {
+		e.OmittedKey = &OmittedKey{OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}}
+		if !placed || !parseOmitted(hv.omittedKey, &e.OmittedKey.OmittedOriginal) {
+			return nil, malformed(HeaderOriginalKeyOmitted, hv.omittedKey)
 		}
 	}
 	if hv.omittedHeaders != "" {

@@ -81,6 +81,11 @@ const (
 	// the original topic, partition and offset, as for
 	// HeaderOriginalOmitted.
 	HeaderOriginalHeadersOmitted = "causet.dlq.original-headers-omitted"
+	// HeaderOriginalKeyOmitted says that the source record's key was left
+	// out (the dead letter has none) because, with the rest, it did not
+	// fit the dead-letter topic: "size=N sha256=hex" of the key.
+	// dlq-replayer reads it again, as for HeaderOriginalOmitted.
+	HeaderOriginalKeyOmitted = "causet.dlq.original-key-omitted"
 	// HeaderOriginalTraceparent and HeaderOriginalTracestate keep the source
 	// record's W3C traceparent and tracestate headers (present when it had
 	// them): with tracing on, the dead letter's own traceparent is its send

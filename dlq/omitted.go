@@ -29,6 +29,25 @@ func (o *OmittedOriginal) String() string {
 	return fmt.Sprintf("%s[%d]@%d (%d bytes)", o.Topic, o.Partition, o.Offset, o.Size)
 }
 
+// OmittedKey is the source record's key that NewRecord left out of a dead
+// letter because it did not fit the dead-letter topic (header
+// causet.dlq.original-key-omitted): where the record was read, the key's
+// size and SHA-256.
+type OmittedKey struct{ OmittedOriginal }
+
+func (o *OmittedKey) String() string {
+	return fmt.Sprintf("%s[%d]@%d (key of %d bytes)", o.Topic, o.Partition, o.Offset, o.Size)
+}
+
+// check returns an error unless r's key is the omitted one.
+func (o *OmittedKey) check(r *kgo.Record) error {
+	sum := sha256.Sum256(r.Key)
+	if len(r.Key) != o.Size || hex.EncodeToString(sum[:]) != o.SHA256 {
+		return fmt.Errorf("original %s: the record there has a key of %d bytes with another SHA-256: not the failed record", o, len(r.Key))
+	}
+	return nil
+}
+
 // OmittedHeaders are the source record's own headers that NewRecord left
 // out of a dead letter because they did not fit the dead-letter topic
 // (header causet.dlq.original-headers-omitted): where the record was read,

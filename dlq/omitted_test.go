@@ -214,3 +214,28 @@ func (f *fixture) wantOneRefusedOfTwo(why string) {
 		}
 	}
 }
+
+// TestRetryReadsAnOmittedKeyAgain: a dead letter whose event's key was
+// left out (too large for the dead-letter topic) is replayed with that
+// key, read again from the events topic and checked, to the partition it
+// was first read from.
+func TestRetryReadsAnOmittedKeyAgain(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	value := []byte(`{"eventType":"ARTIST_FOLLOWED","entityId":"user-1","forkId":"production","tenantSchema":"acme_prod","irVersion":"v1","sequenceNumber":1,"ts":1719331200000,"payload":{}}`)
+	key := bytes.Repeat([]byte("k"), 4000)
+	src, dl := deadLetterOver2048(t, f, &kgo.Record{Key: key, Value: value}, dlq.HeaderOriginalKeyOmitted)
+	if dl.Key != nil {
+		t.Fatalf("dead letter key of %d bytes, want none", len(dl.Key))
+	}
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
+	if res.Replayed != 1 || len(outs) != 1 {
+		t.Fatalf("result %s, outcomes %+v; want the event replayed with its key", res, outs)
+	}
+	checkReplayedValue(t, b, f.events, value)
+	for _, r := range readTopic(t, b, f.events) {
+		if _, ok := headerValue(r.Headers, dlq.HeaderReplaySource); ok && (!bytes.Equal(r.Key, key) || r.Partition != src.Partition) {
+			t.Errorf("replayed record: key %d bytes, partition %d; want the original's %d bytes, partition %d", len(r.Key), r.Partition, len(key), src.Partition)
+		}
+	}
+}

@@ -155,9 +155,9 @@ var ErrInvalidDeadLetter = errors.New("invalid dead letter")
 //     original-tracestate (when the source has them; with a Writer that
 //     traces, traceparent and tracestate are the send span's, after the
 //     source's other headers), and, only when something was cut,
-//     truncated; original-omitted and original-headers-omitted come
-//     before truncated when the value or the source's headers were left
-//     out (below).
+//     truncated; original-omitted, original-headers-omitted and
+//     original-key-omitted come before truncated when the value, the
+//     source's headers or its key were left out (below).
 //
 // A TenantSchema that is not a valid identifier (^[a-z_][a-z0-9_]{0,62}$)
 // is written as "" in the message and the header, as the schema requires;
@@ -178,10 +178,11 @@ var ErrInvalidDeadLetter = errors.New("invalid dead letter")
 // left out (with the copies of its trace headers), the value kept if it
 // then fits and left out too otherwise, and header
 // causet.dlq.original-headers-omitted gives their count, size and digest
-// (HeadersDigest); dlq-replayer reads them again too. If the record is
-// still too large (a key larger than the limit, or a limit smaller than
-// the dead letter's own headers and fields), it returns an error wrapping
-// ErrTooLarge.
+// (HeadersDigest); last, the key is left out (the dead letter has none)
+// with each of those, and header causet.dlq.original-key-omitted gives its
+// size and SHA-256. dlq-replayer reads what was left out again. If the
+// record is still too large (a limit smaller than the dead letter's own
+// headers and fields), it returns an error wrapping ErrTooLarge.
 //
 // It also returns an error when cfg is invalid, and one wrapping
 // ErrInvalidDeadLetter when dl.Source or dl.Err is nil, dl.Retries or
@@ -269,9 +270,9 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		{HeaderOriginalOffset, strconv.FormatInt(src.Offset, 10)},
 		{HeaderOriginalTimestamp, strconv.FormatInt(ts, 10)},
 		{HeaderProjection, dl.Projection},
-		{HeaderForkID, dl.ForkID},
+		{HeaderForkID, capLabel(dl.ForkID)},
 		{HeaderTenantSchema, tenant},
-		{HeaderEventType, dl.EventType},
+		{HeaderEventType, capLabel(dl.EventType)},
 		{HeaderErrorClass, dl.Class.String()},
 		{HeaderSQLState, sqlstate},
 		{HeaderFingerprint, dl.Fingerprint()},
@@ -291,69 +292,104 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		}
 	}
 
-	rec := &kgo.Record{
-		Topic:     cfg.Topic,
-		Key:       bytes.Clone(src.Key),
-		Timestamp: now,
-	}
+	rec := &kgo.Record{Topic: cfg.Topic, Timestamp: now}
 	fullStack := stackTrace(dl.Err, dl.Stack)
-	size := origLen
-	if origLen < cfg.MaxBytes { // else it cannot fit: no encoding of megabytes to find out
-		var err error
-		if size, err = fit(rec, &msg, headers, fullStack, errText, cfg.MaxBytes); err == nil {
-			return rec, nil
-		}
-	}
+
+	// What does not fit is left out, the fewest parts first, in this
+	// order: nothing, the value, the source's own headers, both, then the
+	// key with each of those. Each part left out is named in a header with
+	// its size and digest, and dlq-replayer reads it again from the
+	// original topic. So no key, value or header is too large for a dead
+	// letter: a record is never left undead-lettered for its size
+	// (new-user trials: megabytes of headers, then a 5 MB key, held the
+	// partition).
 	withValue := msg
-	var omittedValue []kgo.RecordHeader // the header saying the value was left out
+	var omittedValue, omittedHeaders, omittedKey []kgo.RecordHeader
 	if len(src.Value) > 0 {
-		// The original value does not fit even with stackTrace and error
-		// emptied: it is left out, and its size and digest say which
-		// bytes dlq-replayer must read again from the original topic.
 		sum := sha256.Sum256(src.Value)
-		msg.OriginalEvent, msg.OriginalValueBase64 = json.RawMessage("null"), ""
 		omittedValue = []kgo.RecordHeader{{Key: HeaderOriginalOmitted,
 			Value: []byte("size=" + strconv.Itoa(len(src.Value)) + " sha256=" + hex.EncodeToString(sum[:]))}}
+	}
+	if len(own) < len(headers) {
+		count, hsize, sum := HeadersDigest(src.Headers)
+		omittedHeaders = []kgo.RecordHeader{{Key: HeaderOriginalHeadersOmitted,
+			Value: []byte("count=" + strconv.Itoa(count) + " size=" + strconv.Itoa(hsize) + " sha256=" + sum)}}
+	}
+	if len(src.Key) > 0 {
+		sum := sha256.Sum256(src.Key)
+		omittedKey = []kgo.RecordHeader{{Key: HeaderOriginalKeyOmitted,
+			Value: []byte("size=" + strconv.Itoa(len(src.Key)) + " sha256=" + hex.EncodeToString(sum[:]))}}
+	}
+	size := origLen
+	for _, leave := range leaveOutOrder {
+		switch {
+		case leave&leaveValue == 0 && origLen >= cfg.MaxBytes, // it cannot fit: no encoding of megabytes to find out
+			leave&leaveValue != 0 && omittedValue == nil,
+			leave&leaveHeaders != 0 && omittedHeaders == nil,
+			leave&leaveKey != 0 && omittedKey == nil:
+			continue
+		}
+		m, hs := withValue, headers
+		if leave&leaveHeaders != 0 {
+			hs = own
+		}
+		rec.Key = src.Key
+		if leave&leaveKey != 0 {
+			rec.Key = nil
+		}
+		if leave&leaveValue != 0 {
+			m.OriginalEvent, m.OriginalValueBase64 = json.RawMessage("null"), ""
+			hs = slices.Concat(hs, omittedValue)
+		}
+		if leave&leaveHeaders != 0 {
+			hs = slices.Concat(hs, omittedHeaders)
+		}
+		if leave&leaveKey != 0 {
+			hs = slices.Concat(hs, omittedKey)
+		}
 		var err error
-		if size, err = fit(rec, &msg, slices.Concat(headers, omittedValue), fullStack, errText, cfg.MaxBytes); err == nil {
+		if size, err = fit(rec, &m, hs, fullStack, errText, cfg.MaxBytes); err == nil {
+			rec.Key = bytes.Clone(rec.Key)
 			return rec, nil
 		}
 	}
-	if len(own) < len(headers) {
-		// The source's own headers do not fit either: they are left out
-		// too (a record is never left undead-lettered for its headers),
-		// with the value when it fits, else without it. dlq-replayer reads
-		// them again as it reads the value.
-		count, hsize, sum := HeadersDigest(src.Headers)
-		omittedHeaders := kgo.RecordHeader{Key: HeaderOriginalHeadersOmitted,
-			Value: []byte("count=" + strconv.Itoa(count) + " size=" + strconv.Itoa(hsize) + " sha256=" + sum)}
-		if origLen < cfg.MaxBytes {
-			var err error
-			if size, err = fit(rec, &withValue, slices.Concat(own, []kgo.RecordHeader{omittedHeaders}), fullStack, errText, cfg.MaxBytes); err == nil {
-				return rec, nil
-			}
-		}
-		if len(src.Value) > 0 {
-			var err error
-			if size, err = fit(rec, &msg, slices.Concat(own, omittedValue, []kgo.RecordHeader{omittedHeaders}), fullStack, errText, cfg.MaxBytes); err == nil {
-				return rec, nil
-			}
-		}
-	}
-	// What is left is the key, the dead letter's own headers and the
-	// message's fields: say their sizes, so that the operator sees which
-	// one is large (new-user trial: a 3000-byte key).
+	// What is left is the dead letter's own headers and the message's
+	// fields: say their sizes.
 	hb := 0
 	for _, h := range own {
 		hb += len(h.Key) + len(h.Value)
 	}
-	left := fmt.Sprintf("the original value (%d bytes)", len(src.Value))
-	if len(own) < len(headers) {
-		left += fmt.Sprintf(" and its %d headers", len(headers)-len(own))
-	}
-	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and %s left out, over the limit of %d; what remains: the record's key (%d bytes), the dead letter's %d headers (%d bytes) and the message's other fields: %w",
-		sourceName(src), size, left, cfg.MaxBytes, len(src.Key), len(own), hb, ErrTooLarge)
+	return nil, fmt.Errorf("dead letter for %s is %d bytes with stackTrace and error emptied and the original key, value and headers left out, over the limit of %d: the dead letter's %d headers (%d bytes) and the message's other fields do not fit: %w",
+		sourceName(src), size, cfg.MaxBytes, len(own), hb, ErrTooLarge)
 }
+
+// maxLabelBytes bounds the event's forkId and eventType in the dead
+// letter's headers: they come from the wire, and a dead letter must fit
+// whatever they hold.
+const maxLabelBytes = 256
+
+// capLabel returns s, or, when it is longer than maxLabelBytes, its first
+// bytes (on a rune boundary) followed by "…[truncated N bytes]", within
+// maxLabelBytes.
+func capLabel(s string) string {
+	if len(s) <= maxLabelBytes {
+		return s
+	}
+	const marker = len("…[truncated 1000000000 bytes]")
+	return truncate(s, maxLabelBytes-marker)
+}
+
+// The parts of the source record NewRecord may leave out of a dead letter.
+const (
+	leaveValue = 1 << iota
+	leaveHeaders
+	leaveKey
+)
+
+// leaveOutOrder is the order in which NewRecord tries to leave parts out:
+// the fewest first, the key last.
+var leaveOutOrder = []int{0, leaveValue, leaveHeaders, leaveHeaders | leaveValue,
+	leaveKey, leaveKey | leaveValue, leaveKey | leaveHeaders, leaveKey | leaveHeaders | leaveValue}
 
 // copiedHeader reports whether NewRecord copies the source record's header
 // h into the dead letter: every header but causet.dlq.* ones (a replayed

@@ -326,7 +326,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			// --max-replays never refused it).
 			e.ReplayCount = max(e.ReplayCount, d.ReplayCount)
 		}
-		if (e.Omitted != nil || e.OmittedHeaders != nil) && wanted {
+		if (e.Omitted != nil || e.OmittedHeaders != nil || e.OmittedKey != nil) && wanted {
 			// Read again only for an entry that would be replayed.
 			omittedErr = r.restoreOmitted(ctx, e)
 		}
@@ -399,9 +399,10 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 }
 
 // restoreOmitted reads e's original record again from its topic, once,
-// when its value or its own headers were left out of the dead letter, and
-// checks what was left out (size and SHA-256, as ReadOmitted; the
-// headers' count, size and HeadersDigest). A value goes
+// when its value, its own headers or its key were left out of the dead
+// letter, and checks what was left out (size and SHA-256, as ReadOmitted;
+// the headers' count, size and HeadersDigest). A key goes in e.Key. A
+// value goes
 // in e.Message.OriginalEvent when it is a JSON object every strict parser
 // reads; a value that is not stays out, and the entry is refused as not an
 // event. Headers go in e.Headers before the dead letter's own, as a dead
@@ -410,8 +411,11 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
 	var at originalPlace
 	size := 0
-	if o := e.OmittedHeaders; o != nil {
+	if o := e.OmittedKey; o != nil {
 		at, size = o, o.Size
+	}
+	if o := e.OmittedHeaders; o != nil {
+		at, size = o, size+o.Size
 	}
 	if o := e.Omitted; o != nil {
 		at, size = o, size+o.Size
@@ -424,6 +428,12 @@ func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
 		if err := o.check(rec); err != nil {
 			return err
 		}
+	}
+	if o := e.OmittedKey; o != nil {
+		if err := o.check(rec); err != nil {
+			return err
+		}
+		e.Key = rec.Key
 	}
 	if o := e.OmittedHeaders; o != nil {
 		if err := o.check(rec); err != nil {

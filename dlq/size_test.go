@@ -146,20 +146,53 @@ func TestNewRecordLeavesOutAnOriginalTooLargeToFit(t *testing.T) {
 	}
 }
 
-// TestNewRecordRefusesAKeyTooLargeToFit: what cannot be left out (the key)
-// still fails with ErrTooLarge, and the error gives the key's size (a
-// new-user trial's error named only the value's).
-func TestNewRecordRefusesAKeyTooLargeToFit(t *testing.T) {
+// TestNewRecordLeavesOutAKeyTooLargeToFit: a key that does not fit is
+// left out last (new-user trial: a 5 MB key held the partition): the dead
+// letter has no key, keeps the value and headers that fit, and
+// causet.dlq.original-key-omitted gives the key's size and SHA-256. A
+// forkId or eventType from the wire is cut to 256 bytes in its header, so
+// that it cannot make a dead letter too large either.
+func TestNewRecordLeavesOutAKeyTooLargeToFit(t *testing.T) {
 	dl := testDeadLetter([]byte(testEvent))
 	src := *dl.Source
-	src.Key = bytes.Repeat([]byte("k"), 2000)
+	src.Key = bytes.Repeat([]byte("k"), 3000)
 	dl.Source = &src
-	_, err := NewRecord(dl, RecordConfig{MaxBytes: 1024}, testNow)
+	dl.ForkID = strings.Repeat("f", 100_000)
+	rec, err := NewRecord(dl, RecordConfig{MaxBytes: 2048}, testNow)
+	if err != nil {
+		t.Fatalf("NewRecord: %v, want the dead letter written without the key", err)
+	}
+	if s := recordSize(rec); s > 2048 {
+		t.Errorf("record is %d bytes, over 2048", s)
+	}
+	if rec.Key != nil {
+		t.Errorf("dead letter key is %d bytes, want none", len(rec.Key))
+	}
+	want := fmt.Sprintf("size=3000 sha256=%x", sha256.Sum256(src.Key))
+	if got, _ := header(rec, HeaderOriginalKeyOmitted); got != want {
+		t.Errorf("%s = %q, want %q", HeaderOriginalKeyOmitted, got, want)
+	}
+	if got, _ := header(rec, "content-type"); got != "application/json" {
+		t.Errorf("content-type header %q: the headers fit and are kept", got)
+	}
+	if m := decodeMessage(t, rec.Value); string(m.OriginalEvent) != testEvent {
+		t.Errorf("originalEvent %.60s: the value fits and is kept", m.OriginalEvent)
+	}
+	if f, _ := header(rec, HeaderForkID); len(f) > 256 || !strings.HasSuffix(f, "…[truncated 99775 bytes]") {
+		t.Errorf("%s is %d bytes ending %q, want it cut to 256 with the marker", HeaderForkID, len(f), f[max(0, len(f)-30):])
+	}
+}
+
+// TestNewRecordRefusesALimitBelowItsOwnFields: a limit smaller than the
+// dead letter's own headers and fields (the record's parts left out) is
+// ErrTooLarge, saying so.
+func TestNewRecordRefusesALimitBelowItsOwnFields(t *testing.T) {
+	_, err := NewRecord(testDeadLetter([]byte(testEvent)), RecordConfig{MaxBytes: 600}, testNow)
 	if !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("NewRecord error %v, want ErrTooLarge", err)
 	}
-	if !strings.Contains(err.Error(), "the record's key (2000 bytes)") {
-		t.Errorf("NewRecord error %q, want the key's size", err)
+	if !strings.Contains(err.Error(), "the dead letter's 14 headers") {
+		t.Errorf("NewRecord error %q, want the dead letter's own headers named", err)
 	}
 }
 

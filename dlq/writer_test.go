@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -300,9 +301,7 @@ func TestWriterReturnsBuildErrorsWithoutProducing(t *testing.T) {
 		t.Fatal(err)
 	}
 	dl := testDeadLetter([]byte(testEvent))
-	src := *dl.Source
-	src.Key = bytes.Repeat([]byte("k"), 8192) // a key is never left out
-	dl.Source = &src
+	dl.Projection = strings.Repeat("p", 8192) // its own header: never left out
 	if err := w.Write(context.Background(), dl); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("Write error %v, want ErrTooLarge", err)
 	}
@@ -410,10 +409,10 @@ func TestWriteBatchKeepsOrderAndReportsEachDeadLetter(t *testing.T) {
 		dl := testDeadLetter([]byte(testEvent))
 		src := *dl.Source
 		src.Key, src.Offset = []byte("same-key"), int64(i) // one dead-letter partition
-		if i == 2 {
-			src.Key = make([]byte, 128<<10) // a key over the limit (a value would be left out)
-		}
 		dl.Source = &src
+		if i == 2 {
+			dl.Projection = strings.Repeat("p", 128<<10) // its own header over the limit (a key, value or headers would be left out)
+		}
 		dls = append(dls, dl)
 	}
 	errs := w.WriteBatch(context.Background(), dls)

@@ -382,6 +382,12 @@ func (s *settings) topicConfig() (dlq.TopicConfig, error) {
 // --fetch-max-partition-bytes: 1 GiB (Kafka's fields are int32).
 const maxFetchBytes = 1 << 30
 
+// minDLQBytes is the smallest --dlq-max-bytes: room for a dead letter's
+// own headers and fields (about 1 KB, with forkId and eventType cut to
+// 256 bytes) once the event's key, value and headers are left out, so
+// that no record is too large to dead-letter.
+const minDLQBytes = 4096
+
 // maxDLQBytes is the largest --dlq-max-bytes: 1 GiB, under Kafka's int32
 // message size limit with room for the record batch around it.
 const maxDLQBytes = 1 << 30
@@ -518,8 +524,8 @@ func (s *settings) checkRun() error {
 	if _, err := s.databaseWait(); err != nil {
 		return err
 	}
-	if s.dlqMaxBytes != 0 && (s.dlqMaxBytes < 1024 || s.dlqMaxBytes > maxDLQBytes) {
-		return flagenv.Usagef("--dlq-max-bytes (DLQ_MAX_BYTES) must be in 1024..%d (or 0: the dead-letter topic's max.message.bytes), got %d", maxDLQBytes, s.dlqMaxBytes)
+	if s.dlqMaxBytes != 0 && (s.dlqMaxBytes < minDLQBytes || s.dlqMaxBytes > maxDLQBytes) {
+		return flagenv.Usagef("--dlq-max-bytes (DLQ_MAX_BYTES) must be in %d..%d (or 0: the dead-letter topic's max.message.bytes), got %d", minDLQBytes, maxDLQBytes, s.dlqMaxBytes)
 	}
 	if s.copyMinRows == 0 || s.copyMinRows < -1 {
 		return flagenv.Usagef("--copy-min-rows must be >= 1, or -1 for never, got %d", s.copyMinRows)

@@ -70,9 +70,9 @@ func TestRunReportsStuckWhenTheDeadLetterTopicNeverAcknowledges(t *testing.T) {
 // raised max.message.bytes. Now its dead letter is written without the
 // original (causet.dlq.original-omitted gives size and SHA-256), the
 // partition is never stuck, and the records after it are applied. So is
-// a poison record whose own headers are too large (8 KiB), which still
-// held its partition: it is dead-lettered without them
-// (causet.dlq.original-headers-omitted).
+// a poison record whose own headers are too large (8 KiB), or whose key
+// is (5 KB), which still held their partition: they are dead-lettered
+// without them (causet.dlq.original-headers-omitted, -key-omitted).
 func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	t.Parallel()
 	dlqTopic := kafkatest.TopicName(t, "bigdlq")
@@ -83,15 +83,16 @@ func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	huge := bytes.Repeat([]byte{0xfe}, 10<<20)
 	bigHeaders := &kgo.Record{Key: []byte("big-headers"), Value: poison,
 		Headers: []kgo.RecordHeader{{Key: "x-baggage", Value: bytes.Repeat([]byte("b"), 8<<10)}}}
-	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("huge"), Value: huge}, bigHeaders, &kgo.Record{Key: []byte("poison-after"), Value: poison}).FirstErr(); err != nil {
+	bigKey := &kgo.Record{Key: bytes.Repeat([]byte("k"), 5000), Value: poison}
+	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("huge"), Value: huge}, bigHeaders, bigKey, &kgo.Record{Key: []byte("poison-after"), Value: poison}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	cons := b.Client(t, kgo.ConsumeTopics(dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var dls []*kgo.Record
-	for len(dls) < 3 {
+	for len(dls) < 4 {
 		fs := cons.PollFetches(ctx)
 		if ctx.Err() != nil {
-			t.Fatalf("%d dead letters within a minute, want 3\nstderr:\n%s", len(dls), w.stderr.String())
+			t.Fatalf("%d dead letters within a minute, want 4\nstderr:\n%s", len(dls), w.stderr.String())
 		}
 		dls = append(dls, fs.Records()...)
 	}
@@ -118,8 +119,17 @@ func TestRunDeadLettersAnEventLargerThanTheDeadLetterTopicTakes(t *testing.T) {
 	if string(dls[1].Key) != "big-headers" || !strings.HasPrefix(headersOmitted, "count=1 size=8201 sha256=") {
 		t.Errorf("second dead letter: key %q, %s %q; want big-headers, count=1 size=8201", dls[1].Key, dlq.HeaderOriginalHeadersOmitted, headersOmitted)
 	}
-	if string(dls[2].Key) != "poison-after" {
-		t.Errorf("third dead letter key %q, want poison-after: the partition went on", dls[2].Key)
+	keyOmitted := ""
+	for _, h := range dls[2].Headers {
+		if h.Key == dlq.HeaderOriginalKeyOmitted {
+			keyOmitted = string(h.Value)
+		}
+	}
+	if len(dls[2].Key) != 0 || !strings.HasPrefix(keyOmitted, "size=5000 sha256=") {
+		t.Errorf("third dead letter: key of %d bytes, %s %q; want none, size=5000", len(dls[2].Key), dlq.HeaderOriginalKeyOmitted, keyOmitted)
+	}
+	if string(dls[3].Key) != "poison-after" {
+		t.Errorf("fourth dead letter key %q, want poison-after: the partition went on", dls[3].Key)
 	}
 	if body := w.get(t, "/readyz"); strings.Contains(body, "stuck") {
 		t.Errorf("/readyz %q: a partition stuck on the large dead letter", body)

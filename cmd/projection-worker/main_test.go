@@ -363,6 +363,7 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "--max-retries", args: []string{"--max-retries", "-1"}},
 		{flag: "--retry-initial", args: []string{"--retry-initial", "0s"}, says: "at least 1ms"}, // trial: said "> 0"
 		{flag: "--dlq-max-bytes", args: []string{"--dlq-max-bytes", "10"}},
+		{flag: "--dlq-max-bytes", args: []string{"--dlq-max-bytes", "4095"}, says: "4096..1073741824"},
 		{flag: "--partitions", args: []string{"--partitions", "0"}},
 		{flag: "--log-level", args: []string{"--log-level", "loud"}},
 		{flag: "--log-format", args: []string{"--log-format", "xml"}},
