@@ -80,8 +80,16 @@ func kafkaCause(err error, brokers string) string {
 	if cause := kafkaconn.Explain(err); cause != "" {
 		return cause
 	}
+	if cause := kafkaconn.ClosedHint(err); cause != "" {
+		return cause // the replayer's requests are all its first
+	}
 	if kafkaconn.DialError(err) {
 		return "no broker of --brokers (KAFKA_BROKERS) " + brokers + " answers: check the addresses and that Kafka is running"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// New-user trial: --tls against a plaintext listener waited, then
+		// said only "unable to dial: context deadline exceeded".
+		return "no broker of --brokers (KAFKA_BROKERS) " + brokers + " answered: " + kafkaconn.NoAnswerHint
 	}
 	return ""
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -743,6 +744,22 @@ func TestListAndSummaryWithNoMatchSaySo(t *testing.T) {
 		r = runCmd(t, f.env, cmd, "--fork-id", "no-such-fork", "--output", "json")
 		if r.code != 0 || strings.TrimSpace(r.stdout) != "" {
 			t.Errorf("%s --output json: exit %d, stdout %q, want nothing", cmd, r.code, r.stdout)
+		}
+	}
+}
+
+// TestKafkaCauseNamesTheSecuritySettings: a broker that closed the
+// connection (SASL to a listener without it) or never answered in time
+// (--tls to a plaintext listener) is explained in terms of the flags
+// (new-user trial: a bare "EOF", and "unable to dial: context deadline
+// exceeded").
+func TestKafkaCauseNamesTheSecuritySettings(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("read ledger: list offsets of l: %w", io.EOF),
+		fmt.Errorf("read ledger: list offsets of l: unable to dial: %w", context.DeadlineExceeded),
+	} {
+		if got := kafkaCause(err, "b:9092"); !strings.Contains(got, "--kafka-tls") || !strings.Contains(got, "--kafka-sasl-mechanism") {
+			t.Errorf("kafkaCause(%v) = %q, want the TLS and SASL flags named", err, got)
 		}
 	}
 }

@@ -35,7 +35,7 @@ func (e *kafkaUnreachableError) Error() string {
 		// Not a dial error refused at once: no answer in time (new-user
 		// trial: --kafka-tls against the embedded broker's plaintext
 		// listener, which takes the connection and never answers).
-		msg += " (no answer in time: a host that drops connection attempts, something other than a Kafka listener at that port, or TLS or SASL settings (--kafka-tls, --kafka-sasl-mechanism) its listener does not expect)"
+		msg += " (" + kafkaconn.NoAnswerHint + ")"
 	}
 	return msg
 }

@@ -405,6 +405,9 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 		if reason := kafkaconn.Explain(err); reason != "" {
 			return rep, fmt.Errorf("topics: %s: %w", reason, err)
 		}
+		if reason := kafkaconn.ClosedHint(err); reason != "" {
+			return rep, fmt.Errorf("topics: %s: %w", reason, err)
+		}
 		return rep, fmt.Errorf("topics: %w", err)
 	}
 	for _, t := range rep.Created {

@@ -3,6 +3,7 @@ package kafkaconn
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -29,7 +30,8 @@ func TestExplainNamesTheCause(t *testing.T) {
 		{"unknown CA", fmt.Errorf("dial: %w", x509.UnknownAuthorityError{}), []string{"TLS", "--kafka-tls-ca"}},
 		{"plaintext port", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, []string{"TLS", "--kafka-tls"}},
 		{"static member fenced, as kgo wraps it", &kgo.ErrGroupSession{Err: kerr.FencedInstanceID}, []string{"--group-instance-id", "GROUP_INSTANCE_ID", "its own"}},
-		{"other", io.EOF, nil},
+		{"other", errors.New("boom"), nil},
+		{"connection closed: not said here (a broker restarting)", io.EOF, nil},
 		{"nil", nil, nil},
 	}
 	for _, tt := range tests {
@@ -44,5 +46,20 @@ func TestExplainNamesTheCause(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestClosedHintNamesTheSecuritySettings: a connection the broker closed
+// during a command's first requests (EOF, as kadm wraps it) is explained
+// by the security flags (new-user trial: SASL to a listener without SASL
+// read "list topics: EOF"); any other error is not.
+func TestClosedHintNamesTheSecuritySettings(t *testing.T) {
+	for _, err := range []error{fmt.Errorf("list topics: %w", io.EOF), io.ErrUnexpectedEOF} {
+		if got := ClosedHint(err); !strings.Contains(got, "--kafka-sasl-mechanism") || !strings.Contains(got, "--kafka-tls") {
+			t.Errorf("ClosedHint(%v) = %q, want the SASL and TLS flags named", err, got)
+		}
+	}
+	if got := ClosedHint(errors.New("boom")); got != "" {
+		t.Errorf("ClosedHint(boom) = %q, want \"\"", got)
 	}
 }

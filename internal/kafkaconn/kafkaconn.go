@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -124,8 +125,8 @@ func (s Settings) String() string {
 // from a Kafka client: SASL authentication refused, an operation not
 // authorized by the broker's ACLs, a SASL mechanism the broker does not
 // enable, a TLS handshake that failed, or a static member fenced by
-// another with the same group instance id (FENCED_INSTANCE_ID). It returns "" for any other error
-// (err's own text then says enough).
+// another with the same group instance id (FENCED_INSTANCE_ID). It returns
+// "" for any other error (err's own text then says enough).
 func Explain(err error) string {
 	var (
 		unknownCA  x509.UnknownAuthorityError
@@ -156,6 +157,24 @@ func Explain(err error) string {
 	}
 	return ""
 }
+
+// ClosedHint names the likely cause of err when a broker closed the
+// connection (EOF) during a command's first requests: security settings
+// its listener does not expect, or no Kafka listener; "" for any other
+// error. Later, a closed connection is more likely a broker restarting,
+// so Explain does not say it.
+func ClosedHint(err error) string {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		// New-user trial: SASL against a listener without it read "list
+		// topics: EOF", 28 s later.
+		return "the broker closed the connection: its listener expects other security settings (SASL to a listener without SASL, none to one that requires it, TLS: check --kafka-sasl-mechanism and --kafka-tls), or it is not a Kafka listener"
+	}
+	return ""
+}
+
+// NoAnswerHint says why a broker that takes connections may not answer
+// in time: the causes to check, in terms of the connection flags.
+const NoAnswerHint = "no answer in time: a host that drops connection attempts, something other than a Kafka listener at that port, or TLS or SASL settings (--kafka-tls, --kafka-sasl-mechanism) its listener does not expect"
 
 // DialError reports whether err is a dial's: connection refused, no route,
 // a name that does not resolve (no broker answered at all).
