@@ -221,6 +221,7 @@ type aliasSet struct {
 
 type aliasValue struct {
 	flag.Value
+	name   string
 	target string
 	given  bool
 	last   string
@@ -251,15 +252,21 @@ func (a *aliasValue) IsBoolFlag() bool {
 
 func (as *aliasSet) add(name, target string) {
 	f := as.fs.Lookup(target)
-	a := &aliasValue{Value: f.Value, target: target}
+	a := &aliasValue{Value: f.Value, name: name, target: target}
 	as.fs.Var(a, name, "same as --"+target)
 	as.list = append(as.list, a)
 }
 
 // apply re-sets each target given through its alias after the environment
-// was read.
+// was read. An alias and its target both on the command line are a usage
+// error (new-user trial: --tls --kafka-tls=false took TLS, silently).
 func (as *aliasSet) apply() error {
+	onCommandLine := map[string]bool{}
+	as.fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = !as.fs.FromEnv(f.Name) })
 	for _, a := range as.list {
+		if a.given && onCommandLine[a.target] {
+			return flagenv.Usagef("--%s and --%s are one setting, given twice: give one", a.name, a.target)
+		}
 		if a.given {
 			if err := as.fs.Set(a.target, a.last); err != nil {
 				return flagenv.Usagef("--%s: %v", a.target, err)

@@ -763,3 +763,23 @@ func TestKafkaCauseNamesTheSecuritySettings(t *testing.T) {
 		}
 	}
 }
+
+// TestAnAliasAndItsFlagTogetherAreRefused: --tls with --kafka-tls=false
+// (or any alias with its flag) on one command line is exit 2 naming both,
+// not the alias winning silently (new-user trial); an alias on the
+// command line over its flag's environment variable is taken.
+func TestAnAliasAndItsFlagTogetherAreRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"list", "--all", "--tls", "--kafka-tls=false"},
+		{"list", "--all", "--kafka-sasl-user", "a", "--sasl-user", "b", "--sasl-mechanism", "plain"},
+	} {
+		r := runCmd(t, env{"KAFKA_BROKERS": "127.0.0.1:1"}, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "are one setting, given twice") {
+			t.Errorf("%v: exit %d, want 2 naming both flags\n%s", args, r.code, r.stderr)
+		}
+	}
+	r := runCmd(t, env{"KAFKA_BROKERS": "127.0.0.1:1", "KAFKA_SASL_USER": "a"}, "list", "--all", "--sasl-user", "b")
+	if strings.Contains(r.stderr, "given twice") {
+		t.Errorf("an alias over its flag's variable: %s", r.stderr)
+	}
+}

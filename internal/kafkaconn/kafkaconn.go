@@ -49,7 +49,7 @@ func (s *Settings) Register(fs *flagenv.Set) {
 	fs.String(&s.Brokers, "brokers", "KAFKA_BROKERS", DefaultBrokers, "Kafka seed brokers, comma-separated host:port")
 	fs.Bool(&s.TLS, "kafka-tls", "KAFKA_TLS", false, "connect to Kafka with TLS")
 	fs.String(&s.TLSCA, "kafka-tls-ca", "KAFKA_TLS_CA", "", "PEM file of CA certificates for Kafka TLS (default: system roots); setting it turns TLS on, as --kafka-tls does")
-	fs.String(&s.TLSServerName, "kafka-tls-server-name", "KAFKA_TLS_SERVER_NAME", "", "server name to verify in the brokers' certificates")
+	fs.String(&s.TLSServerName, "kafka-tls-server-name", "KAFKA_TLS_SERVER_NAME", "", "server name to verify in the brokers' certificates; setting it turns TLS on, as --kafka-tls does")
 	fs.String(&s.SASLMechanism, "kafka-sasl-mechanism", "KAFKA_SASL_MECHANISM", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default: none)")
 	fs.String(&s.SASLUser, "kafka-sasl-user", "KAFKA_SASL_USER", "", "SASL user name")
 	fs.String(&s.SASLPassword, "kafka-sasl-password", "KAFKA_SASL_PASSWORD", "", "SASL password (prefer the environment variable)")
@@ -77,7 +77,7 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 		return nil, flagenv.Usagef("--brokers (KAFKA_BROKERS) is empty: set it to host:port[,host:port...]")
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(brokers...)}
-	if s.TLS || s.TLSCA != "" {
+	if s.tlsOn() {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.TLSServerName}
 		if s.TLSCA != "" {
 			pem, err := os.ReadFile(s.TLSCA)
@@ -118,8 +118,13 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 
 // String describes the connection for logs without the password.
 func (s Settings) String() string {
-	return fmt.Sprintf("brokers=%s tls=%t sasl=%s", s.Brokers, s.TLS || s.TLSCA != "", s.SASLMechanism)
+	return fmt.Sprintf("brokers=%s tls=%t sasl=%s", s.Brokers, s.tlsOn(), s.SASLMechanism)
 }
+
+// tlsOn reports whether the settings connect with TLS: --kafka-tls, or a
+// CA or a server name to verify, which only make sense with TLS (new-user
+// trial: a server name alone connected in plaintext, silently).
+func (s Settings) tlsOn() bool { return s.TLS || s.TLSCA != "" || s.TLSServerName != "" }
 
 // Explain names, in terms of the connection flags, the likely cause of err
 // from a Kafka client: SASL authentication refused, an operation not

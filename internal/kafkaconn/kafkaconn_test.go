@@ -1,9 +1,15 @@
 package kafkaconn
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/internal/flagenv"
 )
@@ -30,6 +36,60 @@ func TestOptsRefusesSASLCredentialsWithoutAMechanism(t *testing.T) {
 			t.Errorf("%+v: Opts error %v, want none", tt.s, err)
 		case tt.want != "" && (err == nil || !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%+v: Opts error %v, want a usage error with %q", tt.s, err, tt.want)
+		}
+	}
+}
+
+// TestTLSServerNameTurnsTLSOn: --kafka-tls-server-name alone connects with
+// TLS, as --kafka-tls-ca alone does (new-user trial: it connected in
+// plaintext, silently); without any TLS setting the client speaks
+// plaintext. What the client sends first to a listener tells: a TLS
+// handshake record starts with 0x16.
+func TestTLSServerNameTurnsTLSOn(t *testing.T) {
+	for _, tt := range []struct {
+		s       Settings
+		wantTLS bool
+	}{
+		{Settings{TLSServerName: "kafka.example"}, true},
+		{Settings{}, false},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make(chan byte, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			b := make([]byte, 1)
+			if _, err := io.ReadFull(c, b); err == nil {
+				first <- b[0]
+			}
+		}()
+		tt.s.Brokers = ln.Addr().String()
+		opts, err := tt.s.Opts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_ = cl.Ping(ctx)
+		cancel()
+		cl.Close()
+		ln.Close()
+		select {
+		case b := <-first:
+			if gotTLS := b == 0x16; gotTLS != tt.wantTLS || strings.Contains(tt.s.String(), "tls=true") != tt.wantTLS {
+				t.Errorf("%+v: first byte %#x (TLS %v), String %q; want TLS %v", tt.s, b, gotTLS, tt.s.String(), tt.wantTLS)
+			}
+		default:
+			t.Errorf("%+v: the client sent nothing", tt.s)
 		}
 	}
 }
