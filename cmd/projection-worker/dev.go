@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -71,10 +70,14 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	if err := devstack.CheckKafkaPort(kafkaPort); err != nil {
-		taken = append(taken, err)
+		_, free, _ := net.SplitHostPort(otherAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(kafkaPort))))
+		taken = append(taken, fmt.Errorf("%w (127.0.0.1:%s is free now: pass --kafka-port %s)", err, free, free))
 	}
-	if err := errors.Join(taken...); err != nil {
-		return err
+	switch len(taken) {
+	case 1:
+		return taken[0]
+	case 2: // one line, as main prints it after "projection-worker: "
+		return fmt.Errorf("%w; and %w", taken[0], taken[1])
 	}
 	stack, err := devstack.Start(ctx, devstack.Options{
 		KafkaPort:   kafkaPort,

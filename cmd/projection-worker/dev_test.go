@@ -321,7 +321,7 @@ func TestDevSaysBothTakenPortsAtOnce(t *testing.T) {
 	var stdout, stderr syncBuffer
 	code := run(context.Background(), []string{"dev", "--kafka-port", kport, "--http-addr", httpLn.Addr().String(), "--projections", exampleProjections}, &stdout, &stderr)
 	out := stderr.String()
-	for _, want := range []string{"--http-addr " + httpLn.Addr().String(), "pass --http-addr", "127.0.0.1:" + kport, "--kafka-port 0 takes any free port"} {
+	for _, want := range []string{"--http-addr " + httpLn.Addr().String(), "pass --http-addr", "127.0.0.1:" + kport, "--kafka-port 0 takes any free port", "is free now: pass --kafka-port "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stderr lacks %q", want)
 		}
