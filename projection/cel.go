@@ -134,10 +134,29 @@ func compileDerive(expr string) (*derivePrg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", quoteExpr(expr), err)
 	}
+	if constant(ast) {
+		// It reads no field of the event: what it gives, or fails with,
+		// it gives for every event (new-user trial: derive '1/0' was
+		// taken, and every event would have been dead-lettered).
+		if _, _, err := prg.Eval(cel.NoVars()); err != nil {
+			return nil, fmt.Errorf("%s reads no event field and fails: %v: every event would be dead-lettered", quoteExpr(expr), err)
+		}
+	}
 	traced := sync.OnceValues(func() (cel.Program, error) {
 		return env.Program(ast, append(opts, cel.EvalOptions(cel.OptTrackState))...)
 	})
 	return &derivePrg{Program: prg, ast: ast, traced: traced}, nil
+}
+
+// constant reports whether the checked expression refers to no variable
+// (no event field): its result is the same for every event.
+func constant(ast *cel.Ast) bool {
+	for _, r := range ast.NativeRep().ReferenceMap() {
+		if r.Name != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // neverFits returns why no result of d can be stored in a column of kind

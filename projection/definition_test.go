@@ -295,6 +295,17 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: projection "p": columns.u: derive: "1 + 2" returns an int, and a JSON number cannot be stored in a uuid column: every event would be dead-lettered (line 12)`,
 		}},
 		{"derive runtime-only problems compile", head + "    columns:\n      id: {type: text, derive: 'string(payload.a / payload.b)'}\n", nil},
+		// New-user trial: '1/0' validated, and every event would have been
+		// dead-lettered. An expression of no event field is evaluated
+		// once; one that reads a field is left to each event.
+		{"derive of no event field that fails", head + "    columns:\n      id: {type: text, from: entityId}\n" +
+			"      z: {type: bigint, derive: '1/0'}\n" +
+			"      t: {type: bigint, derive: '[1, 2][5]'}\n" +
+			"      ok1: {type: bigint, derive: '2 * 3'}\n" +
+			"      ok2: {type: bigint, derive: 'payload.n / 0'}\n", []string{
+			`d.yaml: projection "p": columns.t: derive: "[1, 2][5]" reads no event field and fails: index out of bounds: 5: every event would be dead-lettered (line 10)`,
+			`d.yaml: projection "p": columns.z: derive: "1/0" reads no event field and fails: division by zero: every event would be dead-lettered (line 9)`,
+		}},
 		{"duplicate table", "irVersion: v1\nprojections:\n" +
 			"  - {name: a, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n" +
 			"  - {name: b, table: t, primaryKey: [id], columns: {id: {type: text, from: entityId}}, events: {E: upsert}}\n", []string{
