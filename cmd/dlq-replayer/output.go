@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +78,11 @@ func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error 
 		// By error, the key is the sample's first line (new-user trial: both
 		// cut to ~23 characters side by side, rows could not be told apart).
 		column{name: "SAMPLE ERROR", shrink: true, hidden: s.By() == dlq.GroupByError})
+	type row struct {
+		g           dlq.Group
+		key, sample string
+	}
+	var rows []row
 	for _, g := range s.Groups() {
 		key, sample := g.Key, firstLine(g.SampleError)
 		if len(g.Projections) == 1 { // PROJECTIONS (or the key) names it
@@ -84,8 +91,21 @@ func writeSummaryTable(w io.Writer, s *dlq.Summary, width int, wide bool) error 
 				key = errorCell(g.Projections[0], key)
 			}
 		}
+		rows = append(rows, row{g, key, sample})
+	}
+	// Largest first, then by the key as shown (third new-user trial: by
+	// error, ties came in the order of the keys' hidden projection
+	// prefixes, and looked shuffled).
+	slices.SortStableFunc(rows, func(a, b row) int {
+		if c := cmp.Compare(b.g.Count, a.g.Count); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.key, b.key)
+	})
+	for _, r := range rows {
+		g := r.g
 		t.add(strconv.Itoa(g.Count), strconv.Itoa(g.Replayed), strconv.Itoa(g.Skipped), fmtMillis(g.FirstFailedAt), fmtMillis(g.LastFailedAt),
-			cell(orDash(key), 160), cell(joinDash(g.Projections), 60), cell(sample, 160))
+			cell(orDash(r.key), 160), cell(joinDash(g.Projections), 60), cell(r.sample, 160))
 	}
 	return t.write(w)
 }
