@@ -239,3 +239,38 @@ func TestRetryReadsAnOmittedKeyAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryReplaysAnEventTheTopicTookCompressed: an event larger than the
+// events topic's limit before compression, which the topic took
+// compressed (a 3 MiB key of one letter), is replayed: kgo counts a batch
+// before compression, so such an event goes on its own, through a client
+// without that limit, and the broker judges it compressed (third new-user
+// trial: MESSAGE_TOO_LARGE from the replayer's own client, every run).
+func TestRetryReplaysAnEventTheTopicTookCompressed(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	value := []byte(`{"eventType":"ARTIST_FOLLOWED","entityId":"user-1","forkId":"production","tenantSchema":"acme_prod","irVersion":"v1","sequenceNumber":1,"ts":1719331200000,"payload":{}}`)
+	key := bytes.Repeat([]byte("k"), 3<<20)
+	big := b.Client(t, kgo.ProducerLinger(0), kgo.ProducerBatchMaxBytes(8<<20), kgo.ProducerBatchCompression(kgo.GzipCompression()))
+	src, err := big.ProduceSync(testCtx(t), &kgo.Record{Topic: f.events, Key: key, Value: value}).First()
+	if err != nil {
+		t.Fatalf("produce the 3 MiB key compressed: %v", err)
+	}
+	dl, err := dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
+		EventType: "ARTIST_FOLLOWED", Class: retry.Projection, Err: pgErr("42703", `column "x" does not exist`), Retries: 5},
+		dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test"}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.produce(dl)
+	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
+	if res.Replayed != 1 || len(outs) != 1 {
+		t.Fatalf("result %s, outcomes %+v; want the event replayed", res, outs)
+	}
+	checkReplayedValue(t, b, f.events, value)
+	for _, r := range readTopic(t, b, f.events) {
+		if _, ok := headerValue(r.Headers, dlq.HeaderReplaySource); ok && !bytes.Equal(r.Key, key) {
+			t.Errorf("replayed key of %d bytes, want the original's %d", len(r.Key), len(key))
+		}
+	}
+}

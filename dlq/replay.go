@@ -224,23 +224,59 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	}
 	parter := NewReplayPartitioner(nparts)
 
-	var prod *kgo.Client
-	if !cfg.DryRun {
-		prod, err = kgo.NewClient(append(append([]kgo.Opt{
+	// An event as large as the events topic takes (kgo's default batch
+	// limit, 1,000,012 bytes, refused larger ones before they reached the
+	// broker). kgo counts a batch before compression, the broker after:
+	// an event larger than the limit uncompressed, which the topic took
+	// compressed, is produced on its own (oneByOne), by a client with no
+	// such limit and the strongest codec the broker takes, and the broker
+	// says whether it fits (third new-user trial: a 3 MiB key, dead-lettered
+	// without it, could not be replayed).
+	batchMax := max(maxBytes, defaultProducerBatchMaxBytes)
+	newProducer := func(extra ...kgo.Opt) (*kgo.Client, error) {
+		return kgo.NewClient(append(append(append([]kgo.Opt{
 			kgo.RecordDeliveryTimeout(2 * time.Minute),
 			kgo.ProducerLinger(0),
 		}, r.opts...),
 			kgo.RecordPartitioner(kgo.ManualPartitioner()),
 			kgo.RequiredAcks(kgo.AllISRAcks()),
-			// An event as large as the events topic takes (kgo's default
-			// batch limit, 1,000,012 bytes, refused larger ones before
-			// they reached the broker).
-			kgo.ProducerBatchMaxBytes(max(maxBytes, defaultProducerBatchMaxBytes)),
-		)...)
-		if err != nil {
+		), extra...)...)
+	}
+	var prod, oneByOne *kgo.Client
+	if !cfg.DryRun {
+		if prod, err = newProducer(kgo.ProducerBatchMaxBytes(batchMax)); err != nil {
 			return res, fmt.Errorf("kafka client: %w", err)
 		}
 		defer prod.Close()
+		defer func() {
+			if oneByOne != nil {
+				oneByOne.Close()
+			}
+		}()
+	}
+	produce := func(recs []*kgo.Record) kgo.ProduceResults {
+		var small, large []*kgo.Record
+		for _, rec := range recs {
+			if recordSize(rec) > int(batchMax) {
+				large = append(large, rec)
+			} else {
+				small = append(small, rec)
+			}
+		}
+		out := prod.ProduceSync(ctx, small...)
+		for _, rec := range large {
+			if oneByOne == nil {
+				c, err := newProducer(kgo.ProducerBatchMaxBytes(maxOneByOneBytes),
+					kgo.ProducerBatchCompression(kgo.ZstdCompression(), kgo.GzipCompression(), kgo.SnappyCompression(), kgo.NoCompression()))
+				if err != nil {
+					out = append(out, kgo.ProduceResult{Record: rec, Err: fmt.Errorf("kafka client: %w", err)})
+					continue
+				}
+				oneByOne = c
+			}
+			out = append(out, oneByOne.ProduceSync(ctx, rec)...)
+		}
+		return out
 	}
 
 	emit := func(o Outcome) {
@@ -276,7 +312,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			recs[i] = p.rec
 		}
 		prodErrs := map[*kgo.Record]error{}
-		for _, pr := range prod.ProduceSync(ctx, recs...) {
+		for _, pr := range produce(recs) {
 			if pr.Err != nil {
 				prodErrs[pr.Record] = pr.Err
 			}
@@ -288,8 +324,8 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			if err := prodErrs[p.rec]; err != nil {
 				reason := "produce to the events topic failed; not recorded in the ledger"
 				if errors.Is(err, kerr.MessageTooLarge) {
-					reason = fmt.Sprintf("the event (%d bytes) is larger than the events topic %s takes (max.message.bytes %s): raise it, then run again; not recorded in the ledger",
-						len(p.rec.Value), cfg.EventsTopic, limitText(maxBytes))
+					reason = fmt.Sprintf("the event (%d bytes with its key and headers, before compression) is larger than the events topic %s takes (max.message.bytes %s, compressed): raise it, then run again; not recorded in the ledger",
+						recordSize(p.rec), cfg.EventsTopic, limitText(maxBytes))
 				}
 				emit(Outcome{Entry: p.e, Kind: OutcomeFailed, Topic: cfg.EventsTopic, Partition: p.rec.Partition,
 					FromHeader: p.fromHeader, Reason: reason, Err: err})
@@ -541,6 +577,12 @@ func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 	}
 	return res, nil
 }
+
+// maxOneByOneBytes is the batch limit of the client that produces, one by
+// one, the events larger than the events topic's limit before compression:
+// 96 MiB, under kgo's BrokerMaxWriteBytes (100 MiB, Kafka's default
+// socket.request.max.bytes), which it must not exceed.
+const maxOneByOneBytes = 96 << 20
 
 // defaultProducerBatchMaxBytes is kgo's default ProducerBatchMaxBytes.
 const defaultProducerBatchMaxBytes = 1_000_012

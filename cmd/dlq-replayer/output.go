@@ -47,12 +47,29 @@ func outcomeLine(o dlq.Outcome) string {
 		}
 		fmt.Fprintf(&b, " -> %s[%d] (%s)", o.Topic, o.Partition, src)
 	}
-	fmt.Fprintf(&b, " key=%q projection=%q tenant=%q event=%q replay-count=%d",
-		o.Entry.Key, o.Entry.Message.ProjectionName, o.Entry.TenantSchema, o.Entry.EventType, o.Entry.ReplayCount)
+	fmt.Fprintf(&b, " key=%s projection=%q tenant=%q event=%q replay-count=%d",
+		keyText(o.Entry.Key), o.Entry.Message.ProjectionName, o.Entry.TenantSchema, o.Entry.EventType, o.Entry.ReplayCount)
 	if o.Reason != "" {
 		fmt.Fprintf(&b, ": %s", o.Reason)
 	}
 	return b.String()
+}
+
+// maxKeyText is the most of a record key an outcome line quotes.
+const maxKeyText = 120
+
+// keyText quotes key for an outcome line: whole up to maxKeyText bytes,
+// else its first ones and its size (third new-user trial: a 3 MiB key,
+// read again for a replay, made one 3 MB line).
+func keyText(key []byte) string {
+	if len(key) <= maxKeyText {
+		return strconv.Quote(string(key))
+	}
+	k := key[:maxKeyText]
+	for len(k) > 0 && !utf8.RuneStart(key[len(k)]) {
+		k = k[:len(k)-1]
+	}
+	return strconv.Quote(string(k)) + fmt.Sprintf("…(%d bytes)", len(key))
 }
 
 // writeSummaryTable writes the groups of s as an aligned table: COUNT,

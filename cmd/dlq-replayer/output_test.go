@@ -224,3 +224,18 @@ func TestSummaryByFingerprintLeavesOutTheProjectionPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestOutcomeLineCutsALongKey: a key over 120 bytes is quoted cut, with
+// its size (third new-user trial: a 3 MiB key made a 3 MB line); a short
+// one whole.
+func TestOutcomeLineCutsALongKey(t *testing.T) {
+	for key, want := range map[string]string{
+		"user-1":                  ` key="user-1" `,
+		strings.Repeat("k", 5000): ` key="` + strings.Repeat("k", 120) + `"…(5000 bytes) `,
+	} {
+		line := outcomeLine(dlq.Outcome{Entry: &dlq.Entry{Key: []byte(key)}, Kind: dlq.OutcomeReplayed, DryRun: true, Partition: -1})
+		if !strings.Contains(line, want) || len(line) > 400 {
+			t.Errorf("outcome line of a %d-byte key: %.200q, want %q", len(key), line, want)
+		}
+	}
+}

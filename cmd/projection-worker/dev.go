@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,18 +60,33 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// Both ports before the stack, which takes seconds to start (new-user
 	// trial: a taken port was said after initdb and the migrations), and
 	// both said at once (second trial: only the HTTP one was).
+	// A suggestion for one port is never the other's (third new-user
+	// trial: both were told the same free port, and the second to bind it
+	// failed after the stack had started).
+	httpPort := 0
+	if _, p, err := net.SplitHostPort(s.httpAddr); err == nil {
+		httpPort, _ = strconv.Atoi(p)
+	}
+	if kafkaPort > 0 && kafkaPort == httpPort {
+		return flagenv.Usagef("--kafka-port %d and --http-addr %s are the same port: give each its own (--kafka-port 0 takes any free port)", kafkaPort, s.httpAddr)
+	}
 	var taken []error
+	avoid := []int{httpPort} // for the Kafka port's suggestion
 	if s.httpAddr != "" {
 		ln, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
-			a := otherAddr(s.httpAddr)
+			a := otherAddr(s.httpAddr, kafkaPort)
+			if _, p, err := net.SplitHostPort(a); err == nil {
+				n, _ := strconv.Atoi(p)
+				avoid = append(avoid, n)
+			}
 			taken = append(taken, fmt.Errorf("--http-addr %s: %w (%s is free now: pass --http-addr %s, with make run in ARGS)", s.httpAddr, err, a, a))
 		} else {
 			ln.Close()
 		}
 	}
 	if err := devstack.CheckKafkaPort(kafkaPort); err != nil {
-		_, free, _ := net.SplitHostPort(otherAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(kafkaPort))))
+		_, free, _ := net.SplitHostPort(otherAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(kafkaPort)), avoid...))
 		taken = append(taken, fmt.Errorf("%w (127.0.0.1:%s is free now: pass --kafka-port %s)", err, free, free))
 	}
 	switch len(taken) {
@@ -232,13 +248,16 @@ func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts [
 // the next 100 ports on the same host that is free now (new-user trials:
 // the hint named the taken address itself, then a port that was taken
 // too); "127.0.0.1:18080" when addr has no port or none of them is free.
-func otherAddr(addr string) string {
+func otherAddr(addr string, avoid ...int) string {
 	host, port, err := net.SplitHostPort(addr)
 	n, perr := strconv.Atoi(port)
 	if err != nil || perr != nil || n <= 0 {
 		return "127.0.0.1:18080"
 	}
 	for p := n + 1; p <= min(n+100, 65535); p++ {
+		if slices.Contains(avoid, p) {
+			continue // the other port of make run
+		}
 		a := net.JoinHostPort(host, strconv.Itoa(p))
 		if ln, err := net.Listen("tcp", a); err == nil {
 			ln.Close()

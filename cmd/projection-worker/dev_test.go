@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -316,7 +317,23 @@ func TestDevSaysATakenKafkaPort(t *testing.T) {
 // second try).
 func TestDevSaysBothTakenPortsAtOnce(t *testing.T) {
 	clearSettingsEnv(t)
-	httpLn, kafkaLn := takenPort(t), takenPort(t)
+	// Adjacent ports, Kafka's below HTTP's: the first free one after
+	// each is the same, unless the suggestions keep apart (third new-user
+	// trial: both were told the same port).
+	var kafkaLn, httpLn net.Listener
+	for range 50 {
+		kafkaLn = takenPort(t)
+		_, p, _ := net.SplitHostPort(kafkaLn.Addr().String())
+		n, _ := strconv.Atoi(p)
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(n+1))); err == nil {
+			httpLn = ln
+			t.Cleanup(func() { ln.Close() })
+			break
+		}
+	}
+	if httpLn == nil {
+		t.Fatal("no two adjacent free ports")
+	}
 	_, kport, _ := net.SplitHostPort(kafkaLn.Addr().String())
 	var stdout, stderr syncBuffer
 	code := run(context.Background(), []string{"dev", "--kafka-port", kport, "--http-addr", httpLn.Addr().String(), "--projections", exampleProjections}, &stdout, &stderr)
@@ -326,8 +343,25 @@ func TestDevSaysBothTakenPortsAtOnce(t *testing.T) {
 			t.Errorf("stderr lacks %q", want)
 		}
 	}
+	httpFree := regexp.MustCompile(`pass --http-addr 127\.0\.0\.1:(\d+)`).FindStringSubmatch(out)
+	kafkaFree := regexp.MustCompile(`pass --kafka-port (\d+)`).FindStringSubmatch(out)
+	if httpFree == nil || kafkaFree == nil || httpFree[1] == kafkaFree[1] {
+		t.Errorf("suggested ports %v and %v: want two, apart\n%s", httpFree, kafkaFree, out)
+	}
 	if code != 1 || strings.Contains(stdout.String(), "embedded kafka (kfake) listening") {
 		t.Errorf("exit %d, want 1 before the stack started\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), out)
+	}
+}
+
+// TestDevRefusesOnePortForBoth: --kafka-port and --http-addr on one port
+// is exit 2 before anything starts (third new-user trial: found after the
+// stack had started).
+func TestDevRefusesOnePortForBoth(t *testing.T) {
+	clearSettingsEnv(t)
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), []string{"dev", "--kafka-port", "18693", "--http-addr", "127.0.0.1:18693", "--projections", exampleProjections}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "are the same port") {
+		t.Errorf("exit %d, want 2 saying the ports are the same\n%s", code, stderr.String())
 	}
 }
 
