@@ -34,17 +34,26 @@ func deadLetterOver2048(t *testing.T, f *fixture, rec *kgo.Record, omitted strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl, err = dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
-		EventType: "ARTIST_FOLLOWED", Class: retry.Projection, Err: pgErr("42703", `column "x" does not exist`), Retries: 5},
-		dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test", MaxBytes: 2048}, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dl = f.produceDeadLetter(src, 2048)
 	if _, ok := headerValue(dl.Headers, omitted); !ok {
 		t.Fatalf("a record of %d value bytes and %d headers fit a 2048-byte dead letter without %s: the test needs it", len(rec.Value), len(rec.Headers), omitted)
 	}
-	f.produce(dl)
 	return src, dl
+}
+
+// produceDeadLetter produces to f's dead-letter topic, and returns, the
+// dead letter of src (a missing column, 5 retries) with a limit of
+// maxBytes (0: the default).
+func (f *fixture) produceDeadLetter(src *kgo.Record, maxBytes int) *kgo.Record {
+	f.t.Helper()
+	dl, err := dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
+		EventType: "ARTIST_FOLLOWED", Class: retry.Projection, Err: pgErr("42703", `column "x" does not exist`), Retries: 5},
+		dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test", MaxBytes: maxBytes}, t0)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.produce(dl)
+	return dl
 }
 
 // TestRetryReadsAnOmittedOriginalAgain: a dead letter whose original was
@@ -256,13 +265,7 @@ func TestRetryReplaysAnEventTheTopicTookCompressed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("produce the 3 MiB key compressed: %v", err)
 	}
-	dl, err := dlq.NewRecord(dlq.DeadLetter{Source: src, Projection: "artist_followers", TenantSchema: "acme_prod",
-		EventType: "ARTIST_FOLLOWED", Class: retry.Projection, Err: pgErr("42703", `column "x" does not exist`), Retries: 5},
-		dlq.RecordConfig{Topic: f.dlqTopic, Worker: "test"}, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.produce(dl)
+	f.produceDeadLetter(src, 0)
 	res, outs := f.retry(dlq.ReplayConfig{Actor: "alice"})
 	if res.Replayed != 1 || len(outs) != 1 {
 		t.Fatalf("result %s, outcomes %+v; want the event replayed", res, outs)
