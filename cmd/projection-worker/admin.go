@@ -125,7 +125,7 @@ func migrateTenant(ctx context.Context, pool *pgxpool.Pool, defs *projection.Def
 	}
 	if len(changes) == 0 {
 		// Said apart (new-user trial: "migrated" when nothing was).
-		fmt.Fprintf(stdout, "tenant schema %s has every table and column IR %s needs (%s): nothing to add\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
+		fmt.Fprintf(stdout, "tenant schema %s: no table or column to add for IR %s (%s)\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"))
 	} else {
 		fmt.Fprintf(stdout, "migrated tenant schema %s to IR %s (%s): %s\n", t, defs.IRVersion, plural(len(defs.Projections), "projection"), strings.Join(changes, "; "))
 	}

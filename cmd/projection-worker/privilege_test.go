@@ -310,7 +310,7 @@ func TestMigrateSaysWhatItChanged(t *testing.T) {
 		want string
 	}{
 		{"", "migrated tenant schema " + tenant + " to IR v42 (3 projections): created the schema; created table _causet_tombstones; created table artist_followers; created table user_follows; created table artist_ratings\n"},
-		{"", "tenant schema " + tenant + " has every table and column IR v42 needs (3 projections): nothing to add\n"},
+		{"", "tenant schema " + tenant + ": no table or column to add for IR v42 (3 projections)\n"},
 		{"ALTER TABLE " + pgx.Identifier{tenant, "artist_followers"}.Sanitize() + " DROP COLUMN score, DROP COLUMN _causet_seq",
 			"migrated tenant schema " + tenant + " to IR v42 (3 projections): added to table artist_followers column(s) score, _causet_seq\n"},
 	}
