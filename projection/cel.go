@@ -92,6 +92,11 @@ func quoteExpr(expr string) string {
 type derivePrg struct {
 	cel.Program
 	ast *cel.Ast
+	// constant: the expression reads no event field, and gives value (as
+	// fromCEL converts it) for every event; false too when fromCEL
+	// refuses that value.
+	constant bool
+	value    any
 	// traced is Program with every sub-expression's value kept
 	// (cel.OptTrackState), made on the first error it explains.
 	traced func() (cel.Program, error)
@@ -134,18 +139,25 @@ func compileDerive(expr string) (*derivePrg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", quoteExpr(expr), err)
 	}
-	if constant(ast) {
+	d := &derivePrg{Program: prg, ast: ast, constant: constant(ast)}
+	if d.constant {
 		// It reads no field of the event: what it gives, or fails with,
 		// it gives for every event (new-user trial: derive '1/0' was
 		// taken, and every event would have been dead-lettered).
-		if _, _, err := prg.Eval(cel.NoVars()); err != nil {
+		out, _, err := prg.Eval(cel.NoVars())
+		if err != nil {
 			return nil, fmt.Errorf("%s reads no event field and fails: %v: every event would be dead-lettered", quoteExpr(expr), err)
 		}
+		// A value fromCEL refuses (bytes, a map of int keys) stays to fail
+		// at each event, as evalDerive says it.
+		if d.value, err = fromCEL(out); err != nil {
+			d.constant = false
+		}
 	}
-	traced := sync.OnceValues(func() (cel.Program, error) {
+	d.traced = sync.OnceValues(func() (cel.Program, error) {
 		return env.Program(ast, append(opts, cel.EvalOptions(cel.OptTrackState))...)
 	})
-	return &derivePrg{Program: prg, ast: ast, traced: traced}, nil
+	return d, nil
 }
 
 // constant reports whether the checked expression refers to no variable
@@ -166,7 +178,24 @@ func constant(ast *cel.Ast) bool {
 // timestamp into anything but timestamptz, date and text, a list or a map
 // into anything but jsonb, a number into a uuid column. "" otherwise: a
 // dyn, string or null result, or a number some values of which fit.
-func (d *derivePrg) neverFits(expr string, k colKind, typ string) string {
+func (d *derivePrg) neverFits(expr string, k colKind, typ string, notNull bool) string {
+	if why := d.typeNeverFits(expr, k, typ); why != "" || !d.constant {
+		return why
+	}
+	// Its one value, checked as each event's would be (fourth new-user
+	// trial: '"abc"' into bigint, '100000' into smallint, null into a
+	// notNull column were taken).
+	switch why := checkValue(k, typ, d.value); {
+	case d.value == nil && notNull:
+		return fmt.Sprintf("%s is always null, and the column is notNull (or in the primary key): every event would be dead-lettered", quoteExpr(expr))
+	case d.value != nil && why != "":
+		return fmt.Sprintf("%s always gives %s, and %s: every event would be dead-lettered", quoteExpr(expr), describeJSON(d.value), why)
+	}
+	return ""
+}
+
+// typeNeverFits is neverFits by d's result type alone.
+func (d *derivePrg) typeNeverFits(expr string, k colKind, typ string) string {
 	var v any
 	name := ""
 	switch d.ast.OutputType().Kind() {

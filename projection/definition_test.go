@@ -302,8 +302,16 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			"      z: {type: bigint, derive: '1/0'}\n" +
 			"      t: {type: bigint, derive: '[1, 2][5]'}\n" +
 			"      ok1: {type: bigint, derive: '2 * 3'}\n" +
-			"      ok2: {type: bigint, derive: 'payload.n / 0'}\n", []string{
+			"      ok2: {type: bigint, derive: 'payload.n / 0'}\n" +
+			"      n: {type: bigint, derive: 'null', notNull: true}\n" +
+			"      s: {type: smallint, derive: '100000'}\n" +
+			"      u: {type: uuid, derive: \"'x'\"}\n" +
+			"      ok3: {type: bigint, derive: 'null'}\n" +
+			"      ok4: {type: text, derive: \"'x'\"}\n", []string{
+			`d.yaml: projection "p": columns.n: derive: "null" is always null, and the column is notNull (or in the primary key): every event would be dead-lettered (line 13)`,
+			`d.yaml: projection "p": columns.s: derive: "100000" always gives number 100000, and value "100000" is out of range for type smallint: every event would be dead-lettered (line 14)`,
 			`d.yaml: projection "p": columns.t: derive: "[1, 2][5]" reads no event field and fails: index out of bounds: 5: every event would be dead-lettered (line 10)`,
+			`d.yaml: projection "p": columns.u: derive: "'x'" always gives string "x", and invalid input syntax for type uuid: "x": every event would be dead-lettered (line 15)`,
 			`d.yaml: projection "p": columns.z: derive: "1/0" reads no event field and fails: division by zero: every event would be dead-lettered (line 9)`,
 		}},
 		{"duplicate table", "irVersion: v1\nprojections:\n" +

@@ -186,7 +186,7 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 				}
 			}
 			if prg := d.programs[col.Derive]; prg != nil && col.Type != "" && normalizeType(col.Type) == col.Type {
-				if why := prg.neverFits(col.Derive, kindOf(col.Type), col.Type); why != "" {
+				if why := prg.neverFits(col.Derive, kindOf(col.Type), col.Type, col.NotNull || slices.Contains(pd.PrimaryKey, name)); why != "" {
 					// Every event would be dead-lettered (new-user trial).
 					cfail("derive", "%s", why)
 				}
