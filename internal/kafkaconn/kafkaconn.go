@@ -40,12 +40,16 @@ type Settings struct {
 	SASLMechanism string
 	SASLUser      string
 	SASLPassword  string
+	// flags are the flags Register defined, to tell --kafka-tls=false
+	// given from left at its default; nil for Settings made otherwise.
+	flags *flagenv.Set
 }
 
 // Register defines the connection flags on fs, each with its environment
 // variable (KAFKA_BROKERS, KAFKA_TLS, KAFKA_TLS_CA, KAFKA_TLS_SERVER_NAME,
 // KAFKA_SASL_MECHANISM, KAFKA_SASL_USER, KAFKA_SASL_PASSWORD).
 func (s *Settings) Register(fs *flagenv.Set) {
+	s.flags = fs
 	fs.String(&s.Brokers, "brokers", "KAFKA_BROKERS", DefaultBrokers, "Kafka seed brokers, comma-separated host:port")
 	fs.Bool(&s.TLS, "kafka-tls", "KAFKA_TLS", false, "connect to Kafka with TLS")
 	fs.String(&s.TLSCA, "kafka-tls-ca", "KAFKA_TLS_CA", "", "PEM file of CA certificates for Kafka TLS (default: system roots); setting it turns TLS on, as --kafka-tls does")
@@ -77,6 +81,11 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 		return nil, flagenv.Usagef("--brokers (KAFKA_BROKERS) is empty: set it to host:port[,host:port...]")
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(brokers...)}
+	if !s.TLS && s.tlsOn() && s.flags != nil && s.flags.Given("kafka-tls") {
+		// Said, not overridden (fourth new-user trial: --kafka-tls=false
+		// with a server name took TLS, and failed after the timeout).
+		return nil, flagenv.Usagef("--kafka-tls=false (KAFKA_TLS) with --kafka-tls-ca or --kafka-tls-server-name, which turn TLS on: unset one or the other")
+	}
 	if s.tlsOn() {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.TLSServerName}
 		if s.TLSCA != "" {

@@ -93,3 +93,28 @@ func TestTLSServerNameTurnsTLSOn(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSFalseWithAServerNameIsRefused: --kafka-tls=false given with a CA
+// or a server name, which turn TLS on, is a usage error naming them, not
+// TLS taken silently (fourth new-user trial); either alone is taken.
+func TestTLSFalseWithAServerNameIsRefused(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string // in the error; "" none
+	}{
+		{[]string{"--kafka-tls=false", "--kafka-tls-server-name", "foo"}, "--kafka-tls=false (KAFKA_TLS) with --kafka-tls-ca or --kafka-tls-server-name"},
+		{[]string{"--kafka-tls-server-name", "foo"}, ""},
+		{[]string{"--kafka-tls=false"}, ""},
+	} {
+		var s Settings
+		fs := flagenv.New("test", io.Discard)
+		s.Register(fs)
+		if err := fs.Parse(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Opts()
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%v: Opts error %v, want %q", tt.args, err, tt.want)
+		}
+	}
+}
