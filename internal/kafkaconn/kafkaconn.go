@@ -130,6 +130,13 @@ func (s Settings) String() string {
 	return fmt.Sprintf("brokers=%s tls=%t sasl=%s", s.Brokers, s.tlsOn(), s.SASLMechanism)
 }
 
+// SameConnection reports whether s and o connect alike: the same
+// settings, whichever flags they were read from.
+func (s Settings) SameConnection(o Settings) bool {
+	s.flags, o.flags = nil, nil
+	return s == o
+}
+
 // tlsOn reports whether the settings connect with TLS: --kafka-tls, or a
 // CA or a server name to verify, which only make sense with TLS (new-user
 // trial: a server name alone connected in plaintext, silently).
