@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,11 +78,10 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 // brokers answered at all, that (new-user trial: "read ledger: list
 // offsets of ...: unable to dial" blamed the ledger); "" otherwise.
 func kafkaCause(err error, brokers string) string {
-	if cause := kafkaconn.Explain(err); cause != "" {
+	// The replayer's requests are all its first: a closed connection is
+	// ClosedHint's.
+	if cause := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err)); cause != "" {
 		return cause
-	}
-	if cause := kafkaconn.ClosedHint(err); cause != "" {
-		return cause // the replayer's requests are all its first
 	}
 	if kafkaconn.DialError(err) {
 		return "no broker of --brokers (KAFKA_BROKERS) " + brokers + " answers: check the addresses and that Kafka is running"

@@ -63,10 +63,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// A suggestion for one port is never the other's (third new-user
 	// trial: both were told the same free port, and the second to bind it
 	// failed after the stack had started).
-	httpPort := 0
-	if _, p, err := net.SplitHostPort(s.httpAddr); err == nil {
-		httpPort, _ = strconv.Atoi(p)
-	}
+	httpPort := portOf(s.httpAddr)
 	if kafkaPort > 0 && kafkaPort == httpPort {
 		return flagenv.Usagef("--kafka-port %d and --http-addr %s are the same port: give each its own (--kafka-port 0 takes any free port)", kafkaPort, s.httpAddr)
 	}
@@ -76,18 +73,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		ln, err := net.Listen("tcp", s.httpAddr)
 		if err != nil {
 			a := otherAddr(s.httpAddr, kafkaPort)
-			if _, p, err := net.SplitHostPort(a); err == nil {
-				n, _ := strconv.Atoi(p)
-				avoid = append(avoid, n)
-			}
+			avoid = append(avoid, portOf(a))
 			taken = append(taken, fmt.Errorf("--http-addr %s: %w (%s is free now: pass --http-addr %s, with make run in ARGS)", s.httpAddr, err, a, a))
 		} else {
 			ln.Close()
 		}
 	}
 	if err := devstack.CheckKafkaPort(kafkaPort); err != nil {
-		_, free, _ := net.SplitHostPort(otherAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(kafkaPort)), avoid...))
-		taken = append(taken, fmt.Errorf("%w (127.0.0.1:%s is free now: pass --kafka-port %s)", err, free, free))
+		free := portOf(otherAddr(net.JoinHostPort("127.0.0.1", strconv.Itoa(kafkaPort)), avoid...))
+		taken = append(taken, fmt.Errorf("%w (127.0.0.1:%d is free now: pass --kafka-port %d)", err, free, free))
 	}
 	switch len(taken) {
 	case 1:
@@ -242,6 +236,16 @@ func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts [
 		case <-tick.C:
 		}
 	}
+}
+
+// portOf returns the port number of host:port addr, 0 when it has none.
+func portOf(addr string) int {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(p)
+	return n
 }
 
 // otherAddr suggests an address to try when addr is taken: the first of

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -402,10 +403,7 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 	case errors.As(err, &unreachable):
 		return rep, err // says what it is: no "topics:" in front
 	case err != nil:
-		if reason := kafkaconn.Explain(err); reason != "" {
-			return rep, fmt.Errorf("topics: %s: %w", reason, err)
-		}
-		if reason := kafkaconn.ClosedHint(err); reason != "" {
+		if reason := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err)); reason != "" {
 			return rep, fmt.Errorf("topics: %s: %w", reason, err)
 		}
 		return rep, fmt.Errorf("topics: %w", err)
