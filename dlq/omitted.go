@@ -117,25 +117,8 @@ func parseOmitted(v string, o *OmittedOriginal) bool {
 	return o.SHA256 != ""
 }
 
-// originalReadTimeout bounds ReadOmitted's wait for the original record.
+// originalReadTimeout bounds readOriginal's wait for the original record.
 const originalReadTimeout = 30 * time.Second
-
-// ReadOmitted reads the omitted original value o from its topic with a
-// client built from opts and checks its size and SHA-256. It returns an
-// error saying so when the topic no longer retains the record (its log
-// start offset is past o.Offset: retention or deleted records), when the
-// record is gone from the log (compaction), when the bytes read differ,
-// or when Kafka cannot be read within 30 s.
-func ReadOmitted(ctx context.Context, opts []kgo.Opt, o *OmittedOriginal) ([]byte, error) {
-	r, err := readOriginal(ctx, opts, o, o.Size)
-	if err != nil {
-		return nil, err
-	}
-	if err := o.check(r); err != nil {
-		return nil, err
-	}
-	return r.Value, nil
-}
 
 // check returns an error unless r's value is the omitted one.
 func (o *OmittedOriginal) check(r *kgo.Record) error {

@@ -436,11 +436,11 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 
 // restoreOmitted reads e's original record again from its topic, once,
 // when its value, its own headers or its key were left out of the dead
-// letter, and checks what was left out (size and SHA-256, as ReadOmitted;
-// the headers' count, size and HeadersDigest). A key goes in e.Key. A
-// value goes
-// in e.Message.OriginalEvent when it is a JSON object every strict parser
-// reads; a value that is not stays out, and the entry is refused as not an
+// letter (readOriginal: refused once the topic no longer retains it), and
+// checks what was left out (the value's and key's size and SHA-256; the
+// headers' count, size and HeadersDigest). A key goes in e.Key. A value
+// goes in e.Message.OriginalEvent when it is a JSON object every strict
+// parser reads; a value that is not stays out, and the entry is refused as not an
 // event. Headers go in e.Headers before the dead letter's own, as a dead
 // letter that kept them holds them: without the record's traceparent and
 // tracestate when the dead letter has its own (the send span's).
