@@ -15,6 +15,7 @@ import (
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/kafkaconn"
 	"github.com/causet/projection-worker/projection"
 )
 
@@ -191,9 +192,12 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer cl.Close()
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if err := kafkaconn.Closed(tctx, cl); err != nil {
+		return topicsError(err)
+	}
 	rep, err := dlq.EnsureTopics(tctx, kadm.NewClient(cl), cfg)
 	if err != nil {
-		return fmt.Errorf("topics: %w", err)
+		return topicsError(err)
 	}
 	for _, t := range rep.Created {
 		fmt.Fprintf(stdout, "created %s\n", t)

@@ -80,3 +80,52 @@ func TestRunSaysKafkaAuthenticationFailed(t *testing.T) {
 		noSecret(t, "/readyz", body, saslPassword)
 	})
 }
+
+// TestSecurityMismatchIsSaidAtOnce: run and topics with SASL flags
+// against brokers whose listener has no SASL, and without them against
+// brokers that require it (either way the broker closes the connection),
+// stop with the cause in terms of the flags after a request or two per
+// broker (kafkaconn.Closed), not after kgo has retried its first request
+// over closed connections for about 28 s (new-user trial: run was silent
+// that long; topics then said only "list topics: EOF"). Only SASL to a
+// listener without it took that long; the other case is here for its
+// message.
+func TestSecurityMismatchIsSaidAtOnce(t *testing.T) {
+	sasl := []string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-user", "worker", "--kafka-sasl-password", saslPassword}
+	for _, tt := range []struct {
+		name  string
+		opts  []kfake.Opt
+		args  []string
+		count kmsg.Key // the request counted: the first the broker closes the connection on
+	}{
+		{"SASL to a listener without it", nil, sasl, kmsg.SASLHandshake},
+		{"none to a listener that requires SASL", []kfake.Opt{kfake.EnableSASL(), kfake.Superuser("PLAIN", "worker", saslPassword)}, nil, kmsg.Metadata},
+	} {
+		for _, cmd := range []string{"run", "topics"} {
+			t.Run(tt.name+"/"+cmd, func(t *testing.T) {
+				t.Parallel()
+				b := kafkatest.Fake(t, append([]kfake.Opt{kfake.NumBrokers(3)}, tt.opts...)...)
+				var requests atomic.Int32
+				b.Fake.ControlKey(int16(tt.count), func(kmsg.Request) (kmsg.Response, error, bool) {
+					b.Fake.KeepControl()
+					requests.Add(1)
+					return nil, nil, false
+				})
+				args := append([]string{cmd, "--brokers", strings.Join(b.Addrs, ","), "--topic", kafkatest.TopicName(t, "events"),
+					"--dlq-topic", kafkatest.TopicName(t, "dlq"), "--ledger-topic", kafkatest.TopicName(t, "ledger")}, tt.args...)
+				if cmd == "run" {
+					args = append(args, "--http-addr", "", "--database-url", pgtest.URL(t), "--projections", exampleProjections,
+						"--group", kafkatest.TopicName(t, "group"))
+				}
+				r := runCmd(t, 2*time.Minute, args...)
+				if r.code != 1 || !strings.Contains(r.stderr, "the broker closed the connection") || !strings.Contains(r.stderr, "--kafka-sasl-mechanism") {
+					t.Errorf("exited %d, want 1 saying the broker closed the connection and naming --kafka-sasl-mechanism:\n%s", r.code, r)
+				}
+				if n := requests.Load(); n < 1 || n > 6 {
+					t.Errorf("%d %s requests, want 1 to 6 (at most two per broker, not kgo's retries of its first request: 26 in 28 s without kafkaconn.Closed)", n, kmsg.NameForKey(int16(tt.count)))
+				}
+				noSecret(t, "the output", r.stdout+r.stderr, saslPassword)
+			})
+		}
+	}
+}

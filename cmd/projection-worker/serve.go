@@ -198,8 +198,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("kafka admin client: %w", err)
 	}
 	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
-	rep, err := checkTopics(ctx, s, adm, topics, tel.meter(), log)
+	rep, err := checkTopics(ctx, s, admCl, topics, tel.meter(), log)
 	if err != nil {
 		return err
 	}
@@ -383,12 +382,23 @@ func watchDatabase(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, ev
 	}
 }
 
+// topicsError is err, an error of the first requests about the topics,
+// with the cause Kafka's answer gives in terms of the flags, when it gives
+// one (kafkaconn.Explain, kafkaconn.ClosedHint): "topics: <cause>: <err>".
+func topicsError(err error) error {
+	if reason := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err)); reason != "" {
+		return fmt.Errorf("topics: %s: %w", reason, err)
+	}
+	return fmt.Errorf("topics: %w", err)
+}
+
 // checkTopics creates missing topics (with --create-topics=false it only
 // looks them up, and a missing events or dead-letter topic is an error),
 // warns about a dead-letter topic that keeps less than 30 days and exports
 // its retention and depth as metrics. It returns what it found of the
 // dead-letter topic.
-func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) (dlq.TopicReport, error) {
+func checkTopics(ctx context.Context, s *settings, cl *kgo.Client, cfg dlq.TopicConfig, meter metric.Meter, log *slog.Logger) (dlq.TopicReport, error) {
+	adm := kadm.NewClient(cl)
 	check := dlq.EnsureTopics
 	if !s.createTopics {
 		check = dlq.CheckTopics
@@ -396,6 +406,9 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 	rep, err := untilKafkaAnswers(ctx, s, log, func(ctx context.Context) (dlq.TopicReport, error) {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
+		if err := kafkaconn.Closed(tctx, cl); err != nil {
+			return dlq.TopicReport{}, err
+		}
 		return check(tctx, adm, cfg)
 	})
 	var unreachable *kafkaUnreachableError
@@ -403,10 +416,7 @@ func checkTopics(ctx context.Context, s *settings, adm *kadm.Client, cfg dlq.Top
 	case errors.As(err, &unreachable):
 		return rep, err // says what it is: no "topics:" in front
 	case err != nil:
-		if reason := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err)); reason != "" {
-			return rep, fmt.Errorf("topics: %s: %w", reason, err)
-		}
-		return rep, fmt.Errorf("topics: %w", err)
+		return rep, topicsError(err)
 	}
 	for _, t := range rep.Created {
 		log.Info("topic created", "topic", t)

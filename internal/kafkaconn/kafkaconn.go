@@ -3,6 +3,7 @@
 package kafkaconn
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -191,6 +192,21 @@ func ClosedHint(err error) string {
 		return "the broker closed the connection: its listener expects other security settings (SASL to a listener without SASL, none to one that requires it, TLS: check --kafka-sasl-mechanism and --kafka-tls), or it is not a Kafka listener"
 	}
 	return ""
+}
+
+// Closed asks the brokers of cl for metadata once each (kgo's Ping: no
+// retries) and returns the error when every broker closed the connection
+// (ClosedHint says something of it), else nil, whatever else failed: what
+// a command's first request then meets again. A broker whose listener
+// expects other security settings closes every connection, and kgo retries
+// a request over closed connections for about 28 s before it gives up
+// (new-user trial: SASL against a listener without it, 28 s of silence
+// before the hint), so a command's first request is told so at once.
+func Closed(ctx context.Context, cl *kgo.Client) error {
+	if err := cl.Ping(ctx); ClosedHint(err) != "" {
+		return fmt.Errorf("first metadata request: %w", err)
+	}
+	return nil
 }
 
 // NoAnswerHint says why a broker that takes connections may not answer
