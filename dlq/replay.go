@@ -348,9 +348,13 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	}
 
 	pace := newLimiter(cfg.Rate)
+	chains := replayChains{}
+	sent := map[Coordinates]Coordinates{} // chain → the dead letter of it this run sends
 	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: log}, func(e *Entry) error {
 		res.Matched++
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
+		chain := chains.first(e)
+		sibling, chainSent := sent[chain]
 		d, decided := r.ledger.Lookup(e.Coordinates())
 		var omittedErr, invalid error
 		wanted := !decided || d.Action == ActionReplayed && cfg.IncludeReplayed
@@ -406,7 +410,15 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 				times = "time"
 			}
 			o.Reason = fmt.Sprintf("event already replayed %d %s (--max-replays %d; --force to replay it all the same)", e.ReplayCount, times, cfg.MaxReplays)
+		case chainSent:
+			// One replay of an event per run: a replay that failed again
+			// made this dead letter, or this one's replay made the one
+			// sent (new-user trial: retry --include-replayed sent both,
+			// and the copies doubled with each run: 1, 2, 4, 8).
+			o.Kind = OutcomeRefused
+			o.Reason = fmt.Sprintf("the same event as dead letter %s, which this run replays (they are dead letters of one event and its replays, chain from %s): one replay of an event per run", sibling, chain)
 		default:
+			sent[chain] = e.Coordinates()
 			p, fromHeader := parter.Partition(e.OriginalPartition, e.Key)
 			if cfg.DryRun {
 				o.Kind, o.Partition, o.FromHeader = OutcomeReplayed, p, fromHeader
@@ -432,6 +444,42 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("replay from %s: %w", cfg.DLQTopic, err)
 	}
 	return res, nil
+}
+
+// replayChains finds, for each dead letter, the first of its chain: a
+// dead letter whose event was replayed and failed again has a successor,
+// whose original headers hold the causet.replay.source of the replayed
+// record (ReplayRecord), the predecessor's coordinates. It maps the
+// dead letters seen with a source to the first of their chain, so that
+// a chain is followed across runs of replays (a source not seen, filtered
+// out or in a partition read later, is taken as the first).
+type replayChains map[Coordinates]Coordinates
+
+// first returns the first dead letter of e's chain: e's own coordinates
+// when e is no replay's dead letter.
+func (c replayChains) first(e *Entry) Coordinates {
+	src, ok := replaySource(e)
+	if !ok {
+		return e.Coordinates()
+	}
+	if f, ok := c[src]; ok {
+		src = f
+	}
+	c[e.Coordinates()] = src
+	return src
+}
+
+// replaySource returns the coordinates in the causet.replay.source header
+// of e's original record (its last one), and false when it has none or
+// it does not parse.
+func replaySource(e *Entry) (Coordinates, bool) {
+	for i := len(e.Headers) - 1; i >= 0; i-- {
+		if e.Headers[i].Key == HeaderReplaySource {
+			c, err := ParseCoordinates(string(e.Headers[i].Value))
+			return c, err == nil
+		}
+	}
+	return Coordinates{}, false
 }
 
 // restoreOmitted reads e's original record again from its topic, once,

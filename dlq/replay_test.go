@@ -764,6 +764,45 @@ func TestRetryIncludeReplayedCountsEachReplay(t *testing.T) {
 	}
 }
 
+// TestRetryIncludeReplayedSendsAnEventOncePerRun: an event whose replays
+// keep failing leaves a chain of dead letters, each replay's dead letter
+// holding the causet.replay.source of the one replayed; retry
+// --include-replayed selects them all, and sends the event once a run
+// (new-user trial: it sent every one, 1, 2, 4 then 8 copies of one event,
+// the copies doubling with each run). Several dead-letter partitions, so
+// that a chain's dead letters may be read out of order.
+func TestRetryIncludeReplayedSendsAnEventOncePerRun(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 3)
+	f.add(deadLetter{key: "user-204", fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+	f.add(deadLetter{key: "user-205", fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"}) // another event
+	sentBefore := 0
+	for run := 1; run <= 4; run++ {
+		res, outs := f.retry(dlq.ReplayConfig{IncludeReplayed: true, MaxReplays: 10})
+		if res.Replayed != 2 || res.Refused != res.Matched-2 {
+			t.Fatalf("run %d: %s, want each of the 2 events replayed once, the rest of their chains refused", run, res)
+		}
+		for _, o := range outs {
+			if o.Kind == dlq.OutcomeRefused && !strings.Contains(o.Reason, "one replay of an event per run") {
+				t.Errorf("run %d: refusal %q, want it to say one replay of an event per run", run, o.Reason)
+			}
+		}
+		sent := readTopic(t, b, f.events)
+		if got := len(sent) - sentBefore; got != 2 {
+			t.Fatalf("run %d sent %d records, want 2", run, got)
+		}
+		// The worker fails each replay again: its dead letter carries the
+		// replayed record's headers, causet.replay.source among them.
+		for _, r := range sent[sentBefore:] {
+			n, _ := headerValue(r.Headers, dlq.HeaderReplayCountOut)
+			count, _ := strconv.Atoi(n)
+			f.add(deadLetter{key: string(r.Key), value: r.Value, fork: "production", tenant: "acme_prod", eventType: "E",
+				projection: "p", replayCount: count, headers: r.Headers})
+		}
+		sentBefore = len(sent)
+	}
+}
+
 // TestRetryInputErrorHasNoProjectionHeader: a dead letter with
 // projectionName "" (an input error no projection saw) is replayed without
 // causet.replay.projection, so every projection sees it again.
