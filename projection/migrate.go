@@ -87,19 +87,28 @@ func migrate(ctx context.Context, db MigrateDB, defs *Definitions, tenantSchema 
 	}
 	var schemaExists bool
 	columns := map[string]map[string]bool{} // table -> its columns
-	rows, err := db.Query(ctx, `SELECT n.nspname IS NOT NULL, c.relname, a.attname
+	// Every relation of the schema: a name a view (or an index, a
+	// sequence...) holds is not created as a table, nor said to be
+	// (new-user trial: "created table artist_followers" on every run over
+	// a view of that name; Drift reports it).
+	rows, err := db.Query(ctx, `SELECT n.nspname IS NOT NULL, c.relname, c.relkind IN ('r', 'p'), a.attname
 		FROM (SELECT 1) one
 		LEFT JOIN pg_namespace n ON n.nspname = $1
-		LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p')
-		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped`, tenantSchema)
+		LEFT JOIN pg_class c ON c.relnamespace = n.oid
+		LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped`, tenantSchema)
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
 		var table, column *string
-		if err := rows.Scan(&schemaExists, &table, &column); err != nil {
+		var isTable *bool
+		if err := rows.Scan(&schemaExists, &table, &isTable, &column); err != nil {
 			rows.Close()
 			return nil, err
+		}
+		if table != nil && !*isTable {
+			columns[*table] = map[string]bool{notATable: true}
+			continue
 		}
 		if table != nil {
 			if columns[*table] == nil {
@@ -264,8 +273,9 @@ func sameSet(a, b []string) bool {
 
 // migrationStatements returns the DDL that creates what defs needs in
 // tenantSchema, given what exists: whether the schema does and the columns
-// of each of its tables (nil: look at nothing, create everything with IF
-// NOT EXISTS, as MigrationSQL prints it).
+// of each of its tables, a name another relation holds marked notATable
+// (nil: look at nothing, create everything with IF NOT EXISTS, as
+// MigrationSQL prints it).
 func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bool, columns map[string]map[string]bool) []migrationStep {
 	all := columns == nil
 	schema := ident(tenantSchema)
@@ -276,7 +286,7 @@ func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bo
 	if all || !schemaExists {
 		stmts = append(stmts, migrationStep{"CREATE SCHEMA IF NOT EXISTS " + schema, "created the schema"})
 	}
-	if all || columns[tombstoneTable] == nil {
+	if all || columns[tombstoneTable] == nil { // taken by another relation: Drift says so
 		stmts = append(stmts, migrationStep{"CREATE TABLE IF NOT EXISTS " + schema + "." + ident(tombstoneTable) +
 			" (table_name text NOT NULL, pk text[] NOT NULL, " + seqColumn + " bigint NOT NULL," +
 			" PRIMARY KEY (table_name, pk))", "created table " + tombstoneTable})
@@ -315,6 +325,9 @@ func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bo
 		switch {
 		case all:
 			stmts = append(stmts, create, alter)
+		case have[notATable]:
+			// Another relation holds the name: nothing to create or add
+			// (Drift reports it).
 		case have == nil:
 			stmts = append(stmts, create)
 		case len(adds) > 0:
@@ -323,6 +336,11 @@ func migrationStatements(defs *Definitions, tenantSchema string, schemaExists bo
 	}
 	return stmts
 }
+
+// notATable marks, in migrate's map of a schema's tables and their
+// columns, a name held by a relation that is not a table (a view, an
+// index, a sequence): no column has it, "" not being a name.
+const notATable = ""
 
 // migrationStep is one statement of a migration and what it changes, for
 // Migrate's report.
