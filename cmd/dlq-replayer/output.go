@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/term"
@@ -50,7 +51,28 @@ func outcomeLine(o dlq.Outcome) string {
 	fmt.Fprintf(&b, " key=%s projection=%q tenant=%q event=%q replay-count=%d",
 		keyText(o.Entry.Key), o.Entry.Message.ProjectionName, o.Entry.TenantSchema, o.Entry.EventType, o.Entry.ReplayCount)
 	if o.Reason != "" {
-		fmt.Fprintf(&b, ": %s", o.Reason)
+		fmt.Fprintf(&b, ": %s", escapeControls(o.Reason))
+	}
+	return b.String()
+}
+
+// escapeControls writes the control characters of s as Go escapes (\n,
+// \t, \x1b): a reason may quote the ledger's actor and reason, which
+// skip's --actor and --reason take as given (new-user trial: a reason
+// with a newline and an ANSI escape broke the line and coloured the
+// terminal).
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			q := strconv.QuoteRune(r) // '\n'
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
 	}
 	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -237,5 +238,19 @@ func TestOutcomeLineCutsALongKey(t *testing.T) {
 		if !strings.Contains(line, want) || len(line) > 400 {
 			t.Errorf("outcome line of a %d-byte key: %.200q, want %q", len(key), line, want)
 		}
+	}
+}
+
+// TestOutcomeLineEscapesTheLedgersReason: an already-skipped line quotes
+// the ledger's actor and reason, which skip takes as given; their control
+// characters are escaped, so that the line stays one line and the
+// terminal plain (new-user trial: a reason with "\n" and "\x1b[31m").
+func TestOutcomeLineEscapesTheLedgersReason(t *testing.T) {
+	o := dlq.Outcome{Entry: &dlq.Entry{}, Kind: dlq.OutcomeSkipped, Decided: true, Partition: -1,
+		Reason: "skipped by eve\tx: line1\nline2\x1b[31mRED\u0085"}
+	line := outcomeLine(o)
+	want := `: skipped by eve\tx: line1\nline2\x1b[31mRED\u0085`
+	if !strings.HasSuffix(line, want) || strings.ContainsFunc(line, unicode.IsControl) {
+		t.Errorf("outcomeLine = %q, want it to end %q, with no control character", line, want)
 	}
 }
