@@ -71,7 +71,9 @@ type MetricsConfig struct {
 	// series per projection to every per-pair instrument, about 40 lines of
 	// Prometheus text with the latency histogram). Default (0)
 	// DefaultMaxTenantSchemas; negative: none, every pair is recorded as
-	// OtherTenantSchemas (the label carries no tenant).
+	// OtherTenantSchemas (the label carries no tenant). The value "" (the
+	// dead letters of records with no tenant schema the worker accepts) is
+	// always kept and takes no tenant's place.
 	MaxTenantSchemas int
 }
 
@@ -193,8 +195,8 @@ func (m *Metrics) bounded(attrs metric.MeasurementOption) metric.MeasurementOpti
 	}
 	set := metric.NewAddConfig([]metric.AddOption{attrs}).Attributes()
 	tenant, ok := set.Value("tenant_schema")
-	if !ok || m.tenants.keeps(tenant.AsString()) {
-		return attrs
+	if !ok || tenant.AsString() == "" || m.tenants.keeps(tenant.AsString()) {
+		return attrs // "": a record with no tenant schema the worker accepts, one label that takes no tenant's
 	}
 	projection, _ := set.Value("projection")
 	return pairAttrs(projection.AsString(), OtherTenantSchemas)

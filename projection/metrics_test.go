@@ -2,15 +2,18 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -191,5 +194,48 @@ func BenchmarkObserveApplyN(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.observeApplyN(ctx, attrs, 3*time.Millisecond, 300)
+	}
+}
+
+// TestDeadLettersOfRefusedTenantsTakeNoTenantLabel: a dead letter counts
+// under its tenant schema's own label only when the worker accepts the
+// name as a tenant schema; the names it refuses (pg_*, public, one outside
+// the pattern, one not an identifier) count under "" and leave the
+// bounded labels to real tenants (new-user trial: 130 events for pg_x1 ...
+// pg_x130 took all 100 labels).
+func TestDeadLettersOfRefusedTenantsTakeNoTenantLabel(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	m, err := NewMetrics(provider.Meter("test"), MetricsConfig{MaxTenantSchemas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants, err := NewTenantSchemas("acme_.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := testPartition(t, Config{Metrics: m, TenantSchemas: tenants})
+	ctx := context.Background()
+	for _, tenant := range []string{"pg_x1", "public", "other_corp", "Acme", "acme_one", "pg_x2", "acme_two"} {
+		pc.w.deadLettered(ctx, dlq.DeadLetter{Source: &kgo.Record{}, Projection: "p", TenantSchema: tenant, Class: retry.Permanent, Err: errors.New("boom")})
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			if d, ok := md.Data.(metricdata.Sum[int64]); ok && md.Name == "causet.projection.dead_lettered" {
+				for _, p := range d.DataPoints {
+					v, _ := p.Attributes.Value("tenant_schema")
+					got[v.AsString()] += p.Value
+				}
+			}
+		}
+	}
+	if diff := cmp.Diff(map[string]int64{"": 5, "acme_one": 1, "acme_two": 1}, got); diff != "" {
+		t.Errorf("dead letters by tenant_schema (-want +got):\n%s", diff)
 	}
 }

@@ -622,7 +622,15 @@ func (pc *partition) deadLetterDone(ctx context.Context, dl dlq.DeadLetter) {
 // (WARN, repeats of one fingerprint aggregated by failureLog; DEBUG for a
 // pair short-circuited by an open breaker).
 func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
-	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, dl.TenantSchema), dl.Class)
+	label := dl.TenantSchema
+	if w.cfg.TenantSchemas.Check(label) != nil {
+		// A name the worker refuses as a tenant schema (pg_x, public, one
+		// outside --tenant-schema-pattern): kept in the dead letter, not
+		// given a label of its own (new-user trial: 130 events for
+		// pg_x1...pg_x130 took the 100 labels of real tenants).
+		label = ""
+	}
+	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, label), dl.Class)
 	attrs := []any{"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
 		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err}
