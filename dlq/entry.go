@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -197,6 +198,12 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	// it copies originalEvent's bytes verbatim into the RawMessage too.
 	if err := segjson.Unmarshal(r.Value, &e.Message); err != nil {
 		return nil, fmt.Errorf("decode dead-letter message: %w", err)
+	}
+	if e.Message.Error == "" && e.Message.FailedAt == 0 {
+		// Any JSON object decodes; every dead letter has both (new-user
+		// trial: --dlq-topic naming the events topic listed its events as
+		// dead letters with empty fields).
+		return nil, errors.New(`not a dead-letter message: a JSON object without "error" and "failedAt" (is --dlq-topic the dead-letter topic?)`)
 	}
 	// Where a value or headers left out for size are read again.
 	off, err := strconv.ParseInt(hv.originalOffset, 10, 64)

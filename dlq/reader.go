@@ -97,8 +97,13 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 		e, err := sel.entry(r)
 		if err != nil {
 			st.Undecodable++
-			log.Warn("dead letter is not a dead-letter message; ignored",
-				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			switch {
+			case st.Undecodable <= maxUndecodableLogged:
+				log.Warn("dead letter is not a dead-letter message; ignored",
+					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			case st.Undecodable == maxUndecodableLogged+1:
+				log.Warn("more records that are not dead-letter messages: counted at the end, not logged one by one", "topic", r.Topic)
+			}
 			return nil
 		}
 		if e == nil {
@@ -109,11 +114,21 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 	})
 	st.Partitions = parts
 	st.Elapsed = time.Since(start)
+	if st.Undecodable > maxUndecodableLogged {
+		log.Warn("records that are not dead-letter messages were ignored", "topic", cfg.Topic,
+			"ignored", st.Undecodable, "scanned", st.Scanned, "hint", "is the topic the dead-letter topic (--dlq-topic)?")
+	}
 	if errors.Is(err, ErrStopScan) {
 		err = nil
 	}
 	return st, err
 }
+
+// maxUndecodableLogged is how many records that are not dead-letter
+// messages Scan logs one by one; the rest are counted in a line at the
+// end (a mistyped --dlq-topic naming a topic of events made a line per
+// event).
+const maxUndecodableLogged = 10
 
 // scanIdle is how long readToEnd polls without records before it checks
 // whether the records it waits for were deleted.

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,11 +153,16 @@ func TestScanEntryFields(t *testing.T) {
 	}
 }
 
+// TestScanSkipsRecordsThatAreNotDeadLetters: a value that is not JSON,
+// and a JSON object without a dead letter's error and failedAt (an event:
+// new-user trial, --dlq-topic naming the events topic listed its events
+// as dead letters with empty fields), are not dead letters.
 func TestScanSkipsRecordsThatAreNotDeadLetters(t *testing.T) {
 	b := kafkatest.New(t)
 	f := newFixture(t, b, 1, 1)
 	f.add(deadLetter{key: "user-1", projection: "p"})
 	f.produce(&kgo.Record{Topic: f.dlqTopic, Value: []byte("garbage")})
+	f.produce(&kgo.Record{Topic: f.dlqTopic, Value: event("production", "acme_prod", "E", "user-9")})
 	f.add(deadLetter{key: "user-2", projection: "p"})
 	var keys []string
 	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(e *dlq.Entry) error {
@@ -165,7 +172,7 @@ func TestScanSkipsRecordsThatAreNotDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"user-1", "user-2"}, keys); diff != "" || st.Undecodable != 1 || st.Scanned != 3 {
+	if diff := cmp.Diff([]string{"user-1", "user-2"}, keys); diff != "" || st.Undecodable != 2 || st.Scanned != 4 {
 		t.Errorf("keys (-want +got):\n%s\nstats %+v", diff, st)
 	}
 }
@@ -263,5 +270,29 @@ func TestScanErrorContainsDecodesWhatTheBytesHide(t *testing.T) {
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("--error-contains %s (-want +got):\n%s", needle, diff)
 		}
+	}
+}
+
+// TestScanLogsTheFirstRecordsThatAreNotDeadLetters: of a topic of records
+// that are not dead letters (a --dlq-topic naming another topic), the
+// first ten are logged one by one, then one line says the rest are
+// counted, and a line at the end counts them all.
+func TestScanLogsTheFirstRecordsThatAreNotDeadLetters(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 1, 1)
+	for i := range 15 {
+		f.produce(&kgo.Record{Topic: f.dlqTopic, Value: event("production", "acme_prod", "E", "user-"+strconv.Itoa(i))})
+	}
+	var logged bytes.Buffer
+	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Logger: slog.New(slog.NewTextHandler(&logged, nil))},
+		func(*dlq.Entry) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := logged.String()
+	if n := strings.Count(out, "dead letter is not a dead-letter message"); n != 10 || st.Undecodable != 15 ||
+		strings.Count(out, "more records that are not dead-letter messages") != 1 ||
+		!strings.Contains(out, "records that are not dead-letter messages were ignored") || !strings.Contains(out, "ignored=15") {
+		t.Errorf("%d lines one by one (want 10), %d undecodable (want 15); log:\n%s", n, st.Undecodable, out)
 	}
 }
