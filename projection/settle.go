@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/causet/projection-worker/dlq"
@@ -585,6 +587,11 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 		case errors.Is(err, dlq.ErrAttemptTimeout):
 			hint = "Kafka does not acknowledge dead letters in time: check the dead-letter topic's partition leaders and brokers (--dlq-write-timeout)"
 		}
+		if topic, missing := pc.w.deadLetterTopicMissing(ctx); missing {
+			// Said, whatever the writer's last error (new-user trial: the
+			// topic deleted while the worker ran, the line blamed time).
+			hint = "the dead-letter topic " + topic + " does not exist (deleted?): create it (projection-worker topics); the partition waits, so nothing is lost"
+		}
 		pc.w.log.ErrorContext(logContext(dl), "dead letter not written; the partition waits and tries again",
 			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 			"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "fix", hint, "error", err)
@@ -598,6 +605,25 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 	}
 	pc.setStuck(nil)
 	return nil
+}
+
+// deadLetterTopicMissing reports whether the dead-letter topic (the
+// writer's, when it says: dlq.Writer.Topic) is known to the brokers not to
+// exist, asked with a metadata request of at most 5 s; and its name.
+func (w *Worker) deadLetterTopicMissing(ctx context.Context) (string, bool) {
+	named, ok := w.dead.(interface{ Topic() string })
+	if !ok || w.cl == nil {
+		return "", false
+	}
+	topic := named.Topic()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	topics, err := kadm.NewClient(w.cl).ListTopics(ctx, topic)
+	if err != nil {
+		return topic, false
+	}
+	t, ok := topics[topic]
+	return topic, !ok || errors.Is(t.Err, kerr.UnknownTopicOrPartition)
 }
 
 // deadLetterDone finishes the pair of dl, whose dead letter Kafka

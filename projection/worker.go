@@ -32,6 +32,10 @@ import (
 // WriteBatch writes several dead letters in one round trip, without
 // retrying, and returns one error per dead letter (nil: acknowledged); the
 // worker writes those that failed again with Write.
+//
+// A writer that also has a method Topic() string (*dlq.Writer does) names
+// its topic: when a write fails, the worker asks the brokers whether that
+// topic exists, and its error line says so when it does not.
 type DeadLetterWriter interface {
 	Write(ctx context.Context, dl dlq.DeadLetter) error
 	WriteBatch(ctx context.Context, dls []dlq.DeadLetter) []error

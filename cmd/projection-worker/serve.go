@@ -490,6 +490,10 @@ func (r redactedWriter) redacted(dl dlq.DeadLetter) dlq.DeadLetter {
 	return dl
 }
 
+// Topic returns the dead-letter topic (projection.DeadLetterWriter: the
+// worker names it when it is missing).
+func (r redactedWriter) Topic() string { return r.w.Topic() }
+
 func (r redactedWriter) Write(ctx context.Context, dl dlq.DeadLetter) error {
 	return r.w.Write(ctx, r.redacted(dl))
 }
