@@ -134,6 +134,10 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if n == 0 && s.output == "table" {
 		noMatchLine(stdout, st)
 	}
+	if s.limit > 0 && n >= s.limit && s.output == "table" {
+		// Said (new-user trial: the cut list looked whole).
+		fmt.Fprintf(stdout, "the first %d listed (--limit %d): more may match; summary counts them all\n", n, s.limit)
+	}
 	log.Info("listed", "topic", s.dlqTopic, "scanned", st.Scanned, "matched", st.Matched, "listed", n, "filters", filters)
 	return nil
 }
