@@ -254,10 +254,12 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 }
 
 // errorCell is the first line of a dead letter's error for the list's
-// ERROR column, without its leading `projection "<projection>": ` when it
-// names the row's own projection, which has a column of its own (new-user
-// trial: at 100 columns the cell read `projection "artist_fo…` and nothing
-// of the reason).
+// ERROR column, without its leading `projection "<projection>": ` or
+// `apply <event type> to <projection>: ` when it names the row's own
+// projection, which has a column of its own (new-user trials: at 100
+// columns the cell read `projection "artist_fo…` and nothing of the
+// reason; two connection failures both read `apply ARTIST_FOLLOWED to
+// artist_follo…`).
 func errorCell(projection, msg string) string {
 	line := firstLine(msg)
 	if projection == "" {
@@ -265,6 +267,11 @@ func errorCell(projection, msg string) string {
 	}
 	if rest, ok := strings.CutPrefix(line, "projection "+strconv.Quote(projection)+": "); ok && rest != "" {
 		return rest
+	}
+	if rest, ok := strings.CutPrefix(line, "apply "); ok {
+		if _, rest, ok := strings.Cut(rest, " to "+projection+": "); ok && rest != "" {
+			return rest
+		}
 	}
 	return line
 }

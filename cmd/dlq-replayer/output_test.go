@@ -133,10 +133,11 @@ func TestCellCutsLongAndControlCharacters(t *testing.T) {
 	}
 }
 
-// TestListErrorCellLeavesOutItsOwnProjection: the list's ERROR cell drops
-// a leading `projection "<p>": ` that names the row's projection (new-user
-// trial: at 100 columns only `projection "artist_fo…` showed), and keeps
-// every other error whole.
+// TestListErrorCellLeavesOutItsOwnProjection: the list's ERROR cell (and
+// summary's SAMPLE ERROR) drops a leading `projection "<p>": ` or `apply
+// <event type> to <p>: ` that names the row's projection (new-user trial:
+// at 100 columns only `projection "artist_fo…` showed), and keeps every
+// other error whole.
 func TestListErrorCellLeavesOutItsOwnProjection(t *testing.T) {
 	const valueErr = `projection "artist_followers": column score (from payload.points, JSON number): value "3000000000" is out of range for type integer`
 	tests := []struct{ projection, msg, want string }{
@@ -145,6 +146,12 @@ func TestListErrorCellLeavesOutItsOwnProjection(t *testing.T) {
 		{"", valueErr, valueErr},
 		{"artist_followers", `projection "artist_followers": `, `projection "artist_followers":`},
 		{"artist_followers", "ERROR: relation \"x\" does not exist (SQLSTATE 42P01)", "ERROR: relation \"x\" does not exist (SQLSTATE 42P01)"},
+		// A connection failure's error names the event type and the
+		// projection first (second new-user trial: two such groups of
+		// summary read alike, `apply ARTIST_FOLLOWED to artist_follo…`).
+		{"artist_followers", "apply ARTIST_FOLLOWED to artist_followers: conn closed", "conn closed"},
+		{"user_follows", "apply ARTIST_FOLLOWED to artist_followers: conn closed", "apply ARTIST_FOLLOWED to artist_followers: conn closed"},
+		{"artist_followers", "apply ARTIST_FOLLOWED to artist_followers: ", "apply ARTIST_FOLLOWED to artist_followers:"},
 	}
 	for _, tt := range tests {
 		if got := errorCell(tt.projection, tt.msg); got != tt.want {
