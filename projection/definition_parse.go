@@ -82,7 +82,12 @@ func (p *defParser) parse(data []byte) *Definitions {
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		p.fail("", nil, "more than one YAML document")
+		// Said alone: what the first document lacks may be in the next
+		// (new-user trial: "projections: none defined" of a file whose
+		// projections followed a "---").
+		p.unread = true
+		p.fail("", nil, "more than one YAML document (a line \"---\" starts another): put irVersion and projections in one")
+		return d
 	}
 	root := resolve(&doc)
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {

@@ -184,9 +184,14 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"yaml syntax", "irVersion: [", []string{
 			`d.yaml: not valid YAML or JSON: did not find expected node content (line 1)`,
 		}},
+		// Only that: what the first document lacks may be in the next
+		// (new-user trial: "projections: none defined" of a file whose
+		// projections followed a "---").
 		{"two documents", "irVersion: v1\nprojections: []\n---\nirVersion: v2\n", []string{
-			`d.yaml: more than one YAML document`,
-			`d.yaml: projections: none defined (line 2)`,
+			`d.yaml: more than one YAML document (a line "---" starts another): put irVersion and projections in one`,
+		}},
+		{"projections in the second document", "irVersion: v1\n---\nprojections:\n  - name: a\n", []string{
+			`d.yaml: more than one YAML document (a line "---" starts another): put irVersion and projections in one`,
 		}},
 		{"top-level unknown key", "irVersion: v1\nirversion: v2\nprojections: []\n", []string{
 			`d.yaml: unknown key "irversion" (want one of irVersion, projections) (line 2)`,
