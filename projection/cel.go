@@ -510,7 +510,7 @@ func fromCEL(v ref.Val) (any, error) {
 			k := it.Next()
 			ks, ok := k.(types.String)
 			if !ok {
-				return nil, fmt.Errorf("map key %v is a %s, not a string", k, k.Type().TypeName())
+				return nil, fmt.Errorf("map key %v is %s, not a string", k, article(celTypeWord(k.Type().TypeName())))
 			}
 			e, err := fromCEL(x.Get(k))
 			if err != nil {
@@ -520,7 +520,20 @@ func fromCEL(v ref.Val) (any, error) {
 		}
 		return m, nil
 	}
-	return nil, fmt.Errorf("result of type %s cannot be stored", v.Type().TypeName())
+	return nil, fmt.Errorf("result of type %s cannot be stored", celTypeWord(v.Type().TypeName()))
+}
+
+// celTypeWord is a CEL type name as the docs call it: "duration" and
+// "timestamp" for the protobuf types behind them (third new-user trial:
+// "result of type google.protobuf.Duration").
+func celTypeWord(name string) string {
+	switch name {
+	case "google.protobuf.Duration":
+		return "duration"
+	case "google.protobuf.Timestamp":
+		return "timestamp"
+	}
+	return name
 }
 
 // errNumberRange is the CEL error of a JSON number beyond float64's range

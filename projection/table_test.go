@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -691,7 +692,8 @@ func TestEvalDerive(t *testing.T) {
 		{"0.0 / 0.0", "NaN", ""},
 		{"-1.0 / 0.0", "-Infinity", ""},
 		{"timestamp('2024-06-25T16:00:00Z')", time.Date(2024, 6, 25, 16, 0, 0, 0, time.UTC), ""},
-		{"{1: 2}", nil, "map key 1 is a int, not a string"},
+		{"{1: 2}", nil, "map key 1 is an int, not a string"},
+		{"[duration(\"1s\")]", nil, "result of type duration cannot be stored"},
 		{"dyn(b'x')", nil, "result of type bytes cannot be stored"}, // dyn: only known when it runs
 		{"'ab'.upperAscii()", "AB", ""},
 		{"[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, [1,2,3,4,5,6,7,8,9,10].all(e, [1,2,3,4,5,6,7,8,9,10].all(f, a+b+c+d+e+f > 0))))))", nil, "cost limit exceeded"},
@@ -1439,5 +1441,27 @@ func TestMigrateANotNullColumnOnATableWithRowsSaysHow(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND column_name = 'fresh'", schema).Scan(&n); err != nil || n != 0 {
 		t.Errorf("after the failed migration, %d columns named fresh (%v), want none", n, err)
+	}
+}
+
+// TestReadmeQuotesThePlanTimeErrorOfTheExample: the README's and
+// docs/definitions.md's example of a value refused at plan time is what
+// Plan says of examples/projections.yaml's artist_ratings with stars
+// 3000000000 (third new-user trial: they quoted a from path the example
+// does not have).
+func TestReadmeQuotesThePlanTimeErrorOfTheExample(t *testing.T) {
+	ratings := hotProjections(t, hotDefinitions[1].path)[2]
+	_, planErr := ratings.Plan(hotEvent(t, strings.Replace(hotRated, `"stars":4`, `"stars":3000000000`, 1)))
+	if planErr == nil {
+		t.Fatal("Plan of stars 3000000000 succeeded, want it refused")
+	}
+	for _, doc := range []string{"../README.md", "../docs/definitions.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text := strings.Join(strings.Fields(string(b)), " "); !strings.Contains(text, planErr.Error()) {
+			t.Errorf("%s does not quote Plan's error %q", doc, planErr)
+		}
 	}
 }

@@ -164,10 +164,14 @@ func checkValue(k colKind, typ string, v any) string {
 	return ""
 }
 
-// article returns typ with its indefinite article ("an integer").
+// article returns typ with its indefinite article ("an integer", "a
+// uuid": by sound, so a u read "you" takes "a"; third new-user trial: "an
+// uuid").
 func article(typ string) string {
-	switch typ[0] {
-	case 'a', 'e', 'i', 'o', 'u':
+	switch {
+	case strings.HasPrefix(typ, "u"):
+		return "a " + typ
+	case strings.ContainsRune("aeio", rune(typ[0])):
 		return "an " + typ
 	}
 	return "a " + typ

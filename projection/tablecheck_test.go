@@ -100,6 +100,8 @@ func checkValueTests() []checkValueTest {
 		{"numeric", "1.2.3", `invalid input syntax for type numeric: "1.2.3"`},
 		{"numeric", "1e", `invalid input syntax for type numeric: "1e"`},
 		{"numeric", false, "a JSON boolean cannot be stored in a numeric column"},
+		{"uuid", true, "a JSON boolean cannot be stored in a uuid column"}, // not "an uuid" (third new-user trial)
+		{"integer", true, "a JSON boolean cannot be stored in an integer column"},
 		// double precision and real: range, underflow to zero.
 		{"double precision", n("1.5e300"), ""},
 		{"double precision", n("1e-320"), ""},
