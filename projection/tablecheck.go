@@ -168,10 +168,8 @@ func checkValue(k colKind, typ string, v any) string {
 // uuid": by sound, so a u read "you" takes "a"; third new-user trial: "an
 // uuid").
 func article(typ string) string {
-	switch {
-	case strings.HasPrefix(typ, "u"):
-		return "a " + typ
-	case strings.ContainsRune("aeio", rune(typ[0])):
+	switch typ[0] {
+	case 'a', 'e', 'i', 'o': // not u: "a uuid"
 		return "an " + typ
 	}
 	return "a " + typ
