@@ -247,7 +247,11 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	}
 	progress.done()
 	if err == nil && res.Matched == 0 {
-		fmt.Fprintln(stdout, noMatch)
+		if res.Scan.Undecodable == 0 {
+			fmt.Fprintln(stdout, noMatch)
+		} else {
+			fmt.Fprintln(stdout, noMatchText(res.Scan))
+		}
 	}
 	line := res.String()
 	if res.DryRun {
@@ -283,7 +287,22 @@ const noMatch = "no dead letter matched the filter"
 // noMatchLine ends a table that has no row (list, summary) with why: the
 // header alone read as a failed run (new-user trial).
 func noMatchLine(stdout io.Writer, st dlq.ScanStats) {
-	fmt.Fprintf(stdout, "%s (%d dead letters scanned)\n", noMatch, st.Scanned)
+	fmt.Fprintln(stdout, noMatchText(st))
+}
+
+// noMatchText says that no dead letter matched, with the records scanned:
+// the dead letters, and apart the records that are not dead letters (a
+// --dlq-topic naming another topic read as "30660 dead letters scanned":
+// new-user trial).
+func noMatchText(st dlq.ScanStats) string {
+	switch letters := st.Scanned - st.Undecodable; {
+	case st.Undecodable == 0:
+		return fmt.Sprintf("%s (%d dead letters scanned)", noMatch, st.Scanned)
+	case letters == 0:
+		return fmt.Sprintf("no dead letter: %d records scanned, none of them a dead letter (is --dlq-topic the dead-letter topic?)", st.Scanned)
+	default:
+		return fmt.Sprintf("%s (%d dead letters scanned, and %d records that are not dead letters)", noMatch, letters, st.Undecodable)
+	}
 }
 
 // errNothingMatched is returned by retry and skip with --fail-on-empty when

@@ -748,6 +748,46 @@ func TestListAndSummaryWithNoMatchSaySo(t *testing.T) {
 	}
 }
 
+// TestNoMatchCountsRecordsThatAreNotDeadLetters: when no dead letter
+// matches, the line counts the records that are not dead letters apart
+// from the dead letters, and a topic holding none says so and names
+// --dlq-topic (new-user trial: list --dlq-topic <the events topic> ended
+// with "no dead letter matched the filter (30660 dead letters scanned)").
+func TestNoMatchCountsRecordsThatAreNotDeadLetters(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b)
+	f.seed(t)
+	other := kafkatest.TopicName(t, "other-events") // another service's events
+	b.CreateTopic(t, other, 2, nil)
+	for i := range 4 {
+		event := &kgo.Record{Topic: other, Key: []byte("user-1"), Value: fmt.Appendf(nil, `{"eventType":"ARTIST_FOLLOWED","entityId":"user-1","sequenceNumber":%d}`, i)}
+		if err := f.cl.ProduceSync(context.Background(), event).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 { // two records in the dead-letter topic that are not dead letters
+			event.Topic = f.dlqTopic
+			if err := f.cl.ProduceSync(context.Background(), event).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "--fork-id", "no-such-fork"}, "no dead letter matched the filter (3 dead letters scanned, and 2 records that are not dead letters)"},
+		{[]string{"summary", "--fork-id", "no-such-fork"}, "no dead letter matched the filter (3 dead letters scanned, and 2 records that are not dead letters)"},
+		{[]string{"list", "--all", "--dlq-topic", other}, "no dead letter: 4 records scanned, none of them a dead letter (is --dlq-topic the dead-letter topic?)"},
+		{[]string{"skip", "--all", "--dlq-topic", other, "--actor", "a", "--reason", "r"}, "no dead letter: 4 records scanned, none of them a dead letter (is --dlq-topic the dead-letter topic?)"},
+	} {
+		r := runCmd(t, f.env, tc.args...)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		if r.code != 0 || !slices.Contains(lines, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, want the line %q\n%s", tc.args, r.code, r.stdout, tc.want, r.stderr)
+		}
+	}
+}
+
 // TestKafkaCauseNamesTheSecuritySettings: a broker that closed the
 // connection (SASL to a listener without it) or never answered in time
 // (--tls to a plaintext listener) is explained in terms of the flags
