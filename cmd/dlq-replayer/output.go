@@ -299,11 +299,18 @@ func orDash(s string) string {
 	return s
 }
 
-// joinDash joins names with commas, "" written as —.
+// joinDash joins projection names with commas. "" (a record that reached
+// no projection) is — alone and "(none)" in a list, where — read as a
+// projection of that name (new-user trial: "—,artist_followers").
 func joinDash(names []string) string {
+	if len(names) == 1 {
+		return orDash(names[0])
+	}
 	out := make([]string, len(names))
 	for i, n := range names {
-		out[i] = orDash(n)
+		if out[i] = n; n == "" {
+			out[i] = "(none)"
+		}
 	}
 	return strings.Join(out, ",")
 }

@@ -76,6 +76,36 @@ func TestSummaryByTenantKeepsTheTenantWhole(t *testing.T) {
 	}
 }
 
+// TestSummaryNamesTheMissingProjectionInAList: a group whose dead letters
+// include records that reached no projection (projection "") lists it as
+// "(none)" beside the others; alone it is —, as every missing value (new-user
+// trial: "—,artist_fo…" read as a projection named —).
+func TestSummaryNamesTheMissingProjectionInAList(t *testing.T) {
+	s := dlq.NewSummary(dlq.GroupByTenant)
+	for _, e := range []struct{ projection, tenant string }{
+		{"", "acme_prod"}, {"artist_followers", "acme_prod"}, {"", "acme_staging"},
+	} {
+		s.Add(&dlq.Entry{Projection: e.projection, TenantSchema: e.tenant,
+			Message: dlq.Message{Error: "invalid event: sequenceNumber: -1 is negative", FailedAt: 1719331200000}}, "")
+	}
+	var b strings.Builder
+	if err := writeSummaryTable(&b, s, 200, false); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"acme_prod": "(none),artist_followers", "acme_staging": "—"}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && want[f[3]] != "" {
+			if f[4] != want[f[3]] {
+				t.Errorf("%s: PROJECTIONS %q, want %q:\n%s", f[3], f[4], want[f[3]], b.String())
+			}
+			delete(want, f[3])
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("no row for %v:\n%s", want, b.String())
+	}
+}
+
 // TestTableFitsWidth: lines never exceed the width while a shrinkable
 // column can give way; the widest shrinkable column gives way first, a
 // column never gets narrower than its header, and the others are never
