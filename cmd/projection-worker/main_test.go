@@ -598,6 +598,42 @@ func TestRunHTTPAddrInUseExitsOne(t *testing.T) {
 	}
 }
 
+// TestRunWarnsOfARepeatedFlag: run takes the last of a repeated flag (a
+// Deployment's arguments can be overridden by appending one) and says so in
+// a WARN line with the value in effect, its password masked (new-user
+// trial: "--max-retries 1 --max-retries 2" started saying nothing of it,
+// where the replayer and migrate refuse a repeated filter or grant).
+func TestRunWarnsOfARepeatedFlag(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.New(t)
+	ln := takenPort(t) // run exits 1 once its settings are read
+	db := "postgres://postgres:Repeat-pw-6203@" + closedAddr(t) + "/postgres?sslmode=disable"
+	r := runCmd(t, 60*time.Second, "run",
+		"--brokers", strings.Join(b.Addrs, ","),
+		"--database-url", "postgres://postgres:postgres@"+closedAddr(t)+"/postgres", "--database-url", db,
+		"--projections", exampleProjections, "--max-retries", "1", "--max-retries=2", "--max-retries", "3",
+		"--topic", kafkatest.TopicName(t, "events"), "--dlq-topic", kafkatest.TopicName(t, "dlq"),
+		"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"),
+		"--partitions", "1", "--http-addr", ln.Addr().String(), "--log-format", "text")
+	if r.code != 1 {
+		t.Fatalf("exit %d, want 1\n%s", r.code, r)
+	}
+	warned := map[string]string{}
+	for _, line := range strings.Split(r.stderr, "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "flag given more than once") {
+			_, flag, _ := strings.Cut(line, "flag=")
+			flag, _, _ = strings.Cut(flag, " ")
+			warned[flag] = line
+		}
+	}
+	if len(warned) != 2 || !strings.Contains(warned["--max-retries"], "times=3 value=3") || !strings.Contains(warned["--database-url"], "times=2") {
+		t.Errorf("want one WARN line for --max-retries (times=3 value=3) and one for --database-url (times=2), got %q\n%s", warned, r)
+	}
+	if strings.Contains(r.stderr, "Repeat-pw-6203") {
+		t.Errorf("the password of the repeated --database-url is in the output\n%s", r)
+	}
+}
+
 // waitTopics returns the details of topics once the broker's metadata
 // shows all of them: a real broker may answer UNKNOWN_TOPIC_OR_PARTITION
 // for a moment after CreateTopics has returned.

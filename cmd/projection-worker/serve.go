@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -48,7 +50,25 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) (err error)
 	if err != nil {
 		return err
 	}
+	warnRepeated(slog.New(s.redactor().Handler(log.Handler())), fs, args)
 	return serve(ctx, &s, log, nil)
+}
+
+// warnRepeated logs a WARN line for each flag given more than once in
+// args, with the value in effect: the last, as the flag package takes it,
+// so that a Deployment's arguments can be overridden by appending one
+// (the replayer and migrate refuse a repeated filter or grant instead).
+// log masks the secrets (settings.redactor): a repeated --database-url.
+func warnRepeated(log *slog.Logger, fs *flagenv.Set, args []string) {
+	counts := fs.Counts(args)
+	names := slices.Sorted(maps.Keys(counts))
+	for _, name := range names {
+		if n := counts[name]; n > 1 {
+			if f := fs.Lookup(name); f != nil {
+				log.Warn("flag given more than once: the last value is in effect", "flag", "--"+name, "times", n, "value", f.Value.String())
+			}
+		}
+	}
 }
 
 // loadProjections loads and checks the definitions file. Its errors are

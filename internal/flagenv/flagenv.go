@@ -311,10 +311,22 @@ func (s *Set) Given(name string) bool {
 // Repeated returns a usage error for the first of names given more than
 // once in args, which Parse has parsed (the flag package keeps the last
 // value): for flags where a second value reads as "this or that" and would
-// be dropped silently, such as a filter. It reads args as the flag package
-// did: up to the first argument that is not a flag, a value of a non-bool
-// flag in the next argument unless given with "=".
+// be dropped silently, such as a filter.
 func (s *Set) Repeated(args []string, names ...string) error {
+	count := s.Counts(args)
+	for _, name := range names {
+		if count[name] > 1 {
+			return Usagef("--%s is given %d times: it takes one value (give it once; run again for another value)", name, count[name])
+		}
+	}
+	return nil
+}
+
+// Counts returns how many times each flag of s is given in args, which
+// Parse has parsed. It reads args as the flag package did: up to the first
+// argument that is not a flag, a value of a non-bool flag in the next
+// argument unless given with "=".
+func (s *Set) Counts(args []string) map[string]int {
 	count := map[string]int{}
 	flags := args[:len(args)-s.NArg()]
 	for i := 0; i < len(flags); i++ {
@@ -332,12 +344,7 @@ func (s *Set) Repeated(args []string, names ...string) error {
 			i++ // its value
 		}
 	}
-	for _, name := range names {
-		if count[name] > 1 {
-			return Usagef("--%s is given %d times: it takes one value (give it once; run again for another value)", name, count[name])
-		}
-	}
-	return nil
+	return count
 }
 
 // checkBoolValue refuses "--name value" for a bool flag, which the flag
