@@ -60,13 +60,10 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) (err error)
 // (the replayer and migrate refuse a repeated filter or grant instead).
 // log masks the secrets (settings.redactor): a repeated --database-url.
 func warnRepeated(log *slog.Logger, fs *flagenv.Set, args []string) {
-	counts := fs.Counts(args)
-	names := slices.Sorted(maps.Keys(counts))
-	for _, name := range names {
+	counts := fs.Counts(args) // of the flags fs has
+	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		if n := counts[name]; n > 1 {
-			if f := fs.Lookup(name); f != nil {
-				log.Warn("flag given more than once: the last value is in effect", "flag", "--"+name, "times", n, "value", f.Value.String())
-			}
+			log.Warn("flag given more than once: the last value is in effect", "flag", "--"+name, "times", n, "value", fs.Lookup(name).Value.String())
 		}
 	}
 }
