@@ -956,21 +956,7 @@ func TestMigrateConcurrently(t *testing.T) {
 func TestApplyExamplesFile(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	d, err := LoadDefinitions("../examples/projections.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := NewTableProjections(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := pgtest.NewSchemaName(t)
-	if err := Migrate(ctx, pool, d, schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	tps, schema := exampleTables(t, pool)
 	ev, err := DecodeEvent([]byte(`{
   "eventType": "ARTIST_FOLLOWED",
   "entityId": "user-123",
@@ -1478,22 +1464,8 @@ func TestReadmeQuotesThePlanTimeErrorOfTheExample(t *testing.T) {
 func TestRepairOfAnOlderUpsertThatRacedANewerDelete(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	d, err := LoadDefinitions("../examples/projections.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := NewTableProjections(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tps, schema := exampleTables(t, pool)
 	p := tps[0] // artist_followers, primary key [artist_id, user_id]
-	schema := pgtest.NewSchemaName(t)
-	if err := Migrate(ctx, pool, d, schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
 	table := pgx.Identifier{schema, "artist_followers"}.Sanitize()
 	plan := func(typ string, seq int64) Statement {
 		st, err := p.Plan(tblEvent(t, schema, typ, seq, 1719331200000, `{"user_id":"u1","artist_id":"a1"}`))
@@ -1576,4 +1548,27 @@ WHERE tb.table_name = 'artist_followers'
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows); err != nil || rows != 1 {
 		t.Errorf("the repair left %d rows (%v) after an upsert newer than the tombstone, want it kept", rows, err)
 	}
+}
+
+// exampleTables returns the table projections of examples/projections.yaml
+// and a new tenant schema migrated for them, dropped when t ends.
+func exampleTables(t *testing.T, pool *pgxpool.Pool) ([]*TableProjection, string) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := LoadDefinitions("../examples/projections.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps, err := NewTableProjections(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := pgtest.NewSchemaName(t)
+	if err := Migrate(ctx, pool, d, schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	return tps, schema
 }
