@@ -1538,15 +1538,45 @@ WHERE tb.table_name = 'artist_followers'
 	if n := covered(); n != 0 {
 		t.Errorf("%d rows a tombstone at least as new covers after the repair, want none", n)
 	}
-	if _, err := pool.Exec(ctx, plan("ARTIST_FOLLOWED", 1500).SQL, plan("ARTIST_FOLLOWED", 1500).Args...); err != nil {
+
+	// Beside a worker: a covered row (600) that a newer upsert (1500) is
+	// changing when the repair reaches it is checked again and kept.
+	if _, err := pool.Exec(ctx, "INSERT INTO "+table+" (artist_id, user_id, _causet_seq) VALUES ('a1', 'u1', 600)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, strings.ReplaceAll(repair, "acme.", pgx.Identifier{schema}.Sanitize()+".")); err != nil {
+	newer, err := pool.Begin(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	var rows int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows); err != nil || rows != 1 {
-		t.Errorf("the repair left %d rows (%v) after an upsert newer than the tombstone, want it kept", rows, err)
+	defer func() { _ = newer.Rollback(ctx) }()
+	st := plan("ARTIST_FOLLOWED", 1500)
+	if tag, err := newer.Exec(ctx, st.SQL, st.Args...); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("newer upsert: %v, %d rows", err, tag.RowsAffected())
+	}
+	repaired := make(chan error, 1)
+	ownRepair := strings.ReplaceAll(repair, "acme.", pgx.Identifier{schema}.Sanitize()+".")
+	go func() {
+		_, err := pool.Exec(ctx, ownRepair)
+		repaired <- err
+	}()
+	waiting = false
+	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = $1)", ownRepair).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !waiting {
+		t.Fatal("the repair did not wait on the newer upsert's row")
+	}
+	if err := newer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-repaired; err != nil {
+		t.Fatal(err)
+	}
+	var seq int64
+	if err := pool.QueryRow(ctx, "SELECT _causet_seq FROM "+table).Scan(&seq); err != nil || seq != 1500 {
+		t.Errorf("after the repair beside a newer upsert: row at %d (%v), want the newer upsert's 1500 kept", seq, err)
 	}
 }
 
