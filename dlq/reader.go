@@ -99,7 +99,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 			st.Undecodable++
 			switch {
 			case st.Undecodable <= maxUndecodableLogged:
-				log.Warn("dead letter is not a dead-letter message; ignored",
+				log.Warn("record is not a dead-letter message; ignored",
 					"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			case st.Undecodable == maxUndecodableLogged+1:
 				log.Warn("more records that are not dead-letter messages: counted at the end, not logged one by one", "topic", r.Topic)

@@ -290,7 +290,7 @@ func TestScanLogsTheFirstRecordsThatAreNotDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := logged.String()
-	if n := strings.Count(out, "dead letter is not a dead-letter message"); n != 10 || st.Undecodable != 15 ||
+	if n := strings.Count(out, "record is not a dead-letter message; ignored"); n != 10 || st.Undecodable != 15 ||
 		strings.Count(out, "more records that are not dead-letter messages") != 1 ||
 		!strings.Contains(out, "records that are not dead-letter messages were ignored") || !strings.Contains(out, "ignored=15") {
 		t.Errorf("%d lines one by one (want 10), %d undecodable (want 15); log:\n%s", n, st.Undecodable, out)
