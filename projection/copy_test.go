@@ -546,13 +546,7 @@ func ratingsSchema(tb testing.TB) (*pgxpool.Pool, string, *TableProjection) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	schema := pgtest.NewSchemaName(tb)
-	if err := Migrate(ctx, pool, defs, schema); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	schema := migratedSchema(tb, pool, defs)
 	if _, err := pool.Exec(ctx, "ALTER TABLE "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()+
 		" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 1 AND 5)"); err != nil {
 		tb.Fatal(err)

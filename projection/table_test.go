@@ -1490,13 +1490,7 @@ func TestRepairOfAnOlderUpsertThatRacedANewerDelete(t *testing.T) {
 		_, err := pool.Exec(ctx, up.SQL, up.Args...)
 		upserted <- err
 	}()
-	waiting := false
-	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = $1)", up.SQL).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !waiting {
+	if !waitsOnLock(t, pool, up.SQL) {
 		t.Fatal("the upsert did not wait on the blocker's row")
 	}
 	if _, err := pool.Exec(ctx, del.SQL, del.Args...); err != nil {
@@ -1559,13 +1553,7 @@ WHERE tb.table_name = 'artist_followers'
 		_, err := pool.Exec(ctx, ownRepair)
 		repaired <- err
 	}()
-	waiting = false
-	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = $1)", ownRepair).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !waiting {
+	if !waitsOnLock(t, pool, ownRepair) {
 		t.Fatal("the repair did not wait on the newer upsert's row")
 	}
 	if err := newer.Commit(ctx); err != nil {
@@ -1584,7 +1572,6 @@ WHERE tb.table_name = 'artist_followers'
 // and a new tenant schema migrated for them, dropped when t ends.
 func exampleTables(t *testing.T, pool *pgxpool.Pool) ([]*TableProjection, string) {
 	t.Helper()
-	ctx := context.Background()
 	d, err := LoadDefinitions("../examples/projections.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -1593,12 +1580,32 @@ func exampleTables(t *testing.T, pool *pgxpool.Pool) ([]*TableProjection, string
 	if err != nil {
 		t.Fatal(err)
 	}
-	schema := pgtest.NewSchemaName(t)
-	if err := Migrate(ctx, pool, d, schema); err != nil {
-		t.Fatal(err)
+	return tps, migratedSchema(t, pool, d)
+}
+
+// migratedSchema returns a new tenant schema migrated for d, dropped when
+// tb ends.
+func migratedSchema(tb testing.TB, pool *pgxpool.Pool, d *Definitions) string {
+	tb.Helper()
+	schema := pgtest.NewSchemaName(tb)
+	if err := Migrate(context.Background(), pool, d, schema); err != nil {
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	})
-	return tps, schema
+	return schema
+}
+
+// waitsOnLock reports whether a statement of text sql comes to wait on a
+// lock (pg_stat_activity) within 10 s.
+func waitsOnLock(t *testing.T, pool *pgxpool.Pool, sql string) bool {
+	t.Helper()
+	waiting := false
+	for deadline := time.Now().Add(10 * time.Second); !waiting && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err := pool.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query = $1)", sql).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return waiting
 }
