@@ -190,6 +190,11 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		}
 		endPair(p.span, spanOutcome(out), 0)
 	}
+	// After every commit of the batch, before any of its offsets
+	// advances (sweep.go).
+	if err := pc.sweepApplied(ctx, sweptOf(planned, failures)); err != nil {
+		return err
+	}
 	if err := pc.settle(ctx, batch, failures); err != nil {
 		return err
 	}
@@ -416,6 +421,7 @@ func (pc *partition) applySuspects(ctx context.Context, suspects []pair) ([]pair
 			}
 		}
 		at.answered(ctx, rode)
+		at.sweep(ctx, pc)
 		ride.answered()
 	}
 	left, failures := pc.settleTogether(ctx, suspects, answers[:len(suspects)])

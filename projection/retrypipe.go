@@ -55,6 +55,7 @@ func (pc *partition) attemptTogether(ctx context.Context, ps []*retryPair, res [
 	}
 	at := pc.planAttempts(ctx, ps, res)
 	at.answered(ctx, pc.w.execTogether(ctx, "retry statements", at.planned, len(at.planned)))
+	at.sweep(ctx, pc)
 }
 
 // plannedAttempts is the statements of a round of retries (planAttempts),

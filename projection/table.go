@@ -55,9 +55,11 @@ func (s Statement) Outcome(tag pgconn.CommandTag) Outcome {
 // row's _causet_seq, and a delete leaves a tombstone (table, primary key as
 // text[], sequence number) in <schema>._causet_tombstones that stops an
 // upsert that is not newer than the delete. Events of one entity must be
-// applied in order by one worker at a time (they share a Kafka partition);
-// the checks are not serialisable against a concurrent writer of the same
-// key. Tombstones are kept forever.
+// applied in order by one worker at a time (they share a Kafka partition).
+// The checks read their statement's snapshot: an older upsert and a newer
+// delete of one key running at once can leave the row beside the newer
+// tombstone, which the sweep after commit removes (sweep.go; Apply sweeps,
+// and so does the Worker). Tombstones are kept forever.
 //
 // The primary key in a tombstone is each key value cast to its column type
 // and then to text (timestamptz at time zone UTC), so its spelling depends on
@@ -69,7 +71,11 @@ type TableProjection struct {
 	pk     []int    // indexes into cols, in primary key order
 	upsert sqlTemplate
 	delete sqlTemplate
-	vars   sync.Pool // of *deriveActivation, reset
+	sweep  sqlTemplate // sweepSQL; set when deletes
+	// deletes: some event type of the projection is a delete, so its
+	// upserts and deletes are swept after they commit (sweep.go).
+	deletes bool
+	vars    sync.Pool // of *deriveActivation, reset
 	// table is def.Table as an argument, boxed once (a Statement's last
 	// argument: boxing it per plan cost an allocation).
 	table any
@@ -126,6 +132,12 @@ func NewTableProjections(d *Definitions) ([]*TableProjection, error) {
 		}
 		p.upsert = p.upsertSQL()
 		p.delete = p.deleteSQL()
+		for _, op := range pd.Events {
+			p.deletes = p.deletes || op == OpDelete
+		}
+		if p.deletes {
+			p.sweep = p.sweepSQL()
+		}
 		p.table = pd.Table
 		out = append(out, p)
 	}
@@ -151,6 +163,11 @@ func (p *TableProjection) Handles(eventType string) bool {
 // parameter carrying one, else as is (*pgconn.PgError); either way the dead
 // letter's error reads as PostgreSQL prints it (SPEC §6; projection and
 // tenant schema are fields of the dead letter already).
+//
+// For a projection with a delete, Apply then sweeps the row's key in a
+// statement of its own (sweep.go), which must see what commits after the
+// first: db should not be a transaction. A failed sweep returns its error,
+// "sweep after commit: ..."; applying ev again is harmless.
 func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome, error) {
 	st, err := p.Plan(ev)
 	if err != nil {
@@ -159,6 +176,14 @@ func (p *TableProjection) Apply(ctx context.Context, db DB, ev *Event) (Outcome,
 	tag, err := db.Exec(ctx, st.SQL, st.Args...)
 	if err != nil {
 		return Applied, p.columnError(ev, err)
+	}
+	if p.deletes {
+		// Its sweep (sweep.go): the row, when an older upsert and a newer
+		// delete of its key ran at once.
+		sw := sweepGroups([]pair{{d: &decoded{ev: ev}, h: p, stmt: st}})[0].statement()
+		if _, err := db.Exec(ctx, sw.SQL, sw.Args...); err != nil {
+			return Applied, fmt.Errorf("sweep after commit: %w", err)
+		}
 	}
 	return st.Outcome(tag), nil
 }

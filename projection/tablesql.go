@@ -216,6 +216,53 @@ func (p *TableProjection) deleteSQL() sqlTemplate {
 	return newSQLTemplate(sql)
 }
 
+// sweepSQL writes, for key columns k1..km (parameters $1..$m, each a
+// text[] of the keys' values as Plan sends them, one key per index), the
+// sequence numbers of the keys' upserts or deletes ($m+1, a text[] of
+// bigints, same indexes) and table name $m+2:
+//
+//	WITH hit AS MATERIALIZED (
+//	    SELECT k.c1, ..., k.cm, tb._causet_seq
+//	    FROM unnest($1::text[], ..., $m::text[], $m+1::text[]) AS k(c1, ..., cm, seq)
+//	    JOIN s._causet_tombstones tb ON tb.table_name = $m+2::text
+//	        AND tb.pk = ARRAY[<k.ci cast to its type, as text>] (tombstoneMatch)
+//	        AND tb._causet_seq >= k.seq::bigint)
+//	DELETE FROM s.t AS t USING hit
+//	WHERE t.k1 = hit.c1::type1 AND ... AND t._causet_seq <= hit._causet_seq
+//
+// It deletes the row of each key that a tombstone at least as new covers
+// (sweep.go). The tombstones are probed first (MATERIALIZED), so that a
+// key without a tombstone as new as its event costs an index probe of the
+// tombstones and none of the table. (A row an upsert at seq wrote is at
+// seq or newer; a tombstone older than seq cannot cover it.)
+func (p *TableProjection) sweepSQL() sqlTemplate {
+	m := len(p.pk)
+	var arrays, names, exprs, types, match []string
+	for j, i := range p.pk {
+		c := p.cols[i]
+		n := strconv.Itoa(j + 1)
+		arrays = append(arrays, "$"+n+"::text[]")
+		names = append(names, "c"+n)
+		cast := func(v string) string {
+			if c.typ == "text" {
+				return v
+			}
+			return v + "::" + c.typ
+		}
+		exprs = append(exprs, cast("k.c"+n))
+		types = append(types, c.typ)
+		match = append(match, "t."+ident(c.name)+" = "+cast("hit.c"+n))
+	}
+	sql := "WITH hit AS MATERIALIZED (SELECT k." + strings.Join(names, ", k.") + ", tb." + seqColumn +
+		" FROM unnest(" + strings.Join(arrays, ", ") + ", $" + strconv.Itoa(m+1) + "::text[])" +
+		" AS k(" + strings.Join(names, ", ") + ", seq)" +
+		" JOIN " + qualified(tombstoneTable) + " tb ON tb.table_name = $" + strconv.Itoa(m+2) + "::text" +
+		" AND " + tombstoneMatch(exprs, types) + " AND tb." + seqColumn + " >= k.seq::bigint)" +
+		" DELETE FROM " + qualified(p.def.Table) + " AS t USING hit" +
+		" WHERE " + strings.Join(match, " AND ") + " AND t." + seqColumn + " <= hit." + seqColumn
+	return newSQLTemplate(sql)
+}
+
 func (p *TableProjection) isKey(i int) bool {
 	for _, k := range p.pk {
 		if k == i {
