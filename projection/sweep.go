@@ -25,6 +25,7 @@ package projection
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -114,13 +115,16 @@ func textArray(vals []string) string {
 // sweep deletes the rows of the applied pairs' keys that a tombstone at
 // least as new covers (see the top of this file), each (projection, tenant
 // schema) in a statement of its own, all in one round trip when the
-// database is an Acquirer. It logs at INFO the rows it deleted. It returns
-// the first error: a statement's (PostgreSQL's) or the round trip's.
-func (w *Worker) sweep(ctx context.Context, applied []pair) error {
+// database is an Acquirer, under a span "sweep" linked to the pairs'
+// records. It logs at INFO the rows it deleted. It returns the first
+// error: a statement's (PostgreSQL's) or the round trip's.
+func (w *Worker) sweep(ctx context.Context, applied []pair) (err error) {
 	groups := sweepGroups(applied)
 	if len(groups) == 0 {
 		return nil
 	}
+	ctx, span := w.tr.startBatch(ctx, "sweep", len(applied), slices.Values(applied))
+	defer func() { endBatch(span, err) }()
 	stmts := make([]Statement, len(groups))
 	for i, g := range groups {
 		stmts[i] = g.statement()

@@ -339,6 +339,23 @@ func testTraceShape(t *testing.T, everyPair bool) {
 	if !linked {
 		t.Errorf("no batch span links both good records' spans")
 	}
+	// The sweep after the batch's commit (artist_followers has a delete):
+	// a root span linked to the records it swept.
+	var swept bool
+	for _, sp := range spans {
+		if sp.Name != "sweep" {
+			continue
+		}
+		if len(sp.ParentSpanId) != 0 {
+			t.Errorf("sweep span has a parent; want a root linked to its records")
+		}
+		for _, l := range sp.Links {
+			swept = swept || hexID(l.SpanId) == hexID(record["good"].SpanId)
+		}
+	}
+	if !swept {
+		t.Errorf("no sweep span links the good record's span")
+	}
 	// The retried record's retries: root spans of one round trip each,
 	// linked to it.
 	var retries int

@@ -77,7 +77,7 @@ type Pair struct {
 type Record struct {
 	Key     []byte
 	Value   []byte // nil: a Kafka tombstone
-	Kind    string // follow, unfollow, rate, ping, redelivery, or poison:<cause>
+	Kind    string // follow, unfollow, rate, ping, redelivery, shared-follow, or poison:<cause>
 	Pairs   []Pair
 	Invalid bool // the value is not a valid event: one dead letter with projection ""
 	// Set by the model once produced.
@@ -110,6 +110,12 @@ type Generator struct {
 	poison   []string          // enabled poison causes, in order
 	weights  []weighted        // record kinds
 	tenants  []weightedTenant
+	// lastArtist is the artist of each user's last valid event; a shared
+	// record (Next) writes that row again from another partition.
+	lastArtist  map[string]string
+	artistNext  string  // the artist the next artist() returns, when set
+	pending     *Record // the record Next returns next, when set
+	pendingUser string  // pending's user
 }
 
 type weighted struct {
@@ -150,20 +156,21 @@ func NewGenerator(seed uint64, users, artists int, causes []string, migrated fun
 		causes = PoisonCauses
 	}
 	g := &Generator{
-		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		users:    users,
-		artists:  artists,
-		seq:      map[string]int64{},
-		history:  map[string][]int{},
-		migrated: migrated,
-		causes:   map[string]bool{},
-		baseTS:   1719331200000,
-		poison:   causes,
+		rng:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		users:      users,
+		artists:    artists,
+		seq:        map[string]int64{},
+		history:    map[string][]int{},
+		lastArtist: map[string]string{},
+		migrated:   migrated,
+		causes:     map[string]bool{},
+		baseTS:     1719331200000,
+		poison:     causes,
 	}
 	for _, c := range causes {
 		g.causes[c] = true
 	}
-	g.weights = []weighted{{"follow", 50}, {"unfollow", 14}, {"rate", 16}, {"ping", 2}, {"redelivery", 8}}
+	g.weights = []weighted{{"follow", 50}, {"unfollow", 14}, {"rate", 16}, {"ping", 2}, {"redelivery", 8}, {"shared", 6}}
 	if len(causes) > 0 {
 		g.weights = append(g.weights, weighted{"poison", 10})
 	}
@@ -203,12 +210,33 @@ func (g *Generator) tenant() string {
 
 // Next returns the next record of the stream.
 func (g *Generator) Next() *Record {
+	if r := g.pending; r != nil {
+		g.pending = nil
+		return g.add(r, g.pendingUser)
+	}
 	user := "u" + strconv.Itoa(g.rng.IntN(g.users))
 	kind := g.pick(g.weights)
 	var r *Record
 	switch kind {
 	case "redelivery":
 		r = g.redelivery(user)
+	case "shared":
+		// Another entity writing the row of the user's last event (a
+		// follow, from the user's sequence numbers) under another record
+		// key, so from another partition, and right after it the user's
+		// unfollow of that row: an older upsert and a newer delete of one
+		// key, produced together to two partitions, run at once (the
+		// worker's sweep after commit; before it, the row came back beside
+		// the newer tombstone). Half the time the unfollow comes first.
+		g.artistNext = g.lastArtist[user]
+		r = g.valid(user, "follow", TenantMain, nil)
+		r.Key = []byte("shared:" + user)
+		r.Kind = "shared-follow"
+		g.artistNext = g.lastArtist[user]
+		g.pending, g.pendingUser = g.valid(user, "unfollow", TenantMain, nil), user
+		if g.rng.IntN(2) == 0 {
+			r, g.pending = g.pending, r
+		}
 	case "poison":
 		cause := g.poison[g.rng.IntN(len(g.poison))]
 		if g.causes["keyless"] && g.rng.IntN(4) == 0 {
@@ -221,6 +249,12 @@ func (g *Generator) Next() *Record {
 	if r == nil {
 		r = g.valid(user, "follow", g.tenant(), nil)
 	}
+	return g.add(r, user)
+}
+
+// add records r, the next record of the stream, an event of user, in the
+// history, and returns it.
+func (g *Generator) add(r *Record, user string) *Record {
 	g.past = append(g.past, r)
 	if !r.Invalid && len(r.Pairs) > 0 && r.Kind != "redelivery" {
 		g.history[user] = append(g.history[user], len(g.past)-1)
@@ -233,7 +267,13 @@ func (g *Generator) nextSeq(user string) int64 {
 	return g.seq[user]
 }
 
-func (g *Generator) artist() string { return "a" + strconv.Itoa(g.rng.IntN(g.artists)) }
+func (g *Generator) artist() string {
+	if a := g.artistNext; a != "" {
+		g.artistNext = ""
+		return a
+	}
+	return "a" + strconv.Itoa(g.rng.IntN(g.artists))
+}
 
 // event renders a projection event; payload is a JSON object text.
 func (g *Generator) event(typ, user, tenant string, seq int64, payload string) []byte {
@@ -265,6 +305,7 @@ func (g *Generator) expectFor(tenant string) (Expect, string) {
 func (g *Generator) valid(user, kind, tenant string, tweak func(payload map[string]any, r *Record)) *Record {
 	seq := g.nextSeq(user)
 	artist := g.artist()
+	g.lastArtist[user] = artist
 	exp, cause := g.expectFor(tenant)
 	r := &Record{Key: []byte(user), Kind: kind}
 	payload := map[string]any{"user_id": user, "artist_id": artist}
