@@ -139,6 +139,7 @@ fuzz:
 
 bench:
 	BENCH_EVENTS=$(N) BENCH_TENANT_EVENTS=$(N_TENANT) BENCH_ROUNDS=$(ROUNDS) BENCH_SCENARIOS=$(SCENARIOS) $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput|BenchmarkUnmigratedTenant|BenchmarkLargeRecords' -benchtime 1x -timeout 180m -v
+	$(GO) test ./projection -run '^$$' -bench 'BenchmarkSweep$$' -benchtime 1x -v
 	if [ "$(N_RETRIED)" != 0 ]; then BENCH_EVENTS=$(N_RETRIED) BENCH_ROUNDS=$(ROUNDS) BENCH_SCENARIOS=23502,23514 $(GO) test ./internal/bench -run '^$$' -bench 'BenchmarkWorkerThroughput$$' -benchtime 1x -timeout 180m -v; fi
 
 # The peer benchmark (issue 11 item 4, README "Performance"): the same rows
