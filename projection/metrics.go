@@ -18,6 +18,8 @@ import (
 // Instruments (attributes in brackets):
 //   - causet.projection.applied, {event} [projection, tenant_schema]: pairs applied
 //   - causet.projection.stale, {event} [projection, tenant_schema]: stale no-ops
+//   - causet.projection.swept, {row} [projection, tenant_schema]: rows the sweep
+//     after commit deleted (sweep.go)
 //   - causet.projection.failed, {attempt} [projection, tenant_schema, error_class]: failed attempts
 //   - causet.projection.retried, {attempt} [projection, tenant_schema]: retries
 //   - causet.projection.dead_lettered, {event} [projection, tenant_schema, error_class]
@@ -45,6 +47,7 @@ type Metrics struct {
 	retriedC     metric.Int64Counter
 	deadC        metric.Int64Counter
 	unhandledC   metric.Int64Counter
+	sweptC       metric.Int64Counter
 	applyLatency metric.Float64Histogram
 	pausedC      metric.Int64UpDownCounter
 	stuckC       metric.Int64UpDownCounter
@@ -103,6 +106,7 @@ func NewMetrics(meter metric.Meter, cfg MetricsConfig) (*Metrics, error) {
 	m.retriedC = counter("causet.projection.retried", "{attempt}", "Retries of failed (event, projection) pairs.")
 	m.unhandledC = counter("causet.projection.records.unhandled", "{record}", "Valid records whose event type no projection handles: committed without a write.")
 	m.deadC = counter("causet.projection.dead_lettered", "{event}", "(event, projection) pairs written to the dead-letter topic.")
+	m.sweptC = counter("causet.projection.swept", "{row}", "Rows the sweep after commit deleted: an older upsert running beside a newer delete of the key had brought them back beside its tombstone.")
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +250,13 @@ func (m *Metrics) retried(ctx context.Context, attrs metric.MeasurementOption) {
 func (m *Metrics) unhandled(ctx context.Context) {
 	if m.unhandledC != nil {
 		m.unhandledC.Add(ctx, 1)
+	}
+}
+
+// swept counts n rows the sweep after commit deleted.
+func (m *Metrics) swept(ctx context.Context, attrs metric.MeasurementOption, n int64) {
+	if m.sweptC != nil {
+		m.sweptC.Add(ctx, n, m.bounded(attrs))
 	}
 }
 

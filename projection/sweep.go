@@ -116,7 +116,8 @@ func textArray(vals []string) string {
 // least as new covers (see the top of this file), each (projection, tenant
 // schema) in a statement of its own, all in one round trip when the
 // database is an Acquirer, under a span "sweep" linked to the pairs'
-// records. It logs at INFO the rows it deleted. It returns the first
+// records. It logs at INFO and counts (causet.projection.swept) the rows
+// it deleted. It returns the first
 // error: a statement's (PostgreSQL's) or the round trip's.
 func (w *Worker) sweep(ctx context.Context, applied []pair) (err error) {
 	groups := sweepGroups(applied)
@@ -154,6 +155,7 @@ func (w *Worker) sweep(ctx context.Context, applied []pair) (err error) {
 	}
 	for i, n := range rows {
 		if n > 0 {
+			w.cfg.Metrics.swept(ctx, pairAttrs(groups[i].p.Name(), groups[i].schema), n)
 			w.log.Info("deleted rows that an older upsert brought back beside a newer tombstone (an upsert and a delete of one key at once)",
 				"projection", groups[i].p.Name(), "tenant_schema", groups[i].schema, "rows", n)
 		}

@@ -47,6 +47,18 @@ func startBusyWorker(t *testing.T, extra ...string) *running {
 	t.Cleanup(func() { w.shutdown(t) })
 
 	older := strings.Replace(fmt.Sprintf(specExample, tenant), `"sequenceNumber":1891`, `"sequenceNumber":1000`, 1)
+	// A row beside a newer tombstone, as an older upsert running beside a
+	// newer delete of its key leaves it: an upsert of its key (stale)
+	// sweeps it (causet_projection_swept_total).
+	for _, sql := range []string{
+		"INSERT INTO " + pgx.Identifier{tenant, "artist_followers"}.Sanitize() + " (artist_id, user_id, _causet_seq) VALUES ('artist-swept', 'user-swept', 1)",
+		"INSERT INTO " + pgx.Identifier{tenant, "_causet_tombstones"}.Sanitize() + " (table_name, pk, _causet_seq) VALUES ('artist_followers', ARRAY['artist-swept', 'user-swept'], 5)",
+	} {
+		if _, err := pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swept := strings.NewReplacer(`"sequenceNumber":1891`, `"sequenceNumber":1`, `"user-123"`, `"user-swept"`, `"artist-456"`, `"artist-swept"`).Replace(fmt.Sprintf(specExample, tenant))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	recs := []*kgo.Record{
@@ -55,6 +67,7 @@ func startBusyWorker(t *testing.T, extra ...string) *running {
 		{Topic: events, Key: []byte("user-123"), Value: []byte(fmt.Sprintf(specExample, unmigrated))},
 		{Topic: events, Key: []byte("poison-1"), Value: poison},
 		{Topic: events, Key: []byte("user-124"), Value: []byte(strings.Replace(fmt.Sprintf(specExample, tenant), `"ARTIST_FOLLOWED"`, `"NO_SUCH_TYPE"`, 1))},
+		{Topic: events, Key: []byte("user-swept"), Value: []byte(swept)},
 	}
 	if err := b.Client(t).ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
