@@ -114,6 +114,59 @@ func keyTextOf(expr, typ string) string {
 	return expr + "::text"
 }
 
+// maxIndexTuple is PostgreSQL's largest btree index entry (btree version
+// 4, 8 kB pages): "index row size N exceeds btree version 4 maximum 2704"
+// (SQLSTATE 54000).
+const maxIndexTuple = 2704
+
+// tombstoneEntrySize returns the size in bytes of the entry that the
+// tombstone of the key keyArgs (the key values as Plan sends them, in
+// primary key order) would take in the primary key index of
+// _causet_tombstones, (table_name, pk text[]), before any compression: an
+// 8-byte index tuple header and table_name (1-byte varlena header; table
+// names are at most 63 bytes), aligned to 4; the text[] header (24 bytes:
+// varlena header, dimensions, data offset, element type, length, lower
+// bound); each element with a 4-byte header, aligned to 4. (Checked
+// against PostgreSQL 17 byte for byte, TestTombstoneEntrySizeIsPostgreSQLs.)
+// An element's text is the key value's tombstone text (keyTextOf), whose
+// length is bounded from the value as Plan sends it: text as it is; jsonb
+// with a space after each ',' and ':' at most (jsonb's output); numeric
+// with its exponent written out; the other types' texts take at most 40
+// bytes.
+func (p *TableProjection) tombstoneEntrySize(keyArgs []any) int {
+	align := func(n int) int { return (n + 3) &^ 3 }
+	size := align(8+1+len(p.def.Table)) + 24
+	for j, a := range keyArgs {
+		s, _ := a.(string)
+		n := 40
+		switch p.cols[p.pk[j]].kind {
+		case kindText:
+			n = len(s)
+		case kindJSONB:
+			n = len(s) + strings.Count(s, ",") + strings.Count(s, ":")
+		case kindNumeric:
+			n = numericTextBound(s)
+		}
+		size += align(4 + n)
+	}
+	return size
+}
+
+// numericTextBound bounds the length of the text PostgreSQL writes for the
+// numeric s (no exponent: 1e5 is 100000): its length, plus the exponent's
+// value when it has one.
+func numericTextBound(s string) int {
+	i := strings.IndexAny(s, "eE")
+	if i < 0 {
+		return len(s)
+	}
+	e, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
+	if err != nil {
+		return len(s)
+	}
+	return i + 2 + max(e, -e)
+}
+
 // tombstoneMatch is the condition on tb.pk that finds the tombstone of
 // the key whose values are exprs (each cast to its type, types[i]): its
 // keyTextOf texts, and also the texts an older worker wrote, the value as
