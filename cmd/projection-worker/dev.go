@@ -213,12 +213,15 @@ func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts [
 	for {
 		var parts []string
 		total := 0
+		var dbErr error
 		for _, p := range defs.Projections {
 			var n int
 			q := "SELECT count(*) FROM " + pgx.Identifier{devstack.TenantProduction, p.Table}.Sanitize()
 			if err := pool.QueryRow(ctx, q).Scan(&n); err == nil {
 				parts = append(parts, fmt.Sprintf("%s=%d", p.Table, n))
 				total += n
+			} else if dbErr == nil {
+				dbErr = err
 			}
 		}
 		dead := int64(0)
@@ -226,6 +229,11 @@ func printStatus(ctx context.Context, out io.Writer, pool *pgxpool.Pool, kopts [
 			ends.Each(func(o kadm.ListedOffset) { dead += o.Offset })
 		}
 		line := fmt.Sprintf("dev: projected rows in %s: %d (%s); dead letters: %d", devstack.TenantProduction, total, strings.Join(parts, " "), dead)
+		if len(parts) == 0 && dbErr != nil {
+			// Not "0 rows" (new-user trial: the line read so while the
+			// throwaway PostgreSQL was stopped).
+			line = fmt.Sprintf("dev: projected rows in %s: not counted, the database does not answer (%v); dead letters: %d", devstack.TenantProduction, dbErr, dead)
+		}
 		if line != last && ctx.Err() == nil {
 			fmt.Fprintln(out, line)
 			last = line

@@ -3,9 +3,11 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"regexp"
 	"slices"
@@ -17,8 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/causet/projection-worker/internal/devstack"
+	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/internal/redact"
+	"github.com/causet/projection-worker/projection"
 )
 
 // TestDevShowsRowsAndEveryDocumentedFailure runs what `make run` runs, on a
@@ -376,5 +380,44 @@ func TestDevSaysAMalformedHTTPAddressIsAUsageError(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr.String(), "--http-addr") || strings.Contains(stderr.String(), "is free now") || strings.Contains(stdout.String(), "kfake") {
 			t.Errorf("--http-addr %s: exit %d, want 2 naming the flag before anything starts, no free-port hint\nstdout:\n%s\nstderr:\n%s", addr, code, stdout.String(), stderr.String())
 		}
+	}
+}
+
+// TestDevStatusSaysWhenTheDatabaseDoesNotAnswer: while the database does
+// not answer, make run's status line says so instead of "0 rows"
+// (new-user trial: "projected rows in acme_concertapp_production: 0 ()"
+// while its PostgreSQL was stopped).
+func TestDevStatusSaysWhenTheDatabaseDoesNotAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	pool, err := pgxpool.New(context.Background(), "postgres://u:p@"+addr+"/db?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b := kafkatest.Fake(t)
+	defs, err := projection.LoadDefinitions(exampleProjections)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, w := io.Pipe()
+	go func() {
+		printStatus(ctx, w, pool, b.Opts(), "dlq", defs, slog.New(slog.DiscardHandler))
+		w.Close()
+	}()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	cancel()
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(line, "not counted, the database does not answer") || strings.Contains(line, ": 0 (") {
+		t.Errorf("status line while the database does not answer: %q", line)
 	}
 }
