@@ -161,7 +161,7 @@ type Example struct {
 	Value string
 }
 
-// Examples are the seeded events: the SPEC example and friends, which
+// Examples are the seeded events: the example event and friends, which
 // project rows, and one event for each documented data failure cause.
 func Examples(now time.Time) []Example {
 	ts := now.UnixMilli()
@@ -170,7 +170,7 @@ func Examples(now time.Time) []Example {
 			typ, entity, tenant, seq, ts, payload)
 	}
 	return []Example{
-		{"the SPEC example: projected", "user-123", `{"eventType":"ARTIST_FOLLOWED","entityId":"user-123","forkId":"production","tenantSchema":"acme_concertapp_production","irVersion":"v42","sequenceNumber":1891,"ts":1719331200000,"payload":{"user_id":"user-123","artist_id":"artist-456"}}`},
+		{"the example event (docs/events.md): projected", "user-123", `{"eventType":"ARTIST_FOLLOWED","entityId":"user-123","forkId":"production","tenantSchema":"acme_concertapp_production","irVersion":"v42","sequenceNumber":1891,"ts":1719331200000,"payload":{"user_id":"user-123","artist_id":"artist-456"}}`},
 		{"a follow with a score: projected", "user-124", ev("ARTIST_FOLLOWED", "user-124", TenantProduction, 7, `{"user_id":"user-124","artist_id":"artist-456","points":9007199254740993,"games":1}`)},
 		{"a follow then an unfollow: deleted, tombstone kept", "user-125", ev("ARTIST_FOLLOWED", "user-125", TenantProduction, 1, `{"user_id":"user-125","artist_id":"artist-789"}`)},
 		{"", "user-125", ev("ARTIST_UNFOLLOWED", "user-125", TenantProduction, 2, `{"user_id":"user-125","artist_id":"artist-789"}`)},
