@@ -30,6 +30,10 @@ import (
 	"strings"
 )
 
+// sweptMessage is the INFO line of a sweep that deleted rows, which
+// docs/events.md quotes.
+const sweptMessage = "deleted rows that an older upsert brought back beside a newer tombstone (an upsert and a delete of one key at once)"
+
 // sweepGroup is the keys of the applied pairs of one table projection in
 // one tenant schema, one []string per primary key column, and their
 // events' sequence numbers (same indexes).
@@ -156,7 +160,7 @@ func (w *Worker) sweep(ctx context.Context, applied []pair) (err error) {
 	for i, n := range rows {
 		if n > 0 {
 			w.cfg.Metrics.swept(ctx, pairAttrs(groups[i].p.Name(), groups[i].schema), n)
-			w.log.Info("deleted rows that an older upsert brought back beside a newer tombstone (an upsert and a delete of one key at once)",
+			w.log.Info(sweptMessage,
 				"projection", groups[i].p.Name(), "tenant_schema", groups[i].schema, "rows", n)
 		}
 	}

@@ -2,7 +2,9 @@ package projection
 
 import (
 	"context"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -118,5 +120,17 @@ projections:
 				t.Errorf("the sweep deleted %d rows, want %d", n, tc.wantSweeps)
 			}
 		})
+	}
+}
+
+// TestDocsQuoteTheSweepsLine: docs/events.md quotes the sweep's INFO line
+// as the worker writes it (fresh-helper trial: the quote was a prefix).
+func TestDocsQuoteTheSweepsLine(t *testing.T) {
+	b, err := os.ReadFile("../docs/events.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(string(b)), " "), "`"+sweptMessage+"`") {
+		t.Errorf("docs/events.md does not quote the sweep's line %q", sweptMessage)
 	}
 }

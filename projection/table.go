@@ -309,7 +309,11 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 		}
 		if p.deletes {
-			if err := p.tombstoneFits(args); err != nil {
+			keyArgs := make([]any, len(p.pk))
+			for j, i := range p.pk {
+				keyArgs[j] = args[i]
+			}
+			if err := p.tombstoneFits(keyArgs); err != nil {
 				return Statement{}, err
 			}
 		}
@@ -327,6 +331,9 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 			args = append(args, v)
 		}
+		if err := p.tombstoneFits(args); err != nil {
+			return Statement{}, err
+		}
 		args = append(args, seq, p.table)
 		return Statement{SQL: p.delete.build(ev.TenantSchema), Args: args, Op: OpDelete}, nil
 	}
@@ -341,19 +348,18 @@ func (c *column) text(ev *Event) (s string, number, ok bool) {
 	return lookupText(ev, c.path)
 }
 
-// tombstoneFits returns nil when the tombstone of the key of args (an
-// upsert's arguments) fits the primary key index of _causet_tombstones
-// (tombstoneEntrySize), else a *ValueError naming the key's longest
-// column: a row whose delete could never be applied (54000 on the
-// tombstone) is refused at its upsert instead of staying beside its
-// dead-lettered delete (new-user trial: a key of 2 640 bytes was upserted,
-// and its delete refused).
-func (p *TableProjection) tombstoneFits(args []any) error {
-	keyArgs := make([]any, len(p.pk))
+// tombstoneFits returns nil when the tombstone of the key keyArgs (its
+// values as Plan sends them, in primary key order, none nil) fits the
+// primary key index of _causet_tombstones (tombstoneEntrySize), else a
+// *ValueError naming the key's longest column. An upsert of such a key is
+// refused, so that no row stays that no delete could remove (new-user
+// trial: a key of 2 649 bytes was upserted, and its delete refused with
+// 54000); a delete of it too, with the same words rather than
+// PostgreSQL's (a row written before the projection had a delete).
+func (p *TableProjection) tombstoneFits(keyArgs []any) error {
 	longest := 0
-	for j, i := range p.pk {
-		keyArgs[j] = args[i]
-		if s, _ := args[i].(string); len(s) > len(keyArgs[longest].(string)) {
+	for j, a := range keyArgs {
+		if s, _ := a.(string); len(s) > len(keyArgs[longest].(string)) {
 			longest = j
 		}
 	}
