@@ -369,11 +369,7 @@ func rowKey(tp *TableProjection, schema string, keyArgs []any) string {
 
 // upsertKey is rowKey for an upsert pair (its arguments hold every column).
 func upsertKey(tp *TableProjection, pr pair) string {
-	keyArgs := make([]any, len(tp.pk))
-	for j, i := range tp.pk {
-		keyArgs[j] = pr.stmt.Args[i]
-	}
-	return rowKey(tp, pr.d.ev.TenantSchema, keyArgs)
+	return rowKey(tp, pr.d.ev.TenantSchema, tp.upsertKeyArgs(pr.stmt.Args))
 }
 
 // execCopy applies the groups in one transaction and returns the pairs

@@ -309,11 +309,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 		}
 		if p.deletes {
-			keyArgs := make([]any, len(p.pk))
-			for j, i := range p.pk {
-				keyArgs[j] = args[i]
-			}
-			if err := p.tombstoneFits(keyArgs); err != nil {
+			if err := p.tombstoneFits(p.upsertKeyArgs(args)); err != nil {
 				return Statement{}, err
 			}
 		}
@@ -346,6 +342,16 @@ func (c *column) text(ev *Event) (s string, number, ok bool) {
 		return "", false, false
 	}
 	return lookupText(ev, c.path)
+}
+
+// upsertKeyArgs returns the primary key values of an upsert's arguments
+// (Statement.Args of an upsert Plan made), in primary key order.
+func (p *TableProjection) upsertKeyArgs(args []any) []any {
+	keyArgs := make([]any, len(p.pk))
+	for j, i := range p.pk {
+		keyArgs[j] = args[i]
+	}
+	return keyArgs
 }
 
 // tombstoneFits returns nil when the tombstone of the key keyArgs (its

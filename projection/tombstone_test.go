@@ -2,8 +2,6 @@ package projection
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -26,11 +24,7 @@ import (
 func TestTombstoneEntrySizeIsPostgreSQLs(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	random := func(n int) string {
-		b := make([]byte, (n+1)/2)
-		_, _ = rand.Read(b)
-		return hex.EncodeToString(b)[:n]
-	}
+	random := func(n int) string { return randomHex(t, n) }
 	for _, table := range []string{"t", "artist_followers", strings.Repeat("x", 63)} {
 		for _, cols := range []int{1, 2, 3} {
 			t.Run(fmt.Sprintf("table %d bytes, %d key columns", len(table), cols), func(t *testing.T) {

@@ -339,39 +339,33 @@ func testTraceShape(t *testing.T, everyPair bool) {
 	if !linked {
 		t.Errorf("no batch span links both good records' spans")
 	}
+	// rootLinks counts the links to target's span from the spans named
+	// name, each of which must be a root.
+	rootLinks := func(name string, target *tracepb.Span) int {
+		n := 0
+		for _, sp := range spans {
+			if sp.Name != name {
+				continue
+			}
+			if len(sp.ParentSpanId) != 0 {
+				t.Errorf("%s span has a parent; want a root linked to its records", name)
+			}
+			for _, l := range sp.Links {
+				if hexID(l.SpanId) == hexID(target.SpanId) {
+					n++
+				}
+			}
+		}
+		return n
+	}
 	// The sweep after the batch's commit (artist_followers has a delete):
 	// a root span linked to the records it swept.
-	var swept bool
-	for _, sp := range spans {
-		if sp.Name != "sweep" {
-			continue
-		}
-		if len(sp.ParentSpanId) != 0 {
-			t.Errorf("sweep span has a parent; want a root linked to its records")
-		}
-		for _, l := range sp.Links {
-			swept = swept || hexID(l.SpanId) == hexID(record["good"].SpanId)
-		}
-	}
-	if !swept {
+	if rootLinks("sweep", record["good"]) == 0 {
 		t.Errorf("no sweep span links the good record's span")
 	}
 	// The retried record's retries: root spans of one round trip each,
 	// linked to it.
-	var retries int
-	for _, sp := range spans {
-		if sp.Name != "retry statements" {
-			continue
-		}
-		if len(sp.ParentSpanId) != 0 {
-			t.Errorf("retry statements span has a parent; want a root linked to its records")
-		}
-		for _, l := range sp.Links {
-			if hexID(l.SpanId) == hexID(retried.SpanId) {
-				retries++
-			}
-		}
-	}
+	retries := rootLinks("retry statements", retried)
 	if retries == 0 {
 		t.Errorf("no retry statements span links the retried record's span")
 	}
