@@ -1462,7 +1462,7 @@ func testMetrics(t *testing.T) (*projection.Metrics, *sdkmetric.ManualReader) {
 // sweep deletes only what a tombstone at least as new covers.
 func TestWorkerOlderUpsertsBesideNewerDeletesOfOneKeyLeaveNoRow(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, rigOptions{partitions: 4})
+	r := newRig(t, rigOptions{partitions: 4, brokers: 3})
 	prod := r.broker.Client(t, kgo.DefaultProduceTopic(r.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0))
 	const keys = 500
 	var recs []*kgo.Record
