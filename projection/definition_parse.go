@@ -286,6 +286,25 @@ func resolve(n *yaml.Node) *yaml.Node {
 // found character that cannot start any token").
 var yamlLine = regexp.MustCompile(`^(?:yaml: )?line ([0-9]+): (.*)$`)
 
+// yamlParserProblems are the problems of the YAML library's parser (not
+// its scanner), whose "line N" it numbers from 0: the line of the flow
+// collection or block it was parsing. The scanner's lines are numbered
+// from 1. (Fresh-helper trial: an unclosed [ on line 9 was reported at
+// line 8, an unclosed quote inside { on line 17 at line 16, a comment.)
+var yamlParserProblems = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
 // yamlErrorText returns the YAML parser's error err about data as the
 // other problems of a definitions file read: its message, then "(line N)"
 // when it names a line, and what is wrong when that line holds a tab (YAML
@@ -297,8 +316,18 @@ func yamlErrorText(err error, data []byte) string {
 	if m == nil {
 		return strings.TrimPrefix(msg, "yaml: ")
 	}
-	text := m[2] + " (line " + m[1] + ")"
-	if n, _ := strconv.Atoi(m[1]); n > 0 {
+	n, _ := strconv.Atoi(m[1])
+	if yamlParserProblems[m[2]] {
+		// Not past the last line: the end of the file is marked on the
+		// line after it.
+		lines := bytes.Count(data, []byte("\n"))
+		if len(data) > 0 && data[len(data)-1] != '\n' {
+			lines++
+		}
+		n = min(n+1, max(lines, 1))
+	}
+	text := m[2] + " (line " + strconv.Itoa(n) + ")"
+	if n > 0 {
 		if lines := bytes.Split(data, []byte("\n")); n <= len(lines) && bytes.IndexByte(lines[n-1], '\t') >= 0 {
 			text += ": the line holds a tab; YAML indents with spaces"
 		}

@@ -184,6 +184,19 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"yaml syntax", "irVersion: [", []string{
 			`d.yaml: not valid YAML or JSON: did not find expected node content (line 1)`,
 		}},
+		// The YAML parser numbers its own problems' lines from 0, its
+		// scanner's from 1 (fresh-helper trial: an unclosed [ on line 9
+		// was reported at line 8); each names the line where the
+		// unclosed collection or string starts.
+		{"unclosed flow sequence", "irVersion: v1\nprojections:\n  - name: a\n    primaryKey: [id\n    table: t\n", []string{
+			`d.yaml: not valid YAML or JSON: did not find expected ',' or ']' (line 4)`,
+		}},
+		{"unclosed quote in a flow mapping", "irVersion: v1\nprojections:\n  - name: a\n    # a comment\n    columns: {id: {type: text, derive: \"x}}\n    table: \"t\"\n", []string{
+			`d.yaml: not valid YAML or JSON: did not find expected ',' or '}' (line 5)`,
+		}},
+		{"unclosed quote at the end", "irVersion: v1\nprojections:\n  - name: \"a\n", []string{
+			`d.yaml: not valid YAML or JSON: found unexpected end of stream (line 3)`,
+		}},
 		// Only that: what the first document lacks may be in the next
 		// (new-user trial: "projections: none defined" of a file whose
 		// projections followed a "---").
