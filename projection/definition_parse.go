@@ -305,6 +305,14 @@ var yamlParserProblems = map[string]bool{
 	"found undefined tag handle":             true,
 }
 
+// yamlHints say what usually causes a YAML problem whose words name only
+// what the library expected.
+var yamlHints = map[string]string{
+	"did not find expected ',' or ']'": "a [ opened on this line is not closed, or a quote inside it is not",
+	"did not find expected ',' or '}'": "a { opened on this line is not closed, or a quote inside it is not",
+	"found unexpected end of stream":   "the file ends inside a quoted string or a [ or { opened on this line",
+}
+
 // yamlErrorText returns the YAML parser's error err about data as the
 // other problems of a definitions file read: its message, then "(line N)"
 // when it names a line, and what is wrong when that line holds a tab (YAML
@@ -327,6 +335,11 @@ func yamlErrorText(err error, data []byte) string {
 		n = min(n+1, max(lines, 1))
 	}
 	text := m[2] + " (line " + strconv.Itoa(n) + ")"
+	if hint := yamlHints[m[2]]; hint != "" {
+		// The library's words name what it expected, not the likely fault
+		// (fresh-helper trial: an unclosed quote read as a missing ,).
+		text += ": " + hint
+	}
 	if n > 0 {
 		if lines := bytes.Split(data, []byte("\n")); n <= len(lines) && bytes.IndexByte(lines[n-1], '\t') >= 0 {
 			text += ": the line holds a tab; YAML indents with spaces"

@@ -189,13 +189,13 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		// was reported at line 8); each names the line where the
 		// unclosed collection or string starts.
 		{"unclosed flow sequence", "irVersion: v1\nprojections:\n  - name: a\n    primaryKey: [id\n    table: t\n", []string{
-			`d.yaml: not valid YAML or JSON: did not find expected ',' or ']' (line 4)`,
+			`d.yaml: not valid YAML or JSON: did not find expected ',' or ']' (line 4): a [ opened on this line is not closed, or a quote inside it is not`,
 		}},
 		{"unclosed quote in a flow mapping", "irVersion: v1\nprojections:\n  - name: a\n    # a comment\n    columns: {id: {type: text, derive: \"x}}\n    table: \"t\"\n", []string{
-			`d.yaml: not valid YAML or JSON: did not find expected ',' or '}' (line 5)`,
+			`d.yaml: not valid YAML or JSON: did not find expected ',' or '}' (line 5): a { opened on this line is not closed, or a quote inside it is not`,
 		}},
 		{"unclosed quote at the end", "irVersion: v1\nprojections:\n  - name: \"a\n", []string{
-			`d.yaml: not valid YAML or JSON: found unexpected end of stream (line 3)`,
+			`d.yaml: not valid YAML or JSON: found unexpected end of stream (line 3): the file ends inside a quoted string or a [ or { opened on this line`,
 		}},
 		// Only that: what the first document lacks may be in the next
 		// (new-user trial: "projections: none defined" of a file whose
