@@ -86,13 +86,12 @@ func BenchmarkSweep(b *testing.B) {
 			seq++
 			var pairs []pair
 			for i := range batch {
-				ev := tblEvent(b, schema, "ARTIST_FOLLOWED", seq, 1719331200000,
-					fmt.Sprintf(`{"artist_id":"a","user_id":"%s%d","points":10,"games":4}`, prefix, k*batch+i))
-				st, err := p.Plan(ev)
+				pr, err := plannedPair(p, tblEvent(b, schema, "ARTIST_FOLLOWED", seq, 1719331200000,
+					fmt.Sprintf(`{"artist_id":"a","user_id":"%s%d","points":10,"games":4}`, prefix, k*batch+i)))
 				if err != nil {
 					b.Fatal(err)
 				}
-				pairs = append(pairs, pair{d: &decoded{ev: ev}, h: p, stmt: st})
+				pairs = append(pairs, pr)
 			}
 			gs = append(gs, formGroup(newCopyGroup(p, schema), pairs))
 		}
@@ -160,13 +159,12 @@ func serializableAborts(b *testing.B, p *TableProjection, schema string) float64
 				}
 				var pairs []pair
 				for range 500 {
-					ev := tblEvent(b, schema, typ, int64(1000+k), 1719331200000, fmt.Sprintf(`{"artist_id":"s","user_id":"w%d-%d"}`, w, rng.IntN(12500)))
-					st, err := p.Plan(ev)
+					pr, err := plannedPair(p, tblEvent(b, schema, typ, int64(1000+k), 1719331200000, fmt.Sprintf(`{"artist_id":"s","user_id":"w%d-%d"}`, w, rng.IntN(12500))))
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					pairs = append(pairs, pair{d: &decoded{ev: ev}, h: p, stmt: st})
+					pairs = append(pairs, pr)
 				}
 				err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, func(tx pgx.Tx) error {
 					if typ == "ARTIST_UNFOLLOWED" {

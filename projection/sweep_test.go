@@ -77,12 +77,11 @@ projections:
 			schema := migratedSchema(t, pool, defs)
 			tombstones := pgx.Identifier{schema, tombstoneTable}.Sanitize()
 			plan := func(typ string, seq int64, payload string) pair {
-				ev := tblEvent(t, schema, typ, seq, 1719331200000, payload)
-				st, err := p.Plan(ev)
+				pr, err := plannedPair(p, tblEvent(t, schema, typ, seq, 1719331200000, payload))
 				if err != nil {
 					t.Fatal(err)
 				}
-				return pair{d: &decoded{ev: ev}, h: p, stmt: st}
+				return pr
 			}
 			exec := func(sql string, args ...any) int64 {
 				tag, err := pool.Exec(ctx, sql, args...)

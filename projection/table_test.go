@@ -1294,6 +1294,13 @@ func keyProjections(t *testing.T, src string) (*Definitions, []*TableProjection)
 	return defs, tps
 }
 
+// plannedPair returns the pair of ev and p with p's statement for ev, as
+// the worker plans it, or Plan's error.
+func plannedPair(p *TableProjection, ev *Event) (pair, error) {
+	st, err := p.Plan(ev)
+	return pair{d: &decoded{ev: ev}, h: p, stmt: st}, err
+}
+
 // applyByCopy applies the upserts evs (in that order) to p as one COPY
 // group would
 // (copyRows in a transaction).
@@ -1301,11 +1308,11 @@ func applyByCopy(t *testing.T, pool *pgxpool.Pool, p *TableProjection, evs ...*E
 	t.Helper()
 	var pairs []pair
 	for _, ev := range evs {
-		st, err := p.Plan(ev)
+		pr, err := plannedPair(p, ev)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pairs = append(pairs, pair{d: &decoded{ev: ev}, h: p, stmt: st})
+		pairs = append(pairs, pr)
 	}
 	g := formGroup(newCopyGroup(p, evs[0].TenantSchema), pairs)
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
