@@ -106,6 +106,28 @@ func BenchmarkHotPlan(b *testing.B) {
 	}
 }
 
+// BenchmarkHotHandles is processBatch's match of one record with the
+// projections: Handles of each projection of the bench's definitions, for
+// an event of each of its two types.
+func BenchmarkHotHandles(b *testing.B) {
+	events := []*Event{hotEvent(b, hotFollowed), hotEvent(b, hotRated)}
+	tps := hotProjections(b, hotDefinitions[0].path)
+	b.ReportAllocs()
+	matched := 0
+	for b.Loop() {
+		for _, ev := range events {
+			for _, p := range tps {
+				if p.Handles(ev.EventType) {
+					matched++
+				}
+			}
+		}
+	}
+	if matched == 0 {
+		b.Fatal("no projection handles the events")
+	}
+}
+
 // hotBatch returns the planned upserts of n events of the bench shapes
 // (60 % followed, as in internal/bench), keys spread over distinct users.
 func hotBatch(tb testing.TB, n int) []pair {

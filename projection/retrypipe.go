@@ -174,7 +174,7 @@ func (w *Worker) statementError(ctx context.Context, h Handler, ev *Event, args 
 // on such a failure.
 func (w *Worker) catalogColumnError(ctx context.Context, tp *TableProjection, ev *Event, args []any, err error) error {
 	var ce *ColumnError
-	if !strings.HasPrefix(retry.SQLState(err), "22") || errors.As(err, &ce) || tp.def.Events[ev.EventType] != OpUpsert {
+	if !strings.HasPrefix(retry.SQLState(err), "22") || errors.As(err, &ce) || tp.opOf(ev.EventType) != OpUpsert {
 		return err
 	}
 	rc := newRowCheck(tp, w.catalog.columns(ctx, ev.TenantSchema, tp.def.Table))

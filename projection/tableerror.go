@@ -56,7 +56,7 @@ func (p *TableProjection) columnError(ev *Event, err error) error {
 	} else if n := portalParameter(pg.Where); n > 0 {
 		// Plan's arguments: an upsert's are the columns in order, a
 		// delete's the key columns; then the sequence number and table.
-		switch p.def.Events[ev.EventType] {
+		switch p.opOf(ev.EventType) {
 		case OpUpsert:
 			if n <= len(p.cols) {
 				ci = n - 1
@@ -141,7 +141,7 @@ func (p *TableProjection) columnWhose(ev *Event, match func(string) bool, keysOn
 		return -1
 	}
 	cols := make([]int, 0, len(p.cols))
-	switch p.def.Events[ev.EventType] {
+	switch p.opOf(ev.EventType) {
 	case OpUpsert:
 		for i := range p.cols {
 			cols = append(cols, i)
