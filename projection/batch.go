@@ -83,7 +83,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
-		d.ev, d.err = w.cfg.TenantSchemas.DecodeEvent(rec.Value)
+		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value)
 		d.span = w.tr.startRecord(d, pc.spanAttrs)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/causet/projection-worker/internal/jsonstrict"
@@ -133,17 +134,29 @@ const maxEventDepth = jsonstrict.MaxDepth
 // with different reasons, so a dead letter tells them apart.
 //
 // TenantSchemas.DecodeEvent narrows the accepted tenant schemas further.
-func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil) }
+func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil, false) }
 
 // decodeEvent is DecodeEvent with tenantSchema checked by tenants.Check.
-func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
+// With shared, the event's strings are spans of value itself
+// (jsonstrict.ParseTreeShared), save its event type and tenant schema,
+// which are copies: the worker keeps those (metric labels, the SQL text
+// of each tenant schema, the event types no projection handles), and a
+// span would keep the whole fetched batch that value is part of.
+func decodeEvent(value []byte, tenants *TenantSchemas, shared bool) (ev *Event, err error) {
+	if shared {
+		defer func() { detachKept(ev, err) }()
+	}
 	if value == nil {
 		return nil, &ValidationError{Reason: "record value is a Kafka tombstone (null), want an object"}
 	}
 	if len(value) == 0 {
 		return nil, &ValidationError{Reason: "record value is empty (0 bytes, not a tombstone), want an object"}
 	}
-	t, err := jsonstrict.ParseTree(value)
+	parse := jsonstrict.ParseTree
+	if shared {
+		parse = jsonstrict.ParseTreeShared
+	}
+	t, err := parse(value)
 	isObject := t != nil && t.Nodes[0].Kind == jsonstrict.ObjectNode
 	switch err := err.(type) {
 	case nil:
@@ -162,12 +175,26 @@ func decodeEvent(value []byte, tenants *TenantSchemas) (*Event, error) {
 	if !isObject {
 		return nil, &ValidationError{Reason: "record value is " + describeJSONRoot(t.Nodes[0].Kind) + ", want an object"}
 	}
-	ev, err := validateEvent(value, t, tenants)
+	ev, err = validateEvent(value, t, tenants)
 	if ve, ok := err.(*ValidationError); ok {
 		ve.StrictObject = true
 		keepReadable(ve, t)
 	}
 	return ev, err
+}
+
+// detachKept copies the strings of ev, or of err when it is a
+// *ValidationError, that the worker keeps beyond the record (decodeEvent's
+// shared): the event type and tenant schema, and the fields of a dead
+// letter's error (its metric labels take the tenant schema).
+func detachKept(ev *Event, err error) {
+	if ev != nil {
+		ev.EventType, ev.TenantSchema = strings.Clone(ev.EventType), strings.Clone(ev.TenantSchema)
+	}
+	if ve, ok := err.(*ValidationError); ok {
+		ve.EventType, ve.ForkID, ve.TenantSchema = strings.Clone(ve.EventType), strings.Clone(ve.ForkID), strings.Clone(ve.TenantSchema)
+		ve.Field, ve.Reason, ve.group = strings.Clone(ve.Field), strings.Clone(ve.Reason), strings.Clone(ve.group)
+	}
 }
 
 // utf8BOM is the UTF-8 byte order mark.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -116,6 +117,51 @@ func TestDecodeEventSpecExample(t *testing.T) {
 	}
 	if diff := cmp.Diff(payload, ev.Payload()); diff != "" {
 		t.Errorf("Payload() mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// TestDecodeRecordSharesTheValueSaveWhatTheWorkerKeeps: the worker's
+// decode of a record value (decodeRecord) reads the event DecodeEvent
+// reads, with its strings in the value's own memory (no copy of it),
+// except the event type and tenant schema, which the worker keeps beyond
+// the record (metric labels, the SQL text of each tenant schema, the
+// event types no projection handles) and which would keep the whole
+// fetched batch alive.
+func TestDecodeRecordSharesTheValueSaveWhatTheWorkerKeeps(t *testing.T) {
+	value := []byte(specExampleEvent)
+	want, err := DecodeEvent(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tenants *TenantSchemas
+	ev, err := tenants.decodeRecord(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, ev, cmpopts.IgnoreUnexported(Event{})); diff != "" {
+		t.Errorf("decodeRecord mismatch (-DecodeEvent +decodeRecord):\n%s", diff)
+	}
+	if diff := cmp.Diff(want.Fields(), ev.Fields()); diff != "" {
+		t.Errorf("Fields() mismatch (-DecodeEvent +decodeRecord):\n%s", diff)
+	}
+	inValue := func(s string) bool {
+		p, start := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.SliceData(value)))
+		return p >= start && p < start+uintptr(len(value))
+	}
+	for _, s := range []struct{ name, s string }{{"entityId", ev.EntityID}, {"forkId", ev.ForkID}, {"payload.user_id", ev.Payload()["user_id"].(string)}} {
+		if !inValue(s.s) {
+			t.Errorf("%s %q is a copy, want a span of the record value", s.name, s.s)
+		}
+	}
+	for _, s := range []struct{ name, s string }{{"eventType", ev.EventType}, {"tenantSchema", ev.TenantSchema}} {
+		if inValue(s.s) {
+			t.Errorf("%s %q is a span of the record value, want a copy (the worker keeps it)", s.name, s.s)
+		}
+	}
+	for _, s := range []struct{ name, s string }{{"entityId", want.EntityID}, {"payload.user_id", want.Payload()["user_id"].(string)}} {
+		if inValue(s.s) {
+			t.Errorf("DecodeEvent: %s %q is a span of the value, want a copy (its caller may reuse the value)", s.name, s.s)
+		}
 	}
 }
 

@@ -285,5 +285,13 @@ func (t *TenantSchemas) Check(s string) error {
 // event whose tenant schema is not in t (Check). A nil t applies SPEC §3
 // alone.
 func (t *TenantSchemas) DecodeEvent(value []byte) (*Event, error) {
-	return decodeEvent(value, t)
+	return decodeEvent(value, t, false)
+}
+
+// decodeRecord is DecodeEvent of a fetched record's value, which the
+// event's strings share (decodeEvent's shared): value must not change
+// while the event is in use. The Kafka client gives each fetched batch
+// memory of its own, never reused (the worker sets no kgo.WithPools).
+func (t *TenantSchemas) decodeRecord(value []byte) (*Event, error) {
+	return decodeEvent(value, t, true)
 }

@@ -20,6 +20,7 @@ package jsonstrict
 import (
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // MaxDepth is the deepest nesting of objects and arrays a strict document
@@ -164,11 +165,27 @@ func Parse(doc []byte) (any, error) {
 // hold no pointers), one for the copy of doc and, when strings hold
 // escapes, one for their unescaped text, where Parse's maps and boxed
 // values take one or more per value.
-func ParseTree(doc []byte) (*Tree, error) {
+func ParseTree(doc []byte) (*Tree, error) { return parseTree(doc, string(doc)) }
+
+// ParseTreeShared is ParseTree without the copy of doc: the tree's strings
+// are spans of doc itself. doc must not be modified while the tree, or any
+// string taken from it, is in use; a string kept longer (a map key, a
+// metric label) keeps all of doc's memory alive, so clone it
+// (strings.Clone). For a Kafka record's value, which the client never
+// reuses and the worker never modifies, it saves the copy: about 430 bytes
+// allocated and copied for a 430-byte event, 14 % of the worker's
+// allocations per event.
+func ParseTreeShared(doc []byte) (*Tree, error) {
+	return parseTree(doc, unsafe.String(unsafe.SliceData(doc), len(doc)))
+}
+
+// parseTree is ParseTree of doc, whose text str is (a copy of doc or doc
+// itself).
+func parseTree(doc []byte, str string) (*Tree, error) {
 	if !utf8.Valid(doc) {
 		return nil, utf8Error(doc)
 	}
-	p := parser{src: doc, str: string(doc)}
+	p := parser{src: doc, str: str}
 	if err := p.parse(); err != nil {
 		return nil, err
 	}

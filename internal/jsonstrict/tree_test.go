@@ -64,13 +64,38 @@ func TestParseTreeFindsDuplicatesInWideObjects(t *testing.T) {
 }
 
 // TestTreeReadsInPlace checks Member, Element, Key, Text and Any against
-// the document, with escaped and unescaped strings side by side.
+// the document, with escaped and unescaped strings side by side, for
+// ParseTree and ParseTreeShared; and that ParseTree's strings are its own
+// copy (the document changed after it leaves them as they were) where
+// ParseTreeShared's are the document's.
 func TestTreeReadsInPlace(t *testing.T) {
-	doc := `{"a":{"x":"pl\u0061in","y\n":[10,"t\tab",{"z":null}]},"b":true,"c":-1.5e3,"d":[]}`
-	tree, err := ParseTree([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name   string
+		parse  func([]byte) (*Tree, error)
+		shared bool
+	}{{"ParseTree", ParseTree, false}, {"ParseTreeShared", ParseTreeShared, true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := []byte(`{"a":{"x":"pl\u0061in","y\n":[10,"t\tab",{"z":null}]},"b":true,"c":-1.5e3,"d":[],"e":"abc"}`)
+			tree, err := tt.parse(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			readsInPlace(t, tree)
+			e, _ := tree.Member(0, "e")
+			copy(doc[len(doc)-5:], "xyz")
+			want := "abc"
+			if tt.shared {
+				want = "xyz"
+			}
+			if got := tree.Text(e); got != want {
+				t.Errorf("e after the document's "+`"abc"`+" became "+`"xyz"`+": %q, want %q", got, want)
+			}
+		})
 	}
+}
+
+func readsInPlace(t *testing.T, tree *Tree) {
+	t.Helper()
 	a, ok := tree.Member(0, "a")
 	if !ok || tree.Key(a) != "a" || tree.Nodes[a].Kind != ObjectNode || tree.Nodes[a].Len != 2 {
 		t.Fatalf("Member(0, a) = %d, %v", a, ok)
@@ -104,7 +129,7 @@ func TestTreeReadsInPlace(t *testing.T) {
 	}
 	want := map[string]any{
 		"a": map[string]any{"x": "plain", "y\n": []any{json.Number("10"), "t\tab", map[string]any{"z": nil}}},
-		"b": true, "c": json.Number("-1.5e3"), "d": []any{},
+		"b": true, "c": json.Number("-1.5e3"), "d": []any{}, "e": "abc",
 	}
 	if diff := cmp.Diff(want, tree.Any(0)); diff != "" {
 		t.Errorf("Any(0) (-want +got):\n%s", diff)
