@@ -55,6 +55,67 @@ func TestRunWarnsAtStartWhenTheDatabaseIsUnreachable(t *testing.T) {
 	}
 }
 
+// TestRunEndsWhenTheDatabaseRefusesItsURL: a server that answers and
+// refuses the connection for what --database-url says ends the start with
+// status 1 and a message naming the setting and PostgreSQL's reason, as a
+// Kafka broker that refuses does; waiting would not change it (stop 41's
+// trial: a misspelt parameter read as an outage, the worker waiting with
+// "database unreachable").
+func TestRunEndsWhenTheDatabaseRefusesItsURL(t *testing.T) {
+	pool := pgtest.Pool(t)
+	role := pgtest.NewSchemaName(t) // a fresh name, as a role's
+	if _, err := pool.Exec(context.Background(), "CREATE ROLE "+role+" NOLOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	base, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(edit func(u *url.URL, q url.Values)) string {
+		u := *base
+		q := u.Query()
+		edit(&u, q)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	tests := []struct {
+		name, url string
+		want      []string
+	}{
+		{"misspelt parameter", with(func(_ *url.URL, q url.Values) { q.Set("sslmod", "disable") }),
+			[]string{`unrecognized configuration parameter "sslmod"`, "42704", "sslmod for sslmode"}},
+		{"value refused", with(func(_ *url.URL, q url.Values) { q.Set("lock_timeout", "soon") }),
+			[]string{`invalid value for parameter "lock_timeout"`, "22023"}},
+		{"no such database", with(func(u *url.URL, _ url.Values) { u.Path = "/causet_no_such_database" }),
+			[]string{`database "causet_no_such_database" does not exist`, "3D000"}},
+		{"role may not log in", with(func(u *url.URL, _ url.Values) { u.User = url.User(role) }),
+			[]string{"is not permitted to log in", "28000"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := kafkatest.New(t)
+			w := startRun(t, "--brokers", strings.Join(b.Addrs, ","), "--database-url", tt.url,
+				"--projections", exampleProjections,
+				"--topic", kafkatest.TopicName(t, "events"), "--dlq-topic", kafkatest.TopicName(t, "dlq"),
+				"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"))
+			if code := w.exit(t, 30*time.Second); code != 1 {
+				t.Fatalf("exit status %d, want 1\nstderr:\n%s", code, w.stderr.String())
+			}
+			stderr := w.stderr.String()
+			for _, want := range append([]string{"the database refuses the connection: check --database-url (DATABASE_URL)"}, tt.want...) {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("stderr lacks %q:\n%s", want, stderr)
+				}
+			}
+			if strings.Contains(stderr, "database unreachable") {
+				t.Errorf("stderr says unreachable:\n%s", stderr)
+			}
+		})
+	}
+}
+
 // TestOnInfraErrorTakesAnyCase: ON_INFRA_ERROR=DLQ is dlq, as LOG_FORMAT=JSON
 // is json (new-user trial: one was refused, the other taken); an unknown
 // mode is still refused, naming the flag.

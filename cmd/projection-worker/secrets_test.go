@@ -65,10 +65,11 @@ func TestNoPasswordInUsageErrors(t *testing.T) {
 
 // TestNoPasswordInAnyOutput: with every accepted form of connection string
 // (URL, percent-encoded, key=value with spaces around '=', quoted,
-// PGPASSWORD, the passfile) and a role the database refuses, `run` logs
-// (debug level), answers /readyz and /metrics and writes dead letters, and
-// `migrate` fails; none of it holds the database password or the Kafka
-// SASL password.
+// PGPASSWORD, the passfile) and a role the database refuses once the worker
+// has started (made NOLOGIN, its sessions ended), `run` logs (debug level),
+// answers /readyz and /metrics and writes dead letters; then `run` ends its
+// start on the refusal (status 1) and `migrate` fails; none of it holds
+// the database password or the Kafka SASL password.
 func TestNoPasswordInAnyOutput(t *testing.T) {
 	clearSettingsEnv(t)
 	t.Setenv("PGPASSWORD", "")
@@ -77,7 +78,23 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const role = "nosuchrole_redact"
+	// The role the worker connects as: allowed to log in at start (a
+	// refusal then ends the start), refused once the worker runs.
+	pool := pgtest.Pool(t)
+	role := pgtest.NewSchemaName(t) // a fresh name, as a role's
+	if _, err := pool.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN SUPERUSER"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	refuse := func(t *testing.T) {
+		t.Helper()
+		for _, sql := range []string{"ALTER ROLE " + role + " NOLOGIN",
+			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '" + role + "'"} {
+			if _, err := pool.Exec(context.Background(), sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	hostPort := fmt.Sprintf("%s:%d", pg.Host, pg.Port)
 	kv := fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", pg.Host, pg.Port, role, pg.Database)
 
@@ -98,6 +115,9 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if _, err := pool.Exec(context.Background(), "ALTER ROLE "+role+" LOGIN"); err != nil {
+				t.Fatal(err)
+			}
 			for k, v := range tt.env {
 				if k == "passfile" {
 					p := filepath.Join(t.TempDir(), "pgpass")
@@ -123,6 +143,7 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 				"--on-infra-error", "dlq", "--max-retries", "1", "--retry-initial", "10ms", "--retry-max-interval", "20ms",
 				"--log-level", "debug")
 			w.waitFor(t, "the worker is up", 30*time.Second, func() bool { return w.logged("projection worker started") })
+			refuse(t)
 			prod := b.Client(t, sasl, kgo.DefaultProduceTopic(events), kgo.ProducerLinger(0))
 			if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("user-123"), Value: []byte(fmt.Sprintf(specExample, "redact_tenant"))}).FirstErr(); err != nil {
 				t.Fatal(err)
@@ -155,6 +176,15 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 			noSecret(t, "/readyz", readyz, secrets...)
 			noSecret(t, "/metrics", metrics, secrets...)
 			noSecret(t, "the dead letter", deadLetters.String(), secrets...)
+
+			r := runCmd(t, 30*time.Second, "run", "--database-url", tt.connString, "--http-addr", closedAddr(t),
+				"--brokers", strings.Join(b.Addrs, ","), "--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-user", "worker", "--kafka-sasl-password", saslPassword,
+				"--projections", exampleProjections, "--topic", events, "--dlq-topic", dlqTopic,
+				"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"))
+			if r.code != 1 || !strings.Contains(r.stderr, "the database refuses the connection") || !strings.Contains(r.stderr, role) {
+				t.Errorf("run with the refused role: want exit 1 naming the refusal and the role\n%s", r)
+			}
+			noSecret(t, "run's output at a refused start", r.stdout+r.stderr, secrets...)
 
 			m := runCmd(t, 30*time.Second, "migrate", "--database-url", tt.connString, "--projections", exampleProjections, "--tenant-schema", "redact_tenant")
 			if m.code != 1 || !strings.Contains(m.stderr, role) {

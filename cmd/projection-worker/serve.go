@@ -20,6 +20,7 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -202,7 +203,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		return fmt.Errorf("database pool: %w", err)
 	}
 	defer pool.Close()
-	canStage, reached := checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
+	canStage, reached, err := checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
+	if err != nil {
+		return err
+	}
 	if !canStage && s.copyMinRows > 0 {
 		s.copyMinRows = -1
 	}
@@ -331,30 +335,60 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 
 // checkDatabase pings the database once at start (bounded by the pool's
 // 5 s connect timeout) and logs a warning with the reason when it does not
-// answer (reached false), so that a wrong DATABASE_URL or a database that
-// is down shows before the first record. The worker starts anyway: what
-// happens to records then is --on-infra-error's, and /readyz reports the
-// database. canStage is false when the role may not create the temporary
-// tables COPY stages batches in.
-func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) (canStage, reached bool) {
+// answer (reached false), so that a database that is down shows before the
+// first record. The worker starts anyway: what happens to records then is
+// --on-infra-error's, and /readyz reports the database. A server that
+// answers and refuses the connection for what --database-url says
+// (refusedConnection) ends the start instead, with the error returned, as
+// a Kafka broker that refuses does. canStage is false when the role may
+// not create the temporary tables COPY stages batches in.
+func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) (canStage, reached bool, refused error) {
 	if err := pool.Ping(ctx); err != nil && ctx.Err() == nil {
+		if refused := refusedConnection(err); refused != nil {
+			return false, false, refused
+		}
 		then := "partitions pause until it answers, and /readyz fails"
 		if mode == projection.InfraDeadLetter {
 			then = "records are retried, then dead-lettered, until it answers"
 		}
 		log.Warn("database unreachable at start: check --database-url (DATABASE_URL) and the database; the worker starts, and "+then,
 			"on_infra_error", string(mode), "error", err)
-		return true, false // not known: COPY stays on, and falls back to statements if refused
+		return true, false, nil // not known: COPY stays on, and falls back to statements if refused
 	}
 	var temp bool
 	var db, role string
 	err := pool.QueryRow(ctx, "SELECT has_database_privilege(current_database(), 'TEMPORARY'), current_database(), current_user").Scan(&temp, &db, &role)
 	if err != nil || temp {
-		return true, true
+		return true, true, nil
 	}
 	log.Warn("the database role may not create temporary tables, which the COPY path stages batches in: COPY is off and upserts go as pipelined statements (slower); to turn it on, GRANT TEMPORARY ON DATABASE "+
 		pgx.Identifier{db}.Sanitize()+" TO "+pgx.Identifier{role}.Sanitize(), "database", db, "role", role)
-	return false, true
+	return false, true, nil
+}
+
+// refusedConnection returns the error to end the start with when err, the
+// start's ping, is PostgreSQL refusing the connection for what
+// --database-url says, which waiting does not change: a session parameter
+// it does not know (42704: a misspelt one, since the driver sends the
+// parameters it does not know to the server as session settings) or a
+// value it refuses (22023), a password or role refused (class 28), a
+// database that does not exist (3D000), or no CONNECT privilege (42501).
+// It returns nil for any other error: a database down, starting or full
+// (57P03, 53300) is waited for.
+func refusedConnection(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return nil
+	}
+	hint := ""
+	switch {
+	case pe.Code == "42704" || pe.Code == "22023":
+		hint = ": the driver sends the parameters of the URL it does not know to the server as session settings, so a misspelt one (sslmod for sslmode) or a value the server refuses ends here"
+	case strings.HasPrefix(pe.Code, "28"), pe.Code == "3D000", pe.Code == "42501":
+	default:
+		return nil
+	}
+	return fmt.Errorf("the database refuses the connection: check --database-url (DATABASE_URL)%s: %w", hint, err)
 }
 
 // How often watchDatabase pings, and logs that the database still does
