@@ -347,7 +347,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 		}
 		if p.deletes {
-			if err := p.tombstoneFits(p.upsertKeyArgs(args)); err != nil {
+			if err := p.tombstoneFits(p.upsertKeyArgs(args), OpUpsert); err != nil {
 				return Statement{}, err
 			}
 		}
@@ -365,7 +365,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 			}
 			args = append(args, v)
 		}
-		if err := p.tombstoneFits(args); err != nil {
+		if err := p.tombstoneFits(args, OpDelete); err != nil {
 			return Statement{}, err
 		}
 		args = append(args, seq, p.table)
@@ -395,12 +395,13 @@ func (p *TableProjection) upsertKeyArgs(args []any) []any {
 // tombstoneFits returns nil when the tombstone of the key keyArgs (its
 // values as Plan sends them, in primary key order, none nil) fits the
 // primary key index of _causet_tombstones (tombstoneEntrySize), else a
-// *ValueError naming the key's longest column. An upsert of such a key is
-// refused, so that no row stays that no delete could remove (new-user
-// trial: a key of 2 649 bytes was upserted, and its delete refused with
-// 54000); a delete of it too, with the same words rather than
-// PostgreSQL's (a row written before the projection had a delete).
-func (p *TableProjection) tombstoneFits(keyArgs []any) error {
+// *ValueError naming the key's longest column. An upsert (op) of such a
+// key is refused, so that no row stays that no delete could remove
+// (new-user trial: a key of 2 649 bytes was upserted, and its delete
+// refused with 54000); a delete of it too, rather than with PostgreSQL's
+// words, saying that its row, written before the projection had a delete,
+// is to be deleted by hand.
+func (p *TableProjection) tombstoneFits(keyArgs []any, op Op) error {
 	longest := 0
 	for j, a := range keyArgs {
 		if s, _ := a.(string); len(s) > len(keyArgs[longest].(string)) {
@@ -412,9 +413,13 @@ func (p *TableProjection) tombstoneFits(keyArgs []any) error {
 		return nil
 	}
 	c := &p.cols[p.pk[longest]]
+	then := "so a delete of it could never be applied (projections with a delete take keys of up to about 2.6 kB)"
+	if op == OpDelete {
+		then = "so this delete cannot be applied: a row of this key was written before the projection had a delete; delete it by hand (docs/events.md, Key length)"
+	}
 	return p.valueError(c, keyArgs[longest], fmt.Sprintf(
-		"primary key too long for its tombstone: %d bytes in the index of %s, over PostgreSQL's limit of %d, so a delete of it could never be applied (projections with a delete take keys of up to about 2.6 kB)",
-		size, tombstoneTable, maxIndexTuple))
+		"primary key too long for its tombstone: %d bytes in the index of %s, over PostgreSQL's limit of %d, %s",
+		size, tombstoneTable, maxIndexTuple, then))
 }
 
 func (p *TableProjection) permanent(err error) error {

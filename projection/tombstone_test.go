@@ -80,6 +80,18 @@ func TestTombstoneEntrySizeIsPostgreSQLs(t *testing.T) {
 							t.Errorf("key of %d bytes in the last column: Plan's error for the %s %v, want a permanent *ValueError naming column %s", fits+1, op, err, names[cols-1])
 						}
 					}
+					// Each says what it means for that event: the upsert
+					// that no delete could follow, the delete that leaves
+					// its row to be deleted by hand (stop 42's trial: the
+					// delete got the upsert's words).
+					for _, c := range []struct {
+						op, want string
+						err      error
+					}{{"upsert", "so a delete of it could never be applied", planErr}, {"delete", "so this delete cannot be applied", delPlanErr}} {
+						if c.err == nil || !strings.Contains(c.err.Error(), c.want) || (c.op == "delete") != strings.Contains(c.err.Error(), "delete it by hand") {
+							t.Errorf("key of %d bytes: the %s's error %v, want %q (and the hand delete for the delete alone)", fits+1, c.op, c.err, c.want)
+						}
+					}
 					if retry.SQLState(delErr) != "54000" {
 						t.Errorf("key of %d bytes in the last column: delete's error %v, want PostgreSQL's 54000 (the size is one byte over)", fits+1, delErr)
 					}
