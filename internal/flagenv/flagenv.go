@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agnivade/levenshtein"
 )
 
 // UsageError is a bad command line or setting; commands exit with status 2
@@ -236,6 +238,28 @@ func (l *stringList) Set(v string) error {
 	return nil
 }
 
+// didYouMean returns " (did you mean --x?)" for the one flag x of s
+// closest to the unknown flag name, when it is close enough to be a
+// misspelling: at most 2 edits (Levenshtein distance; a transposition
+// counts 2) and fewer than half of name's characters; "" when no flag is,
+// or two are equally close (new-user trial: `--max-retires` got
+// "unknown flag" alone).
+func (s *Set) didYouMean(name string) string {
+	best, bestDist, tie := "", 3, false
+	s.VisitAll(func(f *flag.Flag) {
+		switch d := levenshtein.ComputeDistance(name, f.Name); {
+		case d < bestDist:
+			best, bestDist, tie = f.Name, d, false
+		case d == bestDist:
+			tie = true
+		}
+	})
+	if best == "" || tie || 2*bestDist >= len(name) {
+		return ""
+	}
+	return " (did you mean --" + best + "?)"
+}
+
 // Parse parses args, then sets every flag not given on the command line from
 // its environment variable when that is set and non-empty. Errors are
 // *UsageError naming the flag or variable and what it expects
@@ -251,7 +275,8 @@ func (s *Set) Parse(args []string) error {
 		if s.invalid != nil {
 			err = s.invalid
 		} else if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
-			err = fmt.Errorf("unknown flag --%s", strings.TrimPrefix(name, "-"))
+			name = strings.TrimPrefix(name, "-")
+			err = fmt.Errorf("unknown flag --%s%s", name, s.didYouMean(name))
 		} else if name, ok := strings.CutPrefix(err.Error(), "flag needs an argument: -"); ok {
 			err = fmt.Errorf("flag --%s needs a value", strings.TrimPrefix(name, "-"))
 		}

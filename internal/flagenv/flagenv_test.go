@@ -69,6 +69,8 @@ func TestParseErrorsAreUsageErrorsNamingTheSetting(t *testing.T) {
 		want string
 	}{
 		{"unknown flag", []string{"--nope"}, nil, "nope"},
+		{"misspelt flag, letters swapped", []string{"--max-retires", "3"}, nil, "unknown flag --max-retires (did you mean --max-retries?)"},
+		{"misspelt flag, a letter wrong", []string{"--shutdown-grase=5s"}, nil, "unknown flag --shutdown-grase (did you mean --shutdown-grace?)"},
 		{"bad flag value", []string{"--max-retries", "x"}, nil, `--max-retries (MAX_RETRIES) "x": not an integer`},
 		{"hexadecimal int", []string{"--max-retries", "0x20"}, nil, `--max-retries (MAX_RETRIES) "0x20": not an integer: write it in decimal digits`},
 		{"int with underscores", nil, map[string]string{"MAX_RETRIES": "1_000"}, `MAX_RETRIES (flag --max-retries): invalid value "1_000": not an integer: write it in decimal digits`},
@@ -95,6 +97,17 @@ func TestParseErrorsAreUsageErrorsNamingTheSetting(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestUnknownFlagSuggestsOnlyAClose: a flag far from every defined one
+// gets no suggestion (a guess would mislead more than it helps).
+func TestUnknownFlagSuggestsOnlyAClose(t *testing.T) {
+	for _, arg := range []string{"--nope", "--frobnicate", "--max", "--retries"} {
+		_, err := parse(t, []string{arg}, nil)
+		if err == nil || !strings.Contains(err.Error(), "unknown flag "+arg) || strings.Contains(err.Error(), "did you mean") {
+			t.Errorf("%s: error %v, want unknown flag with no suggestion", arg, err)
+		}
 	}
 }
 
