@@ -415,7 +415,7 @@ func (p *TableProjection) tombstoneFits(keyArgs []any, op Op) error {
 	c := &p.cols[p.pk[longest]]
 	then := "so a delete of it could never be applied (projections with a delete take keys of up to about 2.6 kB)"
 	if op == OpDelete {
-		then = "so this delete cannot be applied: a row of this key was written before the projection had a delete; delete it by hand (docs/events.md, Key length)"
+		then = "so this delete cannot be applied: a row of this key can only have been written before the projection had a delete; if there is one, delete it by hand (docs/events.md, Key length)"
 	}
 	return p.valueError(c, keyArgs[longest], fmt.Sprintf(
 		"primary key too long for its tombstone: %d bytes in the index of %s, over PostgreSQL's limit of %d, %s",
