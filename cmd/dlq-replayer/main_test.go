@@ -61,6 +61,8 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{"no command", noKafka, nil, "Usage: dlq-replayer <command>"},
 		{"unknown command", noKafka, []string{"replay", "--all"}, `unknown command "replay"`},
+		{"misspelt command", noKafka, []string{"lst", "--all"}, `unknown command "lst" (did you mean list?)`},
+		{"misspelt flag", noKafka, []string{"list", "--al"}, "unknown flag --al (did you mean --all?)"},
 		{"no filter", noKafka, []string{"retry"}, "--all"},
 		{"no filter for list", noKafka, []string{"list"}, "--all"},
 		{"unknown flag", noKafka, []string{"list", "--all", "--nope"}, "-nope"},

@@ -90,7 +90,7 @@ func TestRunEndsWhenTheDatabaseRefusesItsURL(t *testing.T) {
 		{"no such database", with(func(u *url.URL, _ url.Values) { u.Path = "/causet_no_such_database" }),
 			[]string{`database "causet_no_such_database" does not exist`, "3D000"}},
 		{"role may not log in", with(func(u *url.URL, _ url.Values) { u.User = url.User(role) }),
-			[]string{"is not permitted to log in", "28000"}},
+			[]string{`role "` + role + `" is not permitted to log in`, "28000"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,7 +104,7 @@ func TestRunEndsWhenTheDatabaseRefusesItsURL(t *testing.T) {
 				t.Fatalf("exit status %d, want 1\nstderr:\n%s", code, w.stderr.String())
 			}
 			stderr := w.stderr.String()
-			for _, want := range append([]string{"the database refuses the connection: check --database-url (DATABASE_URL)"}, tt.want...) {
+			for _, want := range append([]string{"the database refuses the connection: " + tt.want[0], "check --database-url (DATABASE_URL)"}, tt.want...) {
 				if !strings.Contains(stderr, want) {
 					t.Errorf("stderr lacks %q:\n%s", want, stderr)
 				}

@@ -388,7 +388,10 @@ func refusedConnection(err error) error {
 	default:
 		return nil
 	}
-	return fmt.Errorf("the database refuses the connection: check --database-url (DATABASE_URL)%s: %w", hint, err)
+	// PostgreSQL's reason first: with sslmode=prefer (the default, and what
+	// a misspelt sslmode leaves) the driver's error starts with the TLS
+	// attempt the server refused (new-user trial).
+	return fmt.Errorf("the database refuses the connection: %s (SQLSTATE %s); check --database-url (DATABASE_URL)%s; the driver's error: %w", pe.Message, pe.Code, hint, err)
 }
 
 // How often watchDatabase pings, and logs that the database still does

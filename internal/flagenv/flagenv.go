@@ -238,26 +238,41 @@ func (l *stringList) Set(v string) error {
 	return nil
 }
 
-// didYouMean returns " (did you mean --x?)" for the one flag x of s
-// closest to the unknown flag name, when it is close enough to be a
-// misspelling: at most 2 edits (Levenshtein distance; a transposition
-// counts 2) and fewer than half of name's characters; "" when no flag is,
-// or two are equally close (new-user trial: `--max-retires` got
-// "unknown flag" alone).
+// didYouMean is DidYouMean of the unknown flag name among s's flags
+// (new-user trial: `--max-retires` got "unknown flag" alone).
 func (s *Set) didYouMean(name string) string {
+	var flags []string
+	s.VisitAll(func(f *flag.Flag) { flags = append(flags, f.Name) })
+	return DidYouMean(name, flags, "--")
+}
+
+// DidYouMean returns " (did you mean <prefix><k>?)" for the one k of known
+// closest to name, when it is close enough to be a misspelling of it: at
+// most 2 edits (Levenshtein distance; a transposition counts 2), and
+// fewer than name has characters; "" when none is, or two are equally
+// close. It ends an "unknown flag" or "unknown command" message.
+func DidYouMean(name string, known []string, prefix string) string {
+	if best := closest(name, known); best != "" {
+		return " (did you mean " + prefix + best + "?)"
+	}
+	return ""
+}
+
+// closest is DidYouMean's choice: the k of known, or "".
+func closest(name string, known []string) string {
 	best, bestDist, tie := "", 3, false
-	s.VisitAll(func(f *flag.Flag) {
-		switch d := levenshtein.ComputeDistance(name, f.Name); {
+	for _, k := range known {
+		switch d := levenshtein.ComputeDistance(name, k); {
 		case d < bestDist:
-			best, bestDist, tie = f.Name, d, false
+			best, bestDist, tie = k, d, false
 		case d == bestDist:
 			tie = true
 		}
-	})
-	if best == "" || tie || 2*bestDist >= len(name) {
+	}
+	if best == "" || tie || bestDist >= len(name) {
 		return ""
 	}
-	return " (did you mean --" + best + "?)"
+	return best
 }
 
 // Parse parses args, then sets every flag not given on the command line from
