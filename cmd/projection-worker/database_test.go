@@ -34,7 +34,7 @@ func TestRunWarnsAtStartWhenTheDatabaseIsUnreachable(t *testing.T) {
 			t.Parallel()
 			b := kafkatest.New(t)
 			w := startRun(t, "--brokers", strings.Join(b.Addrs, ","),
-				"--database-url", "postgres://postgres:postgres@"+closedAddr(t)+"/postgres?sslmode=disable",
+				"--database-url", "postgres://postgres:postgres@"+refusingAddr(t)+"/postgres?sslmode=disable",
 				"--projections", exampleProjections, "--on-infra-error", tt.mode,
 				"--topic", kafkatest.TopicName(t, "events"), "--dlq-topic", kafkatest.TopicName(t, "dlq"),
 				"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"))

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,6 +107,28 @@ func closedAddr(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return addr
+}
+
+// refusingAddr returns a 127.0.0.1 address that refuses connections for
+// the rest of the test: a TCP socket bound to it and never listening, so
+// that no other test's listener takes the port meanwhile, as one took a
+// closedAddr's (CI: the database "unreachable at start" test got a timeout
+// from another test's server where it wanted connection refused).
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
 // writeFile writes content to name in a fresh temporary directory and
