@@ -94,6 +94,52 @@ func TestDevShowsRowsAndEveryDocumentedFailure(t *testing.T) {
 	}
 }
 
+// TestDevStartsItsExampleSchemasAnew: a second dev on the database an
+// earlier one left (DATABASE_URL) shows the rows the README shows, not
+// those the earlier run, or anyone since, left in its example schemas
+// (new-user trial: 14 rows where the README says 5).
+func TestDevStartsItsExampleSchemasAnew(t *testing.T) {
+	clearSettingsEnv(t)
+	db := pgtest.StartOwn(t)
+	const want = "projected rows in acme_concertapp_production: 5 (artist_followers=2 user_follows=3 artist_ratings=0); dead letters: 6"
+	devUntil := func(t *testing.T) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var stdout, stderr syncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--database-url", db.URL(),
+				"--projections", exampleProjections, "--retry-initial", "5ms", "--retry-max-interval", "20ms"}, &stdout, &stderr)
+		}()
+		deadline := time.Now().Add(90 * time.Second)
+		for !strings.Contains(stdout.String(), want) {
+			select {
+			case code := <-done:
+				t.Fatalf("dev exited early with %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+			case <-time.After(100 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("dev never printed %q\nstdout:\n%s", want, stdout.String())
+			}
+		}
+		cancel()
+		if code := <-done; code != 0 {
+			t.Fatalf("dev exited with %d after Ctrl-C\nstderr:\n%s", code, stderr.String())
+		}
+	}
+	devUntil(t)
+	pool, err := pgxpool.New(context.Background(), db.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO acme_concertapp_production.artist_followers (artist_id, user_id, _causet_seq) VALUES ('artist-x', 'someone-else', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	devUntil(t)
+}
+
 // TestDevExitStatusFollowsTheRule: dev exits as every command does (see
 // TestExitStatusIsOneRuleForEveryCommand): 2 for a bad definitions file or
 // flag, before it starts anything.

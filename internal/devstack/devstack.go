@@ -108,9 +108,11 @@ func (s *Stack) Throwaway() bool { return s.pg != nil }
 // (an SQL literal as it is: no quote in it).
 const exampleMark = "made by projection-worker dev (make run): changed and dropped by it"
 
-// PrepareTenants migrates the production and staging tenants, drops
-// followed_at from staging's artist_followers (so its events fail with
-// `column "followed_at" ... does not exist`) and leaves the legacy tenant
+// PrepareTenants makes the production and staging tenants anew (dropping
+// those an earlier run left, with their rows, so that every run projects
+// the rows the README shows), migrates them, drops followed_at from
+// staging's artist_followers (so its events fail with `column
+// "followed_at" ... does not exist`) and leaves the legacy tenant
 // unmigrated (`relation ... does not exist`), dropping it if an earlier
 // run left it. Unless throwaway (the stack's own cluster), it first
 // checks that every example tenant schema that exists was made by an
@@ -131,11 +133,17 @@ func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.De
 			return fmt.Errorf("look up the example tenant schemas: %w", err)
 		}
 		if len(foreign) > 0 {
-			return fmt.Errorf("DATABASE_URL's database has schema %s, which dev did not make: dev migrates, changes (a column of %s is dropped) and drops (%s) its example tenant schemas, so it stops here; unset DATABASE_URL for a throwaway PostgreSQL, or use a database without them",
-				strings.Join(foreign, ", "), TenantStaging, TenantLegacy)
+			return fmt.Errorf("DATABASE_URL's database has schema %s, which dev did not make: dev drops its example tenant schemas and makes them anew at each start, so it stops here; unset DATABASE_URL for a throwaway PostgreSQL, or use a database without them",
+				strings.Join(foreign, ", "))
 		}
 	}
 	for _, t := range tenants[:2] {
+		// An earlier run's (exampleMark, checked above): rows it or anyone
+		// wrote since would change the counts the README shows (new-user
+		// trial: 14 rows where it says 5).
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{t}.Sanitize()+" CASCADE"); err != nil {
+			return fmt.Errorf("reset the example tenant %s: %w", t, err)
+		}
 		if err := projection.Migrate(ctx, pool, defs, t); err != nil {
 			return err // Migrate's error names the tenant schema
 		}
