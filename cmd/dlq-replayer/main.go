@@ -107,7 +107,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 		}
 		return 0
 	default:
-		fmt.Fprintf(stderr, "dlq-replayer: unknown command %q%s\n\n%s", cmd, flagenv.DidYouMean(cmd, []string{"list", "summary", "retry", "skip", "version", "help"}, ""), usage)
+		fmt.Fprintf(stderr, "%s\n\n%s", flagenv.UnknownCommand("dlq-replayer", cmd, []string{"list", "summary", "retry", "skip", "version", "help"}), usage)
 		return 2
 	}
 

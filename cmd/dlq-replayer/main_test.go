@@ -62,6 +62,7 @@ func TestUsageErrors(t *testing.T) {
 		{"no command", noKafka, nil, "Usage: dlq-replayer <command>"},
 		{"unknown command", noKafka, []string{"replay", "--all"}, `unknown command "replay"`},
 		{"misspelt command", noKafka, []string{"lst", "--all"}, `unknown command "lst" (did you mean list?)`},
+		{"flag before the command", noKafka, []string{"--all", "list"}, `unknown command "--all": the command comes first, then its flags (dlq-replayer list --all ...)`},
 		{"misspelt flag", noKafka, []string{"list", "--al"}, "unknown flag --al (did you mean --all?)"},
 		{"no filter", noKafka, []string{"retry"}, "--all"},
 		{"no filter for list", noKafka, []string{"list"}, "--all"},

@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, usage)
 		}
 	default:
-		fmt.Fprintf(stderr, "projection-worker: unknown command %q%s\n\n%s", cmd, flagenv.DidYouMean(cmd, []string{"run", "migrate", "topics", "validate", "dev", "version", "help"}, ""), usage)
+		fmt.Fprintf(stderr, "%s\n\n%s", flagenv.UnknownCommand("projection-worker", cmd, []string{"run", "migrate", "topics", "validate", "dev", "version", "help"}), usage)
 		return 2
 	}
 	return exitCode(err, stderr)

@@ -179,6 +179,7 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "no arguments", args: nil, wantCode: 2, wantStderr: []string{"Commands:", "run", "migrate", "topics", "validate", "version"}},
 		{name: "unknown command", args: []string{"frobnicate"}, wantCode: 2, wantStderr: []string{`unknown command "frobnicate"`, "Commands:"}},
 		{name: "misspelt command", args: []string{"rnu"}, wantCode: 2, wantStderr: []string{`unknown command "rnu" (did you mean run?)`, "Commands:"}},
+		{name: "flag before the command", args: []string{"--max-retries", "3", "run"}, wantCode: 2, wantStderr: []string{`unknown command "--max-retries": the command comes first, then its flags (projection-worker run --max-retries ...)`}},
 		{name: "misspelt flag", args: runArgs("--max-retires", "3"), wantCode: 2, wantStderr: []string{"unknown flag --max-retires (did you mean --max-retries?)"}},
 		{name: "help", args: []string{"help"}, wantCode: 0, wantStdout: []string{"Commands:"}},
 		{name: "run -h", args: []string{"run", "-h"}, wantCode: 0, wantStderr: []string{"-database-url", "DATABASE_URL", "-on-infra-error"}},

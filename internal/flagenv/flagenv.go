@@ -58,11 +58,35 @@ func New(name string, out io.Writer) *Set {
 			return
 		}
 		fmt.Fprintf(out, "Usage of %s:\n", name)
-		fs.SetOutput(out)
-		fs.PrintDefaults()
-		fs.SetOutput(&s.failed)
+		s.printFlags(out)
 	}
 	return s
+}
+
+// printFlags writes the usage of each flag, in name order, as the flag
+// package's PrintDefaults does but with the two dashes the README and the
+// errors write (`--brokers string`; new-user trial: -h printed
+// `-brokers`): the name and its value's kind, then the usage and the
+// default when it is not the zero value.
+func (s *Set) printFlags(out io.Writer) {
+	s.VisitAll(func(f *flag.Flag) {
+		kind, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if kind != "" {
+			line += " " + kind
+		}
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		switch f.DefValue {
+		case "", "0", "false", "0s", "[]":
+		default:
+			if kind == "string" {
+				line += fmt.Sprintf(" (default %q)", f.DefValue)
+			} else {
+				line += " (default " + f.DefValue + ")"
+			}
+		}
+		fmt.Fprintln(out, line)
+	})
 }
 
 // WithLookup replaces the environment lookup (for tests) and returns s.
@@ -256,6 +280,18 @@ func DidYouMean(name string, known []string, prefix string) string {
 		return " (did you mean " + prefix + best + "?)"
 	}
 	return ""
+}
+
+// UnknownCommand returns the message of an unknown command word of program
+// (its commands known): a suggestion of the closest (DidYouMean), or, for
+// a word that is a flag (`projection-worker --max-retries 3`), that the
+// command comes first (new-user trial: "unknown command" alone).
+func UnknownCommand(program, word string, known []string) string {
+	msg := fmt.Sprintf("%s: unknown command %q", program, word)
+	if strings.HasPrefix(word, "-") {
+		return msg + ": the command comes first, then its flags (" + program + " " + known[0] + " " + word + " ...)"
+	}
+	return msg + DidYouMean(word, known, "")
 }
 
 // closest is DidYouMean's choice: the k of known, or "".

@@ -143,6 +143,10 @@ func TestParseErrorPrintsNothingAndHelpPrintsTheUsage(t *testing.T) {
 		if got := out.String(); !strings.HasPrefix(got, "Usage of test run:\n") || !strings.Contains(got, "seed brokers") {
 			t.Errorf("Parse(%q) printed %q, want the usage", args, got)
 		}
+		// Flags with the two dashes the README and the errors write.
+		if got := out.String(); !strings.Contains(got, "\n  --brokers string\n") || strings.Contains(got, "\n  -brokers") {
+			t.Errorf("Parse(%q) printed %q, want --brokers", args, got)
+		}
 	}
 }
 
