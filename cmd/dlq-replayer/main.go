@@ -30,6 +30,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/causet/projection-worker/internal/buildinfo"
@@ -132,6 +133,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	if err != nil && fs.Unknown != "" {
+		if owners := commandsWithFlag(fs.Unknown, lookupEnv); len(owners) > 0 {
+			// A flag of another command (new-user trial: list --dry-run
+			// said "unknown flag" alone).
+			err = flagenv.Usagef("--%s is a flag of %s, not of %s (dlq-replayer %s -h lists the flags)", fs.Unknown, strings.Join(owners, " and "), cmd, cmd)
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "dlq-replayer %s: %v\n", cmd, err)
 		return 2
@@ -149,4 +157,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	default:
 		return 1 // logged by execute
 	}
+}
+
+// commandsWithFlag returns the commands, of list, summary, retry and skip,
+// that have the flag name.
+func commandsWithFlag(name string, lookupEnv func(string) (string, bool)) []string {
+	var owners []string
+	for _, c := range []string{"list", "summary", "retry", "skip"} {
+		var s settings
+		fs := flagenv.New("dlq-replayer "+c, io.Discard).WithLookup(lookupEnv)
+		s.register(fs, c, lookupEnv)
+		if fs.Lookup(name) != nil {
+			owners = append(owners, c)
+		}
+	}
+	return owners
 }

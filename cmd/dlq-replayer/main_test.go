@@ -62,6 +62,8 @@ func TestUsageErrors(t *testing.T) {
 		{"no command", noKafka, nil, "Usage: dlq-replayer <command>"},
 		{"unknown command", noKafka, []string{"replay", "--all"}, `unknown command "replay"`},
 		{"misspelt command", noKafka, []string{"lst", "--all"}, `unknown command "lst" (did you mean list?)`},
+		{"flag of other commands", noKafka, []string{"list", "--all", "--dry-run"}, "--dry-run is a flag of retry and skip, not of list (dlq-replayer list -h lists the flags)"},
+		{"flag of another command", noKafka, []string{"summary", "--all", "--reason", "x"}, "--reason is a flag of retry and skip, not of summary"},
 		{"flag before the command", noKafka, []string{"--all", "list"}, `unknown command "--all": the command comes first, then its flags (dlq-replayer list --all ...)`},
 		{"misspelt flag", noKafka, []string{"list", "--al"}, "unknown flag --al (did you mean --all?)"},
 		{"no filter", noKafka, []string{"retry"}, "--all"},

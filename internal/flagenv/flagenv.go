@@ -41,6 +41,9 @@ type Set struct {
 	invalid error
 	// failed is what the flag package printed of a parse error.
 	failed bytes.Buffer
+	// Unknown is the flag Parse last refused as not defined (its name,
+	// without dashes); "" after a Parse that met none.
+	Unknown string
 }
 
 // New returns an empty Set named name that writes its usage to out on
@@ -319,6 +322,7 @@ func closest(name string, known []string) string {
 // flag.ErrHelp.
 func (s *Set) Parse(args []string) error {
 	s.failed.Reset()
+	s.Unknown = ""
 	if err := s.FlagSet.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -327,6 +331,7 @@ func (s *Set) Parse(args []string) error {
 			err = s.invalid
 		} else if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
 			name = strings.TrimPrefix(name, "-")
+			s.Unknown = name
 			err = fmt.Errorf("unknown flag --%s%s", name, s.didYouMean(name))
 		} else if name, ok := strings.CutPrefix(err.Error(), "flag needs an argument: -"); ok {
 			err = fmt.Errorf("flag --%s needs a value", strings.TrimPrefix(name, "-"))
