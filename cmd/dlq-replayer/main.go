@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 		}
 		return 0
 	default:
-		fmt.Fprintf(stderr, "%s\n\n%s", flagenv.UnknownCommand("dlq-replayer", cmd, []string{"list", "summary", "retry", "skip", "version", "help"}), usage)
+		fmt.Fprintf(stderr, "%s\n\n%s", flagenv.UnknownCommand("dlq-replayer", cmd, append(commands[:len(commands):len(commands)], "version", "help")), usage)
 		return 2
 	}
 
@@ -159,11 +159,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	}
 }
 
-// commandsWithFlag returns the commands, of list, summary, retry and skip,
-// that have the flag name.
+// commands are the replayer's commands that take flags.
+var commands = []string{"list", "summary", "retry", "skip"}
+
+// commandsWithFlag returns the commands that have the flag name.
 func commandsWithFlag(name string, lookupEnv func(string) (string, bool)) []string {
 	var owners []string
-	for _, c := range []string{"list", "summary", "retry", "skip"} {
+	for _, c := range commands {
 		var s settings
 		fs := flagenv.New("dlq-replayer "+c, io.Discard).WithLookup(lookupEnv)
 		s.register(fs, c, lookupEnv)

@@ -344,7 +344,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 // not create the temporary tables COPY stages batches in.
 func checkDatabase(ctx context.Context, pool *pgxpool.Pool, mode projection.InfraMode, log *slog.Logger) (canStage, reached bool, refused error) {
 	if err := pool.Ping(ctx); err != nil && ctx.Err() == nil {
-		if refused := refusedConnection(err); refused != nil {
+		if refused = refusedConnection(err); refused != nil {
 			return false, false, refused
 		}
 		then := "partitions pause until it answers, and /readyz fails"
