@@ -78,15 +78,6 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 			}
 		}()
 	}
-	for i, rec := range recs {
-		d := &batch[i]
-		d.idx = i
-		d.rec = rec
-		d.replay = readReplayInfo(rec)
-		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value)
-		d.span = w.tr.startRecord(d, pc.spanAttrs)
-	}
-
 	var single []pair
 	// Sized as the last batch's, with a quarter more for a batch of other
 	// event types.
@@ -97,8 +88,15 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		}
 	}()
 	var failures []pairFailure
-	for i := range batch {
+	for i, rec := range recs {
+		// Each record is planned right after it is decoded, while its
+		// value and tree are still in the processor's cache.
 		d := &batch[i]
+		d.idx = i
+		d.rec = rec
+		d.replay = readReplayInfo(rec)
+		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value)
+		d.span = w.tr.startRecord(d, pc.spanAttrs)
 		only, skip := pc.handedOff(d)
 		if skip {
 			endRecord(d.span, outcomeHandedOff, "")
