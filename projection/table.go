@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -274,7 +273,7 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	value := func(c *column) (any, error) {
 		if c.fromTS && inTimeRange(c.kind, ev.TS) {
 			// What the general path gives, without the text of ev.TS.
-			return formatTime(time.UnixMilli(ev.TS), c.kind == kindDate), nil
+			return formatMillis(ev.TS, c.kind == kindDate), nil
 		}
 		var v any
 		if c.prog != nil {

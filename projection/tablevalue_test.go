@@ -3,6 +3,7 @@ package projection
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,60 @@ func TestFormatTime(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = formatTime(at, false) }); n != 1 {
 		t.Errorf("formatTime: %v allocations, want 1 (the string)", n)
 	}
+}
+
+// TestFormatMillis checks formatMillis against formatTime: at the
+// samples, at each day's first and last millisecond over four centuries
+// of dates around each end of the ranges and the epoch (leap years, the
+// century years, 1 BC / 1 AD), and at random milliseconds across the date
+// range.
+func TestFormatMillis(t *testing.T) {
+	check := func(ms int64) {
+		t.Helper()
+		for _, dateOnly := range []bool{false, true} {
+			if got, want := formatMillis(ms, dateOnly), formatTime(time.UnixMilli(ms), dateOnly); got != want {
+				t.Fatalf("formatMillis(%d, %v) = %q, want %q", ms, dateOnly, got, want)
+			}
+		}
+	}
+	for _, ms := range timeSamples {
+		check(ms)
+	}
+	const days400y = 146097
+	for _, from := range []int64{MinTimestampMillis, -62135596800000 - days400y/2*msPerDay, -days400y / 2 * msPerDay,
+		endDateMillis - days400y*msPerDay, EndTimestampMillis - days400y*msPerDay} {
+		for d := range int64(days400y) {
+			day := from - (from%msPerDay+msPerDay)%msPerDay + d*msPerDay // a day's first millisecond
+			check(day)
+			check(day + msPerDay - 1)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		check(MinTimestampMillis + rng.Int64N(endDateMillis-MinTimestampMillis))
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = formatMillis(1772366400007, false) }); n != 1 {
+		t.Errorf("formatMillis: %v allocations, want 1 (the string)", n)
+	}
+}
+
+// BenchmarkFormatMillis compares formatMillis with formatTime of the same
+// milliseconds, a second apart from 2026-03-01.
+func BenchmarkFormatMillis(b *testing.B) {
+	b.Run("formatMillis", func(b *testing.B) {
+		ms := int64(1772366400007)
+		for b.Loop() {
+			_ = formatMillis(ms, false)
+			ms += 1013
+		}
+	})
+	b.Run("formatTime", func(b *testing.B) {
+		ms := int64(1772366400007)
+		for b.Loop() {
+			_ = formatTime(time.UnixMilli(ms), false)
+			ms += 1013
+		}
+	})
 }
 
 // TestFromTSMatchesTheGeneralPath checks Plan's shortcut for a from: ts
