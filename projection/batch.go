@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -78,6 +79,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 			}
 		}()
 	}
+	var slab jsonstrict.NodeSlab // the records' trees' nodes
 	var single []pair
 	// Sized as the last batch's, with a quarter more for a batch of other
 	// event types.
@@ -95,7 +97,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
-		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value)
+		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value, &slab)
 		d.span = w.tr.startRecord(d, pc.spanAttrs)
 		only, skip := pc.handedOff(d)
 		if skip {

@@ -134,15 +134,17 @@ const maxEventDepth = jsonstrict.MaxDepth
 // with different reasons, so a dead letter tells them apart.
 //
 // TenantSchemas.DecodeEvent narrows the accepted tenant schemas further.
-func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil, false) }
+func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil, nil) }
 
 // decodeEvent is DecodeEvent with tenantSchema checked by tenants.Check.
-// With shared, the event's strings are spans of value itself
-// (jsonstrict.ParseTreeShared), save its event type and tenant schema,
-// which are copies: the worker keeps those (metric labels, the SQL text
-// of each tenant schema, the event types no projection handles), and a
-// span would keep the whole fetched batch that value is part of.
-func decodeEvent(value []byte, tenants *TenantSchemas, shared bool) (ev *Event, err error) {
+// With a slab (shared), the event's strings are spans of value itself
+// and its tree's nodes are the slab's (NodeSlab.ParseTreeShared), save
+// its event type and tenant schema, which are copies: the worker keeps
+// those (metric labels, the SQL text of each tenant schema, the event
+// types no projection handles), and a span would keep the whole fetched
+// batch that value is part of.
+func decodeEvent(value []byte, tenants *TenantSchemas, slab *jsonstrict.NodeSlab) (ev *Event, err error) {
+	shared := slab != nil
 	if shared {
 		defer func() { detachKept(ev, err) }()
 	}
@@ -152,11 +154,12 @@ func decodeEvent(value []byte, tenants *TenantSchemas, shared bool) (ev *Event, 
 	if len(value) == 0 {
 		return nil, &ValidationError{Reason: "record value is empty (0 bytes, not a tombstone), want an object"}
 	}
-	parse := jsonstrict.ParseTree
+	var t *jsonstrict.Tree
 	if shared {
-		parse = jsonstrict.ParseTreeShared
+		t, err = slab.ParseTreeShared(value)
+	} else {
+		t, err = jsonstrict.ParseTree(value)
 	}
-	t, err := parse(value)
 	isObject := t != nil && t.Nodes[0].Kind == jsonstrict.ObjectNode
 	switch err := err.(type) {
 	case nil:

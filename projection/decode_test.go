@@ -16,6 +16,7 @@ import (
 
 	"github.com/causet/projection-worker/dlq"
 
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"
 )
@@ -134,7 +135,7 @@ func TestDecodeRecordSharesTheValueSaveWhatTheWorkerKeeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tenants *TenantSchemas
-	ev, err := tenants.decodeRecord(value)
+	ev, err := tenants.decodeRecord(value, &jsonstrict.NodeSlab{})
 	if err != nil {
 		t.Fatal(err)
 	}

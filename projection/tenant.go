@@ -3,6 +3,7 @@ package projection
 import (
 	"errors"
 	"fmt"
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"regexp"
 	"regexp/syntax"
 	"slices"
@@ -285,13 +286,14 @@ func (t *TenantSchemas) Check(s string) error {
 // event whose tenant schema is not in t (Check). A nil t applies SPEC §3
 // alone.
 func (t *TenantSchemas) DecodeEvent(value []byte) (*Event, error) {
-	return decodeEvent(value, t, false)
+	return decodeEvent(value, t, nil)
 }
 
 // decodeRecord is DecodeEvent of a fetched record's value, which the
-// event's strings share (decodeEvent's shared): value must not change
-// while the event is in use. The Kafka client gives each fetched batch
-// memory of its own, never reused (the worker sets no kgo.WithPools).
-func (t *TenantSchemas) decodeRecord(value []byte) (*Event, error) {
-	return decodeEvent(value, t, true)
+// event's strings share (decodeEvent's shared), its tree's nodes taken
+// from slab (the batch's): value must not change while the event is in
+// use. The Kafka client gives each fetched batch memory of its own, never
+// reused (the worker sets no kgo.WithPools).
+func (t *TenantSchemas) decodeRecord(value []byte, slab *jsonstrict.NodeSlab) (*Event, error) {
+	return decodeEvent(value, t, slab)
 }

@@ -68,7 +68,9 @@ func initialNodes(n int) int { return min(n/16+4, 256) }
 func (p *parser) parse() error {
 	p.tok.Reset(p.src)
 	defer p.tok.Reset(nil) // returns the tokenizer's stack to its pool
-	p.nodes = make([]Node, 0, initialNodes(len(p.src)))
+	if p.nodes == nil {
+		p.nodes = make([]Node, 0, initialNodes(len(p.src)))
+	}
 	// stack holds the open containers, outermost first. It is a local
 	// variable (not a field) so that its first eight frames stay on the
 	// goroutine stack.
@@ -194,7 +196,7 @@ func (p *parser) member(stack []frame, key span) {
 		}
 	case obj.Len < linearKeys:
 		for j, k := f.node+1, int32(0); k < obj.Len; j, k = p.nodes[j].End, k+1 {
-			if p.equal(p.nodes[j].key, key) {
+			if k := p.nodes[j].key; k.n == key.n && p.equal(k, key) {
 				first = j
 				break
 			}

@@ -82,7 +82,7 @@ func (t *Tree) Member(i int32, key string) (int32, bool) {
 		return 0, false
 	}
 	for j, k := i+1, int32(0); k < n.Len; j, k = t.Nodes[j].End, k+1 {
-		if t.str(t.Nodes[j].key) == key {
+		if k := t.Nodes[j].key; int(k.n) == len(key) && t.str(k) == key {
 			return j, true
 		}
 	}

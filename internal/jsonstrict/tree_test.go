@@ -139,3 +139,58 @@ func readsInPlace(t *testing.T, tree *Tree) {
 		t.Errorf("after SetString: a.x = %q, a.y[1] = %q", tree.Text(x), tree.Text(e2-1))
 	}
 }
+
+// TestNodeSlabTreesKeepTheirNodes parses documents one after another from
+// one NodeSlab, as the worker parses a batch: small ones that share its
+// arrays, one denser than initialNodes expects (its nodes outgrow the
+// room into an array of their own), one larger than a whole slab, one
+// refused (a duplicate key: its tree is kept) and invalid ones (their
+// room left to the next); then checks every tree kept against ParseTree
+// of its document, so that no tree's nodes were written over by a later
+// one's.
+func TestNodeSlabTreesKeepTheirNodes(t *testing.T) {
+	var docs []string
+	for i := range 200 {
+		switch {
+		case i%50 == 7:
+			docs = append(docs, `{"dense":[`+strings.Repeat("1,", 300)+`1]}`)
+		case i%50 == 13:
+			docs = append(docs, wideObject(2*slabNodes, ""))
+		case i%50 == 21:
+			docs = append(docs, `{"a":1,"a":2,"b":[true]}`)
+		case i%50 == 33:
+			docs = append(docs, `{"truncated":[1,2`)
+		case i%50 == 34:
+			docs = append(docs, "{\"bad\":\"\xff\"}")
+		default:
+			docs = append(docs, fmt.Sprintf(`{"eventType":"T%d","payload":{"n":%d,"s":"x\ty","list":[%d,{"k":null}]}}`, i, i, i))
+		}
+	}
+	var slab NodeSlab
+	trees := make([]*Tree, len(docs))
+	for i, d := range docs {
+		tree, err := slab.ParseTreeShared([]byte(d))
+		want, wantErr := ParseTree([]byte(d))
+		if (err == nil) != (wantErr == nil) || (tree == nil) != (want == nil) {
+			t.Fatalf("doc %d: NodeSlab: %v, %v; ParseTree: %v, %v", i, tree != nil, err, want != nil, wantErr)
+		}
+		trees[i] = tree
+	}
+	kept := 0
+	for i, tree := range trees {
+		if tree == nil {
+			continue
+		}
+		kept++
+		want, _ := ParseTree([]byte(docs[i]))
+		if diff := cmp.Diff(want.Any(0), tree.Any(0)); diff != "" {
+			t.Errorf("doc %d changed after later documents (-ParseTree +NodeSlab):\n%s", i, diff)
+		}
+		if len(tree.Nodes) != cap(tree.Nodes) {
+			t.Errorf("doc %d: %d nodes with room for %d: a later tree could be appended into it", i, len(tree.Nodes), cap(tree.Nodes))
+		}
+	}
+	if kept != 192 {
+		t.Errorf("%d trees kept, want 192 (8 documents invalid)", kept)
+	}
+}
