@@ -188,9 +188,8 @@ func (g *copyGroup) add(pr pair, k []byte, keys *keyIndex) {
 	if dedup == nil {
 		dedup = g.all[:len(g.all)-1]
 	}
-	i, ok := keys.find(g, k, dedup)
+	i, ok := keys.findOrPut(g, k, dedup)
 	if !ok {
-		keys.put(g, k, len(dedup))
 		if g.pairs != nil {
 			g.pairs = append(g.pairs, pr)
 		}
@@ -259,33 +258,31 @@ func (x *keyIndex) release() {
 	keyIndexes.Put(x)
 }
 
-// find returns the index in pairs (g's upserts, one per key so far) of the
-// upsert of primary key k, and whether there is one.
-func (x *keyIndex) find(g *copyGroup, k []byte, pairs []pair) (int, bool) {
-	i, ok := x.slots[keySlot{g, maphash.Bytes(x.seed, k)}]
-	if !ok {
+// findOrPut returns the index in pairs (g's upserts, one per key so far)
+// of the upsert of primary key k, and true; or, when there is none,
+// records len(pairs) as its index (where add puts it) and returns false:
+// one hash of k and one lookup for each upsert of a new key.
+func (x *keyIndex) findOrPut(g *copyGroup, k []byte, pairs []pair) (int, bool) {
+	s := keySlot{g, maphash.Bytes(x.seed, k)}
+	i, taken := x.slots[s]
+	if !taken {
+		x.slots[s] = int32(len(pairs))
 		return 0, false
 	}
 	var buf [64]byte
 	if string(appendKeyText(buf[:0], g.p, pairs[i].stmt.Args)) == string(k) {
 		return int(i), true
 	}
-	i, ok = x.spill[keySpill{g, string(k)}]
-	return int(i), ok
-}
-
-// put records i as the index of the upsert of primary key k in g, a key
-// find did not find.
-func (x *keyIndex) put(g *copyGroup, k []byte, i int) {
-	s := keySlot{g, maphash.Bytes(x.seed, k)}
-	if _, taken := x.slots[s]; !taken {
-		x.slots[s] = int32(i)
-		return
+	// Another key of g took the slot of k's hash first.
+	sp := keySpill{g, string(k)}
+	if j, ok := x.spill[sp]; ok {
+		return int(j), true
 	}
 	if x.spill == nil {
 		x.spill = map[keySpill]int32{}
 	}
-	x.spill[keySpill{g, string(k)}] = int32(i)
+	x.spill[sp] = int32(len(pairs))
+	return 0, false
 }
 
 // appendKeyText appends to b the primary key values of tp's upsert

@@ -117,16 +117,20 @@ func TestKeyIndexTellsKeysOfOneHashApart(t *testing.T) {
 	k0 := appendKeyText(nil, ratings, g.pairs[0].stmt.Args)
 	k1 := appendKeyText(nil, ratings, g.pairs[1].stmt.Args)
 	x.slots[keySlot{g, maphash.Bytes(x.seed, k1)}] = 0 // k1's hash, k0's upsert
-	if _, ok := x.find(g, k1, g.pairs); ok {
+	if _, ok := x.findOrPut(g, k1, g.pairs[:1]); ok {
 		t.Fatal("found user-1 at user-0's upsert")
 	}
-	x.put(g, k1, 1)
-	if i, ok := x.find(g, k1, g.pairs); !ok || i != 1 {
+	if i, ok := x.findOrPut(g, k1, g.pairs); !ok || i != 1 {
 		t.Errorf("find user-1 = %d, %v; want 1, true (spilled)", i, ok)
 	}
-	x.put(g, k0, 0)
-	if i, ok := x.find(g, k0, g.pairs); !ok || i != 0 {
+	if _, ok := x.findOrPut(g, k0, g.pairs[:0]); ok {
+		t.Fatal("found user-0 before it was put")
+	}
+	if i, ok := x.findOrPut(g, k0, g.pairs); !ok || i != 0 {
 		t.Errorf("find user-0 = %d, %v; want 0, true", i, ok)
+	}
+	if _, ok := x.findOrPut(g, []byte("\x00artist-x\x00user-x"), g.pairs); ok {
+		t.Error("found a key never put")
 	}
 }
 
