@@ -546,9 +546,7 @@ func detach(d *decoded) *decoded {
 	}
 	c.rec = &r
 	if d.ev != nil {
-		ev := *d.ev
-		ev.Raw = r.Value
-		c.ev = &ev
+		c.ev = d.ev.detachedTo(r.Value)
 	}
 	return &c
 }

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/causet/projection-worker/internal/jsonstrict"
+	"unsafe"
 )
 
 // ValidationError reports a projection event that breaks the rules of SPEC §3.
@@ -198,6 +199,23 @@ func detachKept(ev *Event, err error) {
 		ve.EventType, ve.ForkID, ve.TenantSchema = strings.Clone(ve.EventType), strings.Clone(ve.ForkID), strings.Clone(ve.TenantSchema)
 		ve.Field, ve.Reason, ve.group = strings.Clone(ve.Field), strings.Clone(ve.Reason), strings.Clone(ve.group)
 	}
+}
+
+// detachedTo returns a copy of ev that shares no memory with the fetched
+// batch or the NodeSlab its record was decoded from (decodeRecord shares
+// both): raw, a copy of ev.Raw, is its value, which its tree reads from,
+// the tree's nodes are copied and its strings cloned. A record waiting
+// for a retry so keeps about its own bytes alive, not a slab of 1024
+// nodes and a fetched batch each (a run with 1 % of the pairs retried
+// peaked at 1.1 GiB where it had 0.25).
+func (ev *Event) detachedTo(raw []byte) *Event {
+	c := *ev
+	c.Raw = raw
+	c.EntityID, c.ForkID, c.IRVersion = strings.Clone(ev.EntityID), strings.Clone(ev.ForkID), strings.Clone(ev.IRVersion)
+	if ev.tree != nil {
+		c.tree = ev.tree.Detached(unsafe.String(unsafe.SliceData(raw), len(raw)))
+	}
+	return &c
 }
 
 // utf8BOM is the UTF-8 byte order mark.

@@ -1,6 +1,9 @@
 package jsonstrict
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"slices"
+)
 
 // NodeKind says what value a Node is.
 type NodeKind uint8
@@ -54,6 +57,17 @@ func (t *Tree) str(s span) string {
 	}
 	o := -s.off - 1
 	return t.esc[o : o+s.n]
+}
+
+// Detached returns a copy of t that shares no memory with t's document
+// (ParseTreeShared's) or the NodeSlab of its nodes: the nodes copied, the
+// text read from doc, which must hold the same bytes as t's document (a
+// copy of it). It panics when doc's length is not the document's.
+func (t *Tree) Detached(doc string) *Tree {
+	if len(doc) != len(t.src) {
+		panic("jsonstrict: Tree.Detached given a document of another length")
+	}
+	return &Tree{Nodes: slices.Clone(t.Nodes), src: doc, esc: t.esc}
 }
 
 // Key returns node i's key, unescaped, when its parent is an object; ""
