@@ -184,8 +184,9 @@ func ParseTreeShared(doc []byte) (*Tree, error) {
 // of slabNodes nodes (28 KiB) per 40 or so events of 430 bytes instead of
 // an array each, sized to what they use instead of initialNodes' guess.
 // A tree keeps its whole slab alive (Node holds no pointer, so the
-// garbage collector does not scan it). The zero NodeSlab is ready; it is
-// not safe for concurrent use.
+// garbage collector does not scan it): a tree kept beyond its batch is to
+// be detached (Tree.Detached). The zero NodeSlab is ready; it is not safe
+// for concurrent use.
 type NodeSlab struct{ free []Node }
 
 // slabNodes is the size of a NodeSlab's arrays, in nodes.
