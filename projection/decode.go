@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/causet/projection-worker/internal/jsonstrict"
-	"unsafe"
 )
 
 // ValidationError reports a projection event that breaks the rules of SPEC §3.

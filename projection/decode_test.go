@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
-
 	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/retry"
 	"github.com/causet/projection-worker/schemas"

@@ -3,12 +3,13 @@ package projection
 import (
 	"errors"
 	"fmt"
-	"github.com/causet/projection-worker/internal/jsonstrict"
 	"regexp"
 	"regexp/syntax"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
 )
 
 // notATenant is the reason given for a name that ReservedSchema reports.
