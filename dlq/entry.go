@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -199,6 +200,7 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	if err := segjson.Unmarshal(r.Value, &e.Message); err != nil {
 		return nil, fmt.Errorf("decode dead-letter message: %w", err)
 	}
+	e.Message.OriginalEvent = verbatimOriginal(r.Value, e.Message.OriginalEvent)
 	if e.Message.Error == "" && e.Message.FailedAt == 0 {
 		// Any JSON object decodes; every dead letter has both (new-user
 		// trial: --dlq-topic naming the events topic listed its events as
@@ -253,6 +255,38 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 		e.Fingerprint = Fingerprint(e.Projection, parseClass(e.ErrorClass), e.SQLState, e.Message.Error)
 	}
 	return e, nil
+}
+
+// originalPrefix is how every dead letter's value starts (Message.encode).
+const originalPrefix = `{"originalEvent":`
+
+// verbatimOriginal returns value's originalEvent as the dead letter holds
+// it, with the whitespace around the object that a JSON decoder drops
+// (decoded is what the decoder gave): the bytes of value from just after
+// `{"originalEvent":` to the `,` after the object, when they are decoded
+// with JSON whitespace around it; else decoded. The worker embeds a
+// record's value verbatim, the whitespace around its object included, and
+// retry republishes these bytes (new-user trial: an event ending in a
+// newline was replayed a byte shorter).
+func verbatimOriginal(value []byte, decoded json.RawMessage) json.RawMessage {
+	const space = " \t\n\r"
+	if isNullEvent(decoded) || !bytes.HasPrefix(value, []byte(originalPrefix)) {
+		return decoded
+	}
+	rest := value[len(originalPrefix):]
+	start := len(rest) - len(bytes.TrimLeft(rest, space))
+	end := start + len(decoded)
+	if end > len(rest) || !bytes.Equal(rest[start:end], decoded) {
+		return decoded
+	}
+	end += len(rest[end:]) - len(bytes.TrimLeft(rest[end:], space))
+	switch {
+	case end == len(rest) || rest[end] != ',':
+		return decoded // not Message.encode's layout
+	case end == len(decoded):
+		return decoded // no whitespace around it
+	}
+	return bytes.Clone(rest[:end])
 }
 
 // jsonString returns the string a JSON string holds, "" for anything else.

@@ -129,6 +129,29 @@ func TestNewRecordKeepsOriginalEventVerbatim(t *testing.T) {
 	}
 }
 
+// TestNewEntryKeepsTheWhitespaceAroundOriginalEvent: a record value with
+// whitespace around its object is embedded verbatim, and the entry the
+// replayer reads holds the same bytes, which retry republishes. The new-
+// user trial's inputs: an event ending in a newline was replayed a byte
+// shorter, one with whitespace on both sides six bytes shorter.
+func TestNewEntryKeepsTheWhitespaceAroundOriginalEvent(t *testing.T) {
+	for _, value := range []string{
+		testEvent,
+		testEvent + "\n",
+		" \n\t" + testEvent + " \r\n",
+		"\n\n{ \"eventType\" : \"X\" , \"payload\":{}}\t",
+	} {
+		rec := newRecord(t, testDeadLetter([]byte(value)), RecordConfig{})
+		e, err := NewEntry(rec)
+		if err != nil {
+			t.Fatalf("NewEntry(%q): %v", value, err)
+		}
+		if string(e.Message.OriginalEvent) != value {
+			t.Errorf("entry's originalEvent %q, want %q", e.Message.OriginalEvent, value)
+		}
+	}
+}
+
 func TestNewRecordMessageFields(t *testing.T) {
 	rec := newRecord(t, testDeadLetter([]byte(testEvent)), RecordConfig{})
 	m := decodeMessage(t, rec.Value)

@@ -392,9 +392,10 @@ func TestParseTimeBound(t *testing.T) {
 func TestRetryRepublishesByteForByte(t *testing.T) {
 	b := kafkatest.New(t)
 	f := newFixture(t, b, 4, 2)
-	// Odd spacing, escapes, a big number and HTML characters: any
-	// re-encoding would show.
-	value := []byte(`{ "eventType":"ARTIST_FOLLOWED","entityId":"user-9", "forkId":"production","tenantSchema":"acme_prod","irVersion":"v42","sequenceNumber":9007199254740993,"ts":1719331200000,"payload":{"note":"caf\u00e9 <b>&amp;","n":1.50}}`)
+	// Odd spacing, whitespace around the object, escapes, a big number and
+	// HTML characters: any re-encoding would show (new-user trial: the
+	// whitespace around the object was dropped).
+	value := []byte(" \n\t" + `{ "eventType":"ARTIST_FOLLOWED","entityId":"user-9", "forkId":"production","tenantSchema":"acme_prod","irVersion":"v42","sequenceNumber":9007199254740993,"ts":1719331200000,"payload":{"note":"caf\u00e9 <b>&amp;","n":1.50}}` + " \r\n")
 	first := t0.Add(-time.Hour)
 	at := f.add(deadLetter{key: "user-9", value: value, fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED",
 		projection: "artist_followers", originalPartition: 3, firstFailedAt: first, replayCount: 1,
