@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -216,6 +217,16 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 		msg, err := e.Message.MarshalJSON()
 		if err != nil {
 			return fmt.Errorf("encode dead letter %s: %w", e.Coordinates(), err)
+		}
+		if bytes.ContainsAny(msg, "\n\r") {
+			// One line per dead letter: an original written over several
+			// lines (or ending in a newline) is compacted here; its bytes
+			// stay as they are in the dead letter and in a replay.
+			var b bytes.Buffer
+			if err := json.Compact(&b, msg); err != nil {
+				return fmt.Errorf("encode dead letter %s: %w", e.Coordinates(), err)
+			}
+			msg = b.Bytes()
 		}
 		head, err := json.Marshal(struct {
 			DLQPartition      int32         `json:"dlqPartition"`

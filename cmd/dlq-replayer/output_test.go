@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
 	"strings"
 	"testing"
@@ -289,5 +291,41 @@ func TestOutcomeLineEscapesTheLedgersReason(t *testing.T) {
 	want := `: skipped by eve\tx: line1\nline2\x1b[31mRED\u0085`
 	if !strings.HasSuffix(line, want) || strings.ContainsFunc(line, unicode.IsControl) {
 		t.Errorf("outcomeLine = %q, want it to end %q, with no control character", line, want)
+	}
+}
+
+// TestListJSONIsOneLinePerDeadLetter: `list --output json` writes one JSON
+// object per line even when the original event holds newlines, inside its
+// object (written over several lines) or around it (a trailing newline,
+// which the dead letter and a replay keep byte for byte; new-user trial),
+// and each line reads back as the same original event.
+func TestListJSONIsOneLinePerDeadLetter(t *testing.T) {
+	var out bytes.Buffer
+	lw, err := newListWriter(&out, "json", 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	originals := []string{`{"a":1}`, "{\n  \"a\": 1,\n  \"b\": \"x\\ny\"\n}", "{\"a\":1}\r\n", " \n\t{\"a\": [1,\n2]} \n"}
+	for i, o := range originals {
+		e := &dlq.Entry{Offset: int64(i), Message: dlq.Message{OriginalEvent: json.RawMessage(o), Error: "boom", FailedAt: 1}}
+		if err := lw.write(e, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != len(originals) {
+		t.Fatalf("%d lines for %d dead letters:\n%s", len(lines), len(originals), out.String())
+	}
+	for i, l := range lines {
+		var v struct {
+			OriginalEvent json.RawMessage `json:"originalEvent"`
+		}
+		if err := json.Unmarshal([]byte(l), &v); err != nil {
+			t.Fatalf("line %d %q: %v", i, l, err)
+		}
+		var got, want any
+		if json.Unmarshal(v.OriginalEvent, &got) != nil || json.Unmarshal([]byte(originals[i]), &want) != nil || !cmp.Equal(got, want) {
+			t.Errorf("line %d: originalEvent %s, want the value of %q", i, v.OriginalEvent, originals[i])
+		}
 	}
 }
