@@ -257,9 +257,6 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	return e, nil
 }
 
-// originalPrefix is how every dead letter's value starts (Message.encode).
-const originalPrefix = `{"originalEvent":`
-
 // verbatimOriginal returns value's originalEvent as the dead letter holds
 // it, with the whitespace around the object that a JSON decoder drops
 // (decoded is what the decoder gave): the bytes of value from just after

@@ -265,6 +265,11 @@ func isNullEvent(event []byte) bool {
 	return len(event) == 0 || string(event) == "null"
 }
 
+// originalPrefix is how every dead letter's value starts: encode writes
+// originalEvent first, and NewEntry reads its bytes from there
+// (verbatimOriginal).
+const originalPrefix = `{"originalEvent":`
+
 // encode is MarshalJSON without checking OriginalEvent, which the caller
 // has checked.
 func (m Message) encode() []byte {
@@ -277,7 +282,7 @@ func (m Message) encode() []byte {
 		_ = enc.Encode(s) // encoding a string cannot fail; invalid UTF-8 becomes U+FFFD
 		b.Truncate(b.Len() - 1)
 	}
-	b.WriteString(`{"originalEvent":`)
+	b.WriteString(originalPrefix)
 	if isNull {
 		b.WriteString(`null,"originalValueBase64":`)
 		str(m.OriginalValueBase64)
