@@ -201,11 +201,12 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 		return nil, fmt.Errorf("decode dead-letter message: %w", err)
 	}
 	e.Message.OriginalEvent = verbatimOriginal(r.Value, e.Message.OriginalEvent)
-	if e.Message.Error == "" && e.Message.FailedAt == 0 {
-		// Any JSON object decodes; every dead letter has both (new-user
-		// trial: --dlq-topic naming the events topic listed its events as
-		// dead letters with empty fields).
-		return nil, errors.New(`not a dead-letter message: a JSON object without "error" and "failedAt" (is --dlq-topic the dead-letter topic?)`)
+	if e.Message.Error == "" || e.Message.FailedAt == 0 {
+		// Any JSON object decodes; every dead letter has both, as the
+		// schema requires (new-user trials: --dlq-topic naming the events
+		// topic listed its events as dead letters with empty fields; an
+		// object with an error alone was listed as failed at 0).
+		return nil, errors.New(`not a dead-letter message: a JSON object without "error" or "failedAt" (is --dlq-topic the dead-letter topic?)`)
 	}
 	// Where a value or headers left out for size are read again.
 	off, err := strconv.ParseInt(hv.originalOffset, 10, 64)

@@ -152,6 +152,22 @@ func TestNewEntryKeepsTheWhitespaceAroundOriginalEvent(t *testing.T) {
 	}
 }
 
+// TestNewEntryRefusesAnObjectWithoutErrorOrFailedAt: every dead letter
+// has both (the schema requires them); a JSON object lacking either is
+// not one, whatever else it holds (new-user trial: {"error":"e"} on a
+// wrong --dlq-topic was listed as a dead letter failed at 0).
+func TestNewEntryRefusesAnObjectWithoutErrorOrFailedAt(t *testing.T) {
+	for _, v := range []string{`{"error":"e"}`, `{"failedAt":1}`, `{}`, `{"error":"","failedAt":1,"originalEvent":{"a":1}}`,
+		`{"error":"x","originalEvent":{"eventType":"E"}}`} {
+		if _, err := NewEntry(&kgo.Record{Value: []byte(v)}); err == nil || !strings.Contains(err.Error(), "not a dead-letter message") {
+			t.Errorf("NewEntry(%s): %v, want not a dead-letter message", v, err)
+		}
+	}
+	if _, err := NewEntry(&kgo.Record{Value: []byte(`{"error":"x","failedAt":1}`)}); err != nil {
+		t.Errorf("NewEntry with both: %v", err)
+	}
+}
+
 func TestNewRecordMessageFields(t *testing.T) {
 	rec := newRecord(t, testDeadLetter([]byte(testEvent)), RecordConfig{})
 	m := decodeMessage(t, rec.Value)
