@@ -52,6 +52,7 @@ type rig struct {
 	handlers  []projection.Handler
 	validator *schemas.Validator
 	producer  *kgo.Client
+	batcher   *kgo.Client // produceAll's: one record batch per partition
 	produced  int64
 }
 
