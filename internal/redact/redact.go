@@ -45,17 +45,21 @@ const MinSubstringLen = 8
 //     spaces around '=', quoted or not, as in a key=value connection
 //     string or a URL query;
 //   - the value of a JSON field whose name ends in "password";
-//   - a known secret that is a whole quoted value ("pw" or 'pw', as
-//     PostgreSQL quotes a role or database name), or the whole of a text (a
-//     log attribute holding the password alone).
+//   - a known secret quoted as PostgreSQL quotes a role, user or database
+//     name (role "pw", user "pw", database "pw");
+//   - a log attribute whose key ends in "password" (Handler), whatever its
+//     value.
 //
 // A known secret of MinSubstringLen bytes or more is also masked wherever
 // its text appears, even inside other words. A nil *Redactor redacts
 // nothing. It is safe for concurrent use.
 type Redactor struct {
-	secrets []string          // every known secret, longest first
-	r       *strings.Replacer // the secrets of MinSubstringLen bytes or more, the others quoted
+	r *strings.Replacer // the secrets of MinSubstringLen bytes or more, the others quoted as names
 }
+
+// pgNames are the words after which PostgreSQL's messages quote a name
+// that a password given in its place would take.
+var pgNames = []string{"role ", "user ", "database "}
 
 // publicSchemes are the URL schemes (with "://") that New never masks a
 // secret inside.
@@ -95,10 +99,16 @@ func New(secrets ...string) *Redactor {
 				}
 			}
 		} else {
-			for _, e := range escapedForms(v) {
-				ps = append(ps, pair{`"` + e + `"`, `"` + Mask + `"`})
+			// Quoted as PostgreSQL quotes a role, user or database name
+			// (role "pw" does not exist: a password given as the user).
+			// Not any quoted text: an error quoting a value or a name
+			// that equals a one-letter password (got string "5",
+			// projection "p") named the wrong thing (new-user trial).
+			for _, name := range pgNames {
+				for _, e := range escapedForms(v) {
+					ps = append(ps, pair{name + `"` + e + `"`, name + `"` + Mask + `"`})
+				}
 			}
-			ps = append(ps, pair{"'" + v + "'", "'" + Mask + "'"})
 		}
 	}
 	// The longest text first, so that a secret holding another is masked whole.
@@ -107,7 +117,7 @@ func New(secrets ...string) *Redactor {
 	for _, p := range ps {
 		pairs = append(pairs, p.old, p.new)
 	}
-	return &Redactor{secrets: s, r: strings.NewReplacer(pairs...)}
+	return &Redactor{r: strings.NewReplacer(pairs...)}
 }
 
 // escapedForms returns v and the other texts it takes inside a quoted
@@ -153,9 +163,9 @@ func (r *Redactor) String(s string) string {
 	if r == nil {
 		return s
 	}
-	if slices.Contains(r.secrets, s) {
-		return Mask
-	}
+	// The known secrets first: a connection string that is a whole text
+	// is masked whole, not only its password.
+	s = r.r.Replace(s)
 	if strings.Contains(s, "://") {
 		s = urlPassword.ReplaceAllString(s, "${1}"+Mask+"@")
 	}
@@ -163,10 +173,7 @@ func (r *Redactor) String(s string) string {
 		s = keyPassword.ReplaceAllString(s, "${1}"+Mask)
 		s = jsonPassword.ReplaceAllString(s, `${1}"`+Mask+`"`)
 	}
-	if r.r == nil {
-		return s
-	}
-	return r.r.Replace(s)
+	return s
 }
 
 // containsPassword reports whether s holds "password" in any case, the
@@ -270,6 +277,9 @@ func (h *handler) WithGroup(name string) slog.Handler {
 
 func (h *handler) attr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
+	if v.Kind() != slog.KindGroup && !(v.Kind() == slog.KindString && v.String() == "") && isPasswordKey(a.Key) {
+		return slog.String(a.Key, Mask)
+	}
 	switch v.Kind() {
 	case slog.KindString:
 		return slog.String(a.Key, h.r.String(v.String()))

@@ -167,8 +167,15 @@ func TestShortSecretMaskedOnlyAsASecret(t *testing.T) {
 		{"URL query", "postgres://h/app?sslpassword=a&sslmode=require", "postgres://h/app?sslpassword=" + Mask + "&sslmode=require"},
 		{"flag", "--kafka-sasl-password=s was set", "--kafka-sasl-password=" + Mask + " was set"},
 		{"JSON field", `{"user":"worker","Password":"a"}`, `{"user":"worker","Password":"` + Mask + `"}`},
-		{"quoted as a name", `FATAL: role "a" does not exist`, `FATAL: role "` + Mask + `" does not exist`},
-		{"the whole text", "s", Mask},
+		{"quoted as a role", `FATAL: role "a" does not exist`, `FATAL: role "` + Mask + `" does not exist`},
+		{"quoted as a user", `FATAL: password authentication failed for user "a"`, `FATAL: password authentication failed for user "` + Mask + `"`},
+		{"quoted as a database", `FATAL: database "a" does not exist`, `FATAL: database "` + Mask + `" does not exist`},
+		// Quoted otherwise, the same text is not the password: a value
+		// or a name that an error quotes stays (new-user trial: "got
+		// string \"xxxxx\"" for an event's "5", projection "xxxxx").
+		{"a value quoted", `invalid event: sequenceNumber: must be a JSON integer, got string "a"`, `invalid event: sequenceNumber: must be a JSON integer, got string "a"`},
+		{"a name quoted", `defs.yaml: projection "a": primaryKey: unknown column "s" (line 5)`, `defs.yaml: projection "a": primaryKey: unknown column "s" (line 5)`},
+		{"the whole text", "s", "s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,9 +186,14 @@ func TestShortSecretMaskedOnlyAsASecret(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	log := slog.New(r.Handler(slog.NewTextHandler(&buf, nil)))
-	log.Info("partition assigned", "topic", "causet.projection-events.v1", "tenant_schema", "acme_sales")
-	if !strings.Contains(buf.String(), `msg="partition assigned" topic=causet.projection-events.v1 tenant_schema=acme_sales`) {
+	log.Info("partition assigned", "topic", "causet.projection-events.v1", "tenant_schema", "acme_sales", "projection", "a")
+	if !strings.Contains(buf.String(), `msg="partition assigned" topic=causet.projection-events.v1 tenant_schema=acme_sales projection=a`) {
 		t.Errorf("log line shredded: %s", buf.String())
+	}
+	buf.Reset()
+	log.Info("configured", "kafka_sasl_password", "s", "sslpassword", "not a known secret", "password", "", "user", "s")
+	if want := `msg=configured kafka_sasl_password=` + Mask + ` sslpassword=` + Mask + ` password="" user=s`; !strings.Contains(buf.String(), want) {
+		t.Errorf("log line %q, want it to hold %q (an attribute keyed ...password masked whatever its value)", buf.String(), want)
 	}
 }
 
@@ -235,7 +247,8 @@ func TestSecretInsideAURLSchemeLeavesTheScheme(t *testing.T) {
 // refuses (%q, JSON) escapes the secret's '"' and '\', and the text itself
 // no longer appears (new-user trial: an event carrying the password
 // Qu0te"Back\slash<&>ñ8 as a value printed it in the dead letter's error
-// and the WARN line).
+// and the WARN line). A secret shorter than MinSubstringLen is masked so
+// only as a name (TestShortSecretMaskedOnlyAsASecret).
 func TestSecretQuotedByAnErrorIsMasked(t *testing.T) {
 	t.Setenv("PGPASSWORD", "")
 	const long, short = `Qu0te"Back\slash<&>ñ8`, `q"\`
@@ -244,7 +257,7 @@ func TestSecretQuotedByAnErrorIsMasked(t *testing.T) {
 		fmt.Sprintf("invalid input syntax for type bigint: %q", long),
 		fmt.Sprintf("got %+q", long),
 		`{"error":"` + strings.Trim(mustJSON(t, long), `"`) + `"}`,
-		fmt.Sprintf("tenantSchema: got %q", short),
+		fmt.Sprintf("role %q does not exist", short),
 	} {
 		got := r.String(in)
 		if !strings.Contains(got, Mask) || strings.Contains(got, "Back") || strings.Contains(got, `q\"`) {
