@@ -111,8 +111,16 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := devstack.PrepareTenants(ctx, pool, defs, stack.Throwaway()); err != nil {
 		return interrupted(err)
 	}
-	fmt.Fprintf(stdout, "dev: migrated %s and %s (staging without followed_at); %s left unmigrated\n",
-		devstack.TenantProduction, devstack.TenantStaging, devstack.TenantLegacy)
+	example := devstack.ExampleDefinitions(defs)
+	if example {
+		fmt.Fprintf(stdout, "dev: migrated %s and %s (staging without followed_at); %s left unmigrated\n",
+			devstack.TenantProduction, devstack.TenantStaging, devstack.TenantLegacy)
+	} else {
+		// The user's own definitions (new-user trial: --projections F
+		// stopped dev on the staging example's table).
+		fmt.Fprintf(stdout, "dev: migrated %s and %s with %s; %s left unmigrated; the example events are made for examples/projections.yaml, so what is said of them below holds only with its projections: produce your own events to the topic %s\n",
+			devstack.TenantProduction, devstack.TenantStaging, s.projections, devstack.TenantLegacy, projection.DefaultEventsTopic)
+	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -137,8 +145,12 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			dbURL = redact.WithoutPassword(dbURL)
 		}
 		// Quoted for a POSIX shell: a ' in the string would end it.
-		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s.artist_followers'\n",
-			strings.ReplaceAll(dbURL, "'", `'\''`), devstack.TenantProduction)
+		table := devstack.TenantProduction + ".artist_followers"
+		if !example {
+			table = pgx.Identifier{devstack.TenantProduction, defs.Projections[0].Table}.Sanitize()
+		}
+		fmt.Fprintf(stdout, "dev: query the rows with:\n  psql '%s' -c 'table %s'\n",
+			strings.ReplaceAll(dbURL, "'", `'\''`), strings.ReplaceAll(table, "'", `'\''`))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
