@@ -66,6 +66,12 @@ type RecordConfig struct {
 	// DefaultMaxBytes (1,000,000); minimum 512. A larger dead letter is
 	// truncated (see NewRecord).
 	MaxBytes int
+	// Redact, when not nil, masks the message's error and stackTrace
+	// texts (its String) before they are fitted to MaxBytes: the worker's
+	// *redact.Redactor, so that no text of the error's chain (an inner
+	// error's message, a PostgreSQL error's detail) shows a secret.
+	// Default nil: the texts as the error gives them.
+	Redact interface{ String(string) string }
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -217,6 +223,9 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		firstFailedAt = min(max(dl.FirstFailedAt.UnixMilli(), 0), failedAt)
 	}
 	errText := errorText(dl.Err)
+	if cfg.Redact != nil {
+		errText = cfg.Redact.String(errText)
+	}
 	sqlstate := retry.SQLState(dl.Err)
 
 	msg := Message{
@@ -294,6 +303,9 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 
 	rec := &kgo.Record{Topic: cfg.Topic, Timestamp: now}
 	fullStack := stackTrace(dl.Err, dl.Stack)
+	if cfg.Redact != nil {
+		fullStack = cfg.Redact.String(fullStack)
+	}
 
 	// What does not fit is left out, the fewest parts first, in this
 	// order: nothing, the value, the source's own headers, both, then the

@@ -423,3 +423,41 @@ func BenchmarkNewRecord(b *testing.B) {
 		})
 	}
 }
+
+// TestNewRecordRedactsEveryTextOfTheChain: RecordConfig.Redact applies to
+// the whole error and stackTrace texts: an inner error of the chain and a
+// PostgreSQL error's detail too, which a mask of the outermost error alone
+// leaves (new-user trial: the stackTrace repeated an inner error, and a
+// CHECK constraint's "Failing row contains", with the password).
+func TestNewRecordRedactsEveryTextOfTheChain(t *testing.T) {
+	const secret = `Se"cr\et@ 9`
+	pgErr := &pgconn.PgError{Severity: "ERROR", Code: "23514", Message: `new row for relation "artist_followers" violates check constraint "short_user"`,
+		Detail: "Failing row contains (a2, " + secret + ", 2024-06-25)", TableName: "artist_followers", ConstraintName: "short_user"}
+	dl := testDeadLetter([]byte(testEvent))
+	dl.Err = fmt.Errorf("outer %q: %w", "masked", fmt.Errorf("inner %q: %w", secret, pgErr))
+	dl.Stack = "main.apply(" + secret + ")"
+	red := strings.NewReplacer(secret, "xxxxx", strings.Trim(fmt.Sprintf("%q", secret), `"`), "xxxxx")
+	rec, err := NewRecord(dl, RecordConfig{Redact: stringer{red}}, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(rec.Value, []byte("cr\\")) || bytes.Contains(rec.Value, []byte(`cr\\\\et`)) || bytes.Contains(rec.Value, []byte("Se\\\"cr")) {
+		t.Errorf("the dead letter still holds the secret:\n%s", rec.Value)
+	}
+	m := decodeMessage(t, rec.Value)
+	if !strings.Contains(m.StackTrace, "Failing row contains (a2, xxxxx, 2024-06-25)") || !strings.Contains(m.StackTrace, "inner \"xxxxx\"") {
+		t.Errorf("stackTrace not redacted where the secret was:\n%s", m.StackTrace)
+	}
+	rec, err = NewRecord(dl, RecordConfig{}, testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(decodeMessage(t, rec.Value).StackTrace, "Failing row contains (a2, "+secret) {
+		t.Error("without Redact the stackTrace does not hold the detail as PostgreSQL gave it: the test no longer shows what it should")
+	}
+}
+
+// stringer is a strings.Replacer as RecordConfig.Redact.
+type stringer struct{ r *strings.Replacer }
+
+func (s stringer) String(t string) string { return s.r.Replace(t) }

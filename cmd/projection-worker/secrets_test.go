@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
 )
@@ -163,6 +166,38 @@ func TestNoPasswordInAnyOutput(t *testing.T) {
 					}
 				})
 			}
+			// An event carrying the password as a value it is refused
+			// for: its dead letter keeps the event as it is, but the
+			// error and stackTrace the worker writes mask it, inner
+			// errors of the chain too (second new-user trial: the
+			// stackTrace repeated the ValidationError unmasked).
+			carried := tt.secrets[len(tt.secrets)-1]
+			bad := strings.Replace(fmt.Sprintf(specExample, "redact_tenant"), `"sequenceNumber":1891`, `"sequenceNumber":`+strconv.Quote(carried), 1)
+			if !strings.Contains(bad, carried) {
+				t.Fatalf("the event does not carry the password: %s", bad)
+			}
+			if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("user-carrier"), Value: []byte(bad)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			var refused dlq.Message
+			for refused.Error == "" {
+				fetches := cons.PollFetches(ctx)
+				if ctx.Err() != nil {
+					t.Fatalf("no dead letter of the event carrying the password\nstderr:\n%s", w.stderr.String())
+				}
+				fetches.EachRecord(func(r *kgo.Record) {
+					if string(r.Key) == "user-carrier" {
+						if err := json.Unmarshal(r.Value, &refused); err != nil {
+							t.Fatal(err)
+						}
+					}
+				})
+			}
+			if !strings.Contains(refused.StackTrace, "sequenceNumber") {
+				t.Errorf("the dead letter's stackTrace does not show the refusal: %s", refused.StackTrace)
+			}
+			noSecret(t, "the error of the dead letter of an event carrying the password", refused.Error, secrets...)
+			noSecret(t, "the stackTrace of the dead letter of an event carrying the password", refused.StackTrace, secrets...)
 			readyz, metrics := w.get(t, "/readyz"), w.get(t, "/metrics")
 			w.shutdown(t)
 			if !strings.Contains(deadLetters.String(), role) || !strings.Contains(readyz, role) {

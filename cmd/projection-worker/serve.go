@@ -250,6 +250,11 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			Worker:     s.workerID,
 			Generation: buildVersion() + "/" + defs.IRVersion,
 			MaxBytes:   dlqMaxBytes,
+			// Every text of the error's chain (an inner error, a
+			// PostgreSQL error's detail), not only the outermost that
+			// redactedWriter masks (new-user trial: the stackTrace
+			// repeated an inner error with the password in it).
+			Redact: red,
 		},
 		Backoff:        policy,
 		Logger:         log,
