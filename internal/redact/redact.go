@@ -45,8 +45,6 @@ const MinSubstringLen = 8
 //     spaces around '=', quoted or not, as in a key=value connection
 //     string or a URL query;
 //   - the value of a JSON field whose name ends in "password";
-//   - a known secret quoted as PostgreSQL quotes a role, user or database
-//     name (role "pw", user "pw", database "pw");
 //   - a log attribute whose key ends in "password" (Handler), whatever its
 //     value.
 //
@@ -54,12 +52,8 @@ const MinSubstringLen = 8
 // its text appears, even inside other words. A nil *Redactor redacts
 // nothing. It is safe for concurrent use.
 type Redactor struct {
-	r *strings.Replacer // the secrets of MinSubstringLen bytes or more, the others quoted as names
+	r *strings.Replacer // the secrets of MinSubstringLen bytes or more
 }
-
-// pgNames are the words after which PostgreSQL's messages quote a name
-// that a password given in its place would take.
-var pgNames = []string{"role ", "user ", "database "}
 
 // publicSchemes are the URL schemes (with "://") that New never masks a
 // secret inside.
@@ -98,18 +92,12 @@ func New(secrets ...string) *Redactor {
 					ps = append(ps, pair{scheme, scheme})
 				}
 			}
-		} else {
-			// Quoted as PostgreSQL quotes a role, user or database name
-			// (role "pw" does not exist: a password given as the user).
-			// Not any quoted text: an error quoting a value or a name
-			// that equals a one-letter password (got string "5",
-			// projection "p") named the wrong thing (new-user trial).
-			for _, name := range pgNames {
-				for _, e := range escapedForms(v) {
-					ps = append(ps, pair{name + `"` + e + `"`, name + `"` + Mask + `"`})
-				}
-			}
 		}
+		// A shorter secret is masked only where it appears as a secret
+		// (the patterns of String), never by its text: masking a name or
+		// value that equals it named the wrong thing (new-user trial: got
+		// string "xxxxx" for an event's "5", projection "xxxxx"), and a
+		// masked role "xxxxx" next to pgx's user=acme told the password.
 	}
 	// The longest text first, so that a secret holding another is masked whole.
 	slices.SortStableFunc(ps, func(a, b pair) int { return len(b.old) - len(a.old) })
