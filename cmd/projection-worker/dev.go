@@ -118,7 +118,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	} else {
 		// The user's own definitions (new-user trial: --projections F
 		// stopped dev on the staging example's table).
-		fmt.Fprintf(stdout, "dev: migrated %s and %s with %s; %s left unmigrated; the example events are made for examples/projections.yaml, so what is said of them below holds only with its projections: produce your own events to the topic %s\n",
+		fmt.Fprintf(stdout, "dev: migrated %s and %s with %s (every column); %s left unmigrated; the example events are made for examples/projections.yaml, and yours applies what it handles of them: produce your own events to the topic %s\n",
 			devstack.TenantProduction, devstack.TenantStaging, s.projections, devstack.TenantLegacy, projection.DefaultEventsTopic)
 	}
 
@@ -133,9 +133,13 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			log.Error("producing the example events failed", "error", err)
 			return
 		}
-		fmt.Fprintf(stdout, "dev: produced %d example events:\n", len(examples))
-		for _, line := range exampleLines(examples) {
-			fmt.Fprintf(stdout, "dev:   - %s\n", line)
+		if example {
+			fmt.Fprintf(stdout, "dev: produced %d example events:\n", len(examples))
+			for _, line := range exampleLines(examples) {
+				fmt.Fprintf(stdout, "dev:   - %s\n", line)
+			}
+		} else { // what each shows holds with the example definitions only (second trial)
+			fmt.Fprintf(stdout, "dev: produced the %d example events (docs/events.md's example and friends) to %s\n", len(examples), s.topic)
 		}
 		fmt.Fprintf(stdout, "dev: read the dead letters with:\n  kcat -b %s -t %s -C -o beginning -e -f '%%k %%h %%s\\n'\n", stack.Brokers, s.dlqTopic)
 		// DATABASE_URL's password is not printed (psql reads it from

@@ -111,8 +111,9 @@ const exampleMark = "made by projection-worker dev (make run): changed and dropp
 // PrepareTenants drops the example tenant schemas an earlier run left,
 // with their rows (so that every run projects the rows the README shows),
 // migrates the production and staging tenants anew, drops followed_at
-// from staging's artist_followers (so its events fail with `column
-// "followed_at" ... does not exist`) and leaves the legacy tenant
+// from staging's artist_followers with the example definitions
+// (ExampleDefinitions; so its events fail with `column "followed_at" ...
+// does not exist`), not from a table of the user's own, and leaves the legacy tenant
 // unmigrated (`relation ... does not exist`). Unless throwaway (the stack's own cluster), it first
 // checks that every example tenant schema that exists was made by an
 // earlier run (exampleMark) and returns an error naming the others:
@@ -151,9 +152,13 @@ func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.De
 			return fmt.Errorf("mark %s as the example's: %w", t, err)
 		}
 	}
-	// IF EXISTS: definitions of a user's own (--projections) may have no
-	// such table (new-user trial: dev stopped on 42P01 here).
-	if _, err := pool.Exec(ctx, `ALTER TABLE IF EXISTS acme_concertapp_staging.artist_followers DROP COLUMN IF EXISTS followed_at`); err != nil {
+	// Definitions of the user's own (--projections) keep every column
+	// they define (new-user trials: dev stopped on 42P01 when they had no
+	// such table, and dropped the column from one of theirs).
+	if !ExampleDefinitions(defs) {
+		return nil
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE acme_concertapp_staging.artist_followers DROP COLUMN IF EXISTS followed_at`); err != nil {
 		return fmt.Errorf("drop column for the staging example: %w", err)
 	}
 	return nil
