@@ -640,7 +640,8 @@ func TestRunWarnsOfARepeatedFlag(t *testing.T) {
 		"--projections", exampleProjections, "--max-retries", "1", "--max-retries=2", "--max-retries", "3",
 		"--topic", kafkatest.TopicName(t, "events"), "--dlq-topic", kafkatest.TopicName(t, "dlq"),
 		"--ledger-topic", kafkatest.TopicName(t, "ledger"), "--group", kafkatest.TopicName(t, "group"),
-		"--partitions", "1", "--http-addr", ln.Addr().String(), "--log-format", "text")
+		"--partitions", "1", "--http-addr", ln.Addr().String(), "--log-format", "text",
+		"--kafka-sasl-mechanism", "scram-sha-512", "--kafka-sasl-user", "bob", "--kafka-sasl-password=p5", "--kafka-sasl-password=5")
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1\n%s", r.code, r)
 	}
@@ -652,8 +653,9 @@ func TestRunWarnsOfARepeatedFlag(t *testing.T) {
 			warned[flag] = line
 		}
 	}
-	if len(warned) != 2 || !strings.Contains(warned["--max-retries"], "times=3 value=3") || !strings.Contains(warned["--database-url"], "times=2") {
-		t.Errorf("want one WARN line for --max-retries (times=3 value=3) and one for --database-url (times=2), got %q\n%s", warned, r)
+	if len(warned) != 3 || !strings.Contains(warned["--max-retries"], "times=3 value=3") || !strings.Contains(warned["--database-url"], "times=2") ||
+		!strings.Contains(warned["--kafka-sasl-password"], "times=2 value=xxxxx") {
+		t.Errorf("want one WARN line for --max-retries (times=3 value=3), --database-url (times=2) and --kafka-sasl-password (times=2 value=xxxxx: a short password too, second trial), got %q\n%s", warned, r)
 	}
 	if strings.Contains(r.stderr, "Repeat-pw-6203") {
 		t.Errorf("the password of the repeated --database-url is in the output\n%s", r)
