@@ -37,7 +37,8 @@ func ParsePostgres(connString string) (*pgxpool.Config, error) {
 			blank.ConnString = ""
 			reason = strings.TrimPrefix(blank.Error(), "cannot parse ``: ")
 		}
-		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(PostgresSecrets(connString)...).String(reason))
+		secrets := PostgresSecrets(connString)
+		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(secrets...).String(maskQuotedParts(reason, secrets)))
 	}
 	if isURL(connString) {
 		if unencodedAfterHost(connString) {
@@ -50,6 +51,27 @@ func ParsePostgres(connString string) (*pgxpool.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// quotedPart matches a double-quoted part of a reason (no escapes: the
+// URL parser quotes the part it refuses as it is).
+var quotedPart = regexp.MustCompile(`"[^"]*"`)
+
+// maskQuotedParts returns reason with every double-quoted part that holds
+// one of secrets masked whole: a parse error quotes a piece of the string
+// (`unexpected spaces found in "abc def@127.0.0.1"`), which can hold the
+// part of a password after an unencoded '@', whatever its length (third
+// new-user trial: a piece of 7 bytes was printed, short secrets not being
+// masked by their text).
+func maskQuotedParts(reason string, secrets []string) string {
+	return quotedPart.ReplaceAllStringFunc(reason, func(q string) string {
+		for _, s := range secrets {
+			if s != "" && strings.Contains(q, s) {
+				return `"` + Mask + `"`
+			}
+		}
+		return q
+	})
 }
 
 // Describe returns the host, port, database and user cfg connects to, for

@@ -37,6 +37,12 @@ var badConnStrings = []struct {
 		[]string{"Pct%zz-pw-4242", "zz-pw-4242"}},
 	{"URL, stray query parameter", "postgres://u:Stray-pw-1357@127.0.0.1/db?sslmode=disable&bogus",
 		[]string{"Stray-pw-1357"}},
+	// Third new-user trial: the URL parser quoted the part after the
+	// first '@' of the password (7 bytes or fewer, not masked by its text).
+	{"URL, unencoded '@' and a space in the password", "postgres://acme:hunter2xy@abc def@127.0.0.1:47432/acme",
+		[]string{"abc def", "hunter2xy"}},
+	{"URL, unencoded '@' and a space in a short password", "postgres://acme:ab@c d@127.0.0.1:47432/acme",
+		[]string{"c d"}},
 	// New-user trial: these parsed, and the password's pieces became the
 	// host and the database name in every log line, /readyz and dead letter.
 	{"URL, unencoded '/' and '@' in the password", "postgres://wk:Tr0ub4dor@vault-pw/Zx9q7Lm2@127.0.0.1:47311/wdb?sslmode=disable",
