@@ -72,32 +72,34 @@ func New(secrets ...string) *Redactor {
 	type pair struct{ old, new string }
 	var ps []pair
 	for _, v := range s {
-		if len(v) >= MinSubstringLen {
-			ps = append(ps, pair{v, Mask})
-			// As a quoted value shows it: an error that quotes the value
-			// it refuses (%q, JSON) escapes a '"' or '\' of the secret,
-			// and the text itself no longer appears (new-user trial: a
-			// password holding '"' and '\' was printed in a dead letter's
-			// error when an event carried it as a value).
-			for _, e := range escapedForms(v)[1:] {
-				ps = append(ps, pair{e, Mask})
-			}
-			// A URL scheme holding the secret is left as it is (it comes
-			// before the secret, being longer): the README's test password
-			// "postgres" made "want postgres:// or postgresql://" read "want
-			// xxxxx:// or xxxxxql://" (new-user trial). The scheme says
-			// nothing of the secret that its mere text does not.
-			for _, scheme := range publicSchemes {
-				if len(scheme) > len(v) && strings.Contains(scheme, v) {
-					ps = append(ps, pair{scheme, scheme})
-				}
+		if len(v) < MinSubstringLen {
+			// Masked only where it appears as a secret (the patterns of
+			// String), never by its text: masking a name or value that
+			// equals it named the wrong thing (new-user trial: got string
+			// "xxxxx" for an event's "5", projection "xxxxx"), and a
+			// masked role "xxxxx" next to pgx's user=acme told the
+			// password.
+			continue
+		}
+		ps = append(ps, pair{v, Mask})
+		// As a quoted value shows it: an error that quotes the value
+		// it refuses (%q, JSON) escapes a '"' or '\' of the secret,
+		// and the text itself no longer appears (new-user trial: a
+		// password holding '"' and '\' was printed in a dead letter's
+		// error when an event carried it as a value).
+		for _, e := range escapedForms(v)[1:] {
+			ps = append(ps, pair{e, Mask})
+		}
+		// A URL scheme holding the secret is left as it is (it comes
+		// before the secret, being longer): the README's test password
+		// "postgres" made "want postgres:// or postgresql://" read "want
+		// xxxxx:// or xxxxxql://" (new-user trial). The scheme says
+		// nothing of the secret that its mere text does not.
+		for _, scheme := range publicSchemes {
+			if len(scheme) > len(v) && strings.Contains(scheme, v) {
+				ps = append(ps, pair{scheme, scheme})
 			}
 		}
-		// A shorter secret is masked only where it appears as a secret
-		// (the patterns of String), never by its text: masking a name or
-		// value that equals it named the wrong thing (new-user trial: got
-		// string "xxxxx" for an event's "5", projection "xxxxx"), and a
-		// masked role "xxxxx" next to pgx's user=acme told the password.
 	}
 	// The longest text first, so that a secret holding another is masked whole.
 	slices.SortStableFunc(ps, func(a, b pair) int { return len(b.old) - len(a.old) })
