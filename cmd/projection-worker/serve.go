@@ -65,7 +65,7 @@ func warnRepeated(log *slog.Logger, fs *flagenv.Set, args []string) {
 	for _, name := range slices.Sorted(maps.Keys(counts)) {
 		if n := counts[name]; n > 1 {
 			value := fs.Lookup(name).Value.String()
-			if strings.HasSuffix(name, "password") {
+			if redact.IsPasswordKey(name) {
 				// Whatever its length: log masks a password under 8
 				// bytes only where it appears as one (second trial:
 				// --kafka-sasl-password=5 given twice printed value=5).

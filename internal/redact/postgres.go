@@ -156,7 +156,7 @@ func PostgresSecrets(connString string) []string {
 				if d, err := url.QueryUnescape(k); err == nil {
 					k = d
 				}
-				if isPasswordKey(k) {
+				if IsPasswordKey(k) {
 					add(v)
 				}
 			}
@@ -253,7 +253,7 @@ func WithoutPassword(connString string) string {
 	if q := u.Query(); len(q) > 0 {
 		dropped := false
 		for k := range q {
-			if isPasswordKey(k) {
+			if IsPasswordKey(k) {
 				q.Del(k)
 				dropped = true
 			}
@@ -270,8 +270,9 @@ func WithoutPassword(connString string) string {
 // (backslash escapes) or up to a space.
 var keyPasswordPair = regexp.MustCompile(`(?i)(?:^|\s)(?:ssl)?password\s*=\s*(?:'(?:[^'\\]|\\.)*'|[^\s']\S*|)`)
 
-// isPasswordKey reports whether a connection string's query parameter k
-// holds a password (password, sslpassword, in any case).
-func isPasswordKey(k string) bool {
+// IsPasswordKey reports whether the key k (a connection string's query
+// parameter, a log attribute, a flag's name) holds a password: it ends in
+// "password", in any case (password, sslpassword, kafka-sasl-password).
+func IsPasswordKey(k string) bool {
 	return strings.HasSuffix(strings.ToLower(k), "password")
 }

@@ -267,7 +267,7 @@ func (h *handler) WithGroup(name string) slog.Handler {
 
 func (h *handler) attr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
-	if v.Kind() != slog.KindGroup && !(v.Kind() == slog.KindString && v.String() == "") && isPasswordKey(a.Key) {
+	if v.Kind() != slog.KindGroup && !(v.Kind() == slog.KindString && v.String() == "") && IsPasswordKey(a.Key) {
 		return slog.String(a.Key, Mask)
 	}
 	switch v.Kind() {
