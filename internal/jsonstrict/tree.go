@@ -30,6 +30,9 @@ const (
 // is at Nodes[i].End. A Node holds no pointer (its strings are spans of
 // the Tree's text), so the garbage collector never scans a tree's nodes.
 type Node struct {
+	// key is the member's key (in an object); text is a string's text, a
+	// number's, or a container's text in the document, its delimiters
+	// included.
 	key, text span
 	// End is the index of the first node after this one's subtree.
 	End int32
@@ -48,6 +51,9 @@ type Tree struct {
 	Nodes []Node
 	src   string // a copy of the document
 	esc   string // the strings that hold escapes, unescaped, one after another
+	// edited: SetString changed a node, so a container's text in the
+	// document may no longer be its value (Raw).
+	edited bool
 }
 
 // str returns the string of s.
@@ -67,7 +73,7 @@ func (t *Tree) Detached(doc string) *Tree {
 	if len(doc) != len(t.src) {
 		panic("jsonstrict: Tree.Detached given a document of another length")
 	}
-	return &Tree{Nodes: slices.Clone(t.Nodes), src: doc, esc: t.esc}
+	return &Tree{Nodes: slices.Clone(t.Nodes), src: doc, esc: t.esc, edited: t.edited}
 }
 
 // Key returns node i's key, unescaped, when its parent is an object; ""
@@ -76,7 +82,26 @@ func (t *Tree) Key(i int32) string { return t.str(t.Nodes[i].key) }
 
 // Text returns node i's string, unescaped, or its number's exact text; ""
 // for other kinds. It shares the tree's copy of the document.
-func (t *Tree) Text(i int32) string { return t.str(t.Nodes[i].text) }
+func (t *Tree) Text(i int32) string {
+	if k := t.Nodes[i].Kind; k == ObjectNode || k == ArrayNode {
+		return ""
+	}
+	return t.str(t.Nodes[i].text)
+}
+
+// Raw returns the text of the object or array at node i as the document
+// has it, from its opening to its closing delimiter (whitespace, escapes
+// and member order as written), and true; "" and false when node i is
+// not an object or array, or the tree was changed (SetString). It shares
+// the tree's copy of the document. A container that holds an
+// UnreadableNode is returned too: its text is JSON, but not one value.
+func (t *Tree) Raw(i int32) (string, bool) {
+	n := &t.Nodes[i]
+	if t.edited || n.Kind != ObjectNode && n.Kind != ArrayNode {
+		return "", false
+	}
+	return t.src[n.text.off : n.text.off+n.text.n], true
+}
 
 // SetString makes node i the string s, as no document the parser accepts
 // could (invalid UTF-8): for tests of what is done with such a value.
@@ -84,6 +109,7 @@ func (t *Tree) SetString(i int32, s string) {
 	t.Nodes[i].Kind = StringNode
 	t.Nodes[i].text = span{off: -int32(len(t.esc)) - 1, n: int32(len(s))}
 	t.esc += s
+	t.edited = true
 }
 
 // Member returns the index of the member key of the object at node i, and
