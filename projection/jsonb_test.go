@@ -2,12 +2,14 @@ package projection
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/causet/projection-worker/internal/jsonstrict"
+	"github.com/causet/projection-worker/internal/pgtest"
 )
 
 // encodingJSONText is what jsonbText must return: encoding/json's Encoder
@@ -129,6 +131,75 @@ func TestJSONBTextAllocations(t *testing.T) {
 		}
 		if n := testing.AllocsPerRun(100, func() { _, _ = jsonbText(device) }); n != 1 {
 			t.Errorf("jsonbText of payload.device %s: %v allocations, want 1", name, n)
+		}
+	}
+}
+
+// TestPlanSendsAJSONBValueAsTheRecordWritesIt checks Plan's argument for a
+// jsonb column that is not a primary key column, given an object or array:
+// the record's own text of it (jsonbRaw), which PostgreSQL reads as the
+// same jsonb as jsonbText's; the same refusals as the general path (a NUL
+// character, a number out of numeric's range); and a key column's value
+// still in jsonbText's spelling (numbers canonical), its tombstone's.
+func TestPlanSendsAJSONBValueAsTheRecordWritesIt(t *testing.T) {
+	_, tps := keyProjections(t, `irVersion: v42
+projections:
+  - name: jv
+    table: jv
+    primaryKey: [u, k]
+    columns:
+      u: { type: text, from: payload.u }
+      k: { type: jsonb, from: payload.k }
+      d: { type: jsonb, from: payload.d }
+      e: { type: jsonb, from: payload.l.1 }
+    events: { J_UP: upsert }
+`)
+	p := tps[0]
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	values := []string{
+		`{ "b" : [1, 2.50, -0, 1e3, 1E-3, 123456789012345678901234567890] , "a":{} }`,
+		`{"esc":"\u00e9\ud83d\ude00\n\"\\\/","k":"\u006b","\u2028":"\u2029<>&","é":"\u001f\u007f\b\f\r\t"}`,
+		`[ ]`, `[null, true, false, {"z": [[{}]]}]`,
+		`{"big":9007199254740993,"dec":12345678901234567890.123456789,"l":[1,{"a":[]},null,true]}`,
+	}
+	for _, v := range values {
+		payload := `{"u":"a","k":` + v + `,"d":` + v + `,"l":[0,` + v + `]}`
+		ev := tblEvent(t, "s", "J_UP", 1, 1719331200000, payload)
+		st, err := p.Plan(ev)
+		if err != nil {
+			t.Fatalf("Plan of %s: %v", v, err)
+		}
+		tree, err := jsonstrict.ParseTree([]byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		canonical, err := jsonbText(&treeNode{tree, 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key := canonicalJSONNumbers(canonical); st.Args[1] != key {
+			t.Errorf("key column k of %s: %q, want jsonbText's %q", v, st.Args[1], key)
+		}
+		for _, i := range []int{2, 3} {
+			if st.Args[i] != v {
+				t.Errorf("column %s of %s: %q, want the record's text", p.cols[i].name, v, st.Args[i])
+			}
+		}
+		var same bool
+		if err := pool.QueryRow(ctx, "SELECT $1::jsonb = $2::jsonb", st.Args[2], canonical).Scan(&same); err != nil || !same {
+			t.Errorf("PostgreSQL: %s::jsonb = %s::jsonb is %v, %v; want true", st.Args[2], canonical, same, err)
+		}
+	}
+	for _, tc := range []struct{ value, reason string }{
+		{`{"a":["\u0000"]}`, `a string with a NUL character (\u0000) cannot be stored in a jsonb column`},
+		{`{"a\u0000":1}`, `a key with a NUL character (\u0000) cannot be stored in a jsonb column`},
+		{`[1e1000000]`, `numeric`},
+	} {
+		ev := tblEvent(t, "s", "J_UP", 1, 1719331200000, `{"u":"a","k":1,"d":`+tc.value+`}`)
+		_, err := p.Plan(ev)
+		if err == nil || !strings.Contains(err.Error(), "column d") || !strings.Contains(err.Error(), tc.reason) {
+			t.Errorf("Plan of d = %s: %v, want a refusal of column d naming %q", tc.value, err, tc.reason)
 		}
 	}
 }

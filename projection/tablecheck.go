@@ -591,20 +591,25 @@ func checkJSONB(v any) string {
 			}
 		}
 	case *treeNode:
-		t := x.t
-		for j := x.i; j < t.Nodes[x.i].End; j++ {
-			if strings.IndexByte(t.Key(j), 0) >= 0 && j != x.i {
-				return "a key with a NUL character (\\u0000) cannot be stored in a jsonb column"
+		return checkTreeJSONB(x.t, x.i)
+	}
+	return ""
+}
+
+// checkTreeJSONB is checkJSONB of the object or array at node i of t.
+func checkTreeJSONB(t *jsonstrict.Tree, i int32) string {
+	for j := i; j < t.Nodes[i].End; j++ {
+		if strings.IndexByte(t.Key(j), 0) >= 0 && j != i {
+			return "a key with a NUL character (\\u0000) cannot be stored in a jsonb column"
+		}
+		switch t.Nodes[j].Kind {
+		case jsonstrict.StringNode:
+			if strings.IndexByte(t.Text(j), 0) >= 0 {
+				return "a string with a NUL character (\\u0000) cannot be stored in a jsonb column"
 			}
-			switch t.Nodes[j].Kind {
-			case jsonstrict.StringNode:
-				if strings.IndexByte(t.Text(j), 0) >= 0 {
-					return "a string with a NUL character (\\u0000) cannot be stored in a jsonb column"
-				}
-			case jsonstrict.NumberNode:
-				if r := checkNumericText(t.Text(j), "numeric", t.Text(j)); r != "" {
-					return r
-				}
+		case jsonstrict.NumberNode:
+			if r := checkNumericText(t.Text(j), "numeric", t.Text(j)); r != "" {
+				return r
 			}
 		}
 	}

@@ -58,6 +58,25 @@ func payloadNode(ev *Event, path []string) (*jsonstrict.Tree, int32, bool) {
 	return t, i, true
 }
 
+// jsonbRaw returns the object or array at c's from path, a payload path,
+// and its text as the record has it (jsonstrict.Tree.Raw), for a jsonb
+// column c that is not a primary key column: PostgreSQL reads from it the
+// jsonb it reads from jsonbText's, which writes the value anew (keys
+// sorted, escapes its own). A key column's text takes jsonbText's
+// spelling, one per value, for its tombstone. ok is false for c of
+// another type, a path that is not the payload's, or one that holds
+// another value or none.
+func jsonbRaw(c *column, ev *Event) (t *jsonstrict.Tree, i int32, raw string, ok bool) {
+	if c.kind != kindJSONB || c.jsonbKey || c.path[0] != "payload" {
+		return nil, 0, "", false
+	}
+	if t, i, ok = payloadNode(ev, c.path); !ok {
+		return nil, 0, "", false
+	}
+	raw, ok = t.Raw(i)
+	return t, i, raw, ok
+}
+
 // lookupText returns the text of the string or number at a from path and
 // whether it is a number; ok is false when the path holds another value or
 // none.
