@@ -97,7 +97,7 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 		d.idx = i
 		d.rec = rec
 		d.replay = readReplayInfo(rec)
-		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value, &slab)
+		d.ev, d.err = w.cfg.TenantSchemas.decodeRecord(rec.Value, &slab, &pc.kept)
 		d.span = w.tr.startRecord(d, pc.spanAttrs)
 		only, skip := pc.handedOff(d)
 		if skip {
@@ -125,6 +125,9 @@ func (pc *partition) processBatch(ctx context.Context, recs []*kgo.Record) (err 
 			if !ok || w.begin == nil {
 				single = append(single, pair{d: d, h: h, span: span})
 				continue
+			}
+			if d.ev.seqArg == nil {
+				d.ev.prepareArgs() // before its first Plan; shared with no other goroutine yet
 			}
 			st, err := plan(p, h.Name(), d.ev)
 			if err != nil {

@@ -135,7 +135,7 @@ const maxEventDepth = jsonstrict.MaxDepth
 // with different reasons, so a dead letter tells them apart.
 //
 // TenantSchemas.DecodeEvent narrows the accepted tenant schemas further.
-func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil, nil) }
+func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil, nil, nil) }
 
 // decodeEvent is DecodeEvent with tenantSchema checked by tenants.Check.
 // With a slab (shared), the event's strings are spans of value itself
@@ -143,11 +143,12 @@ func DecodeEvent(value []byte) (*Event, error) { return decodeEvent(value, nil, 
 // its event type and tenant schema, which are copies: the worker keeps
 // those (metric labels, the SQL text of each tenant schema, the event
 // types no projection handles), and a span would keep the whole fetched
-// batch that value is part of.
-func decodeEvent(value []byte, tenants *TenantSchemas, slab *jsonstrict.NodeSlab) (ev *Event, err error) {
+// batch that value is part of. Those copies are taken from kept when it
+// has them (nil: copied each time).
+func decodeEvent(value []byte, tenants *TenantSchemas, slab *jsonstrict.NodeSlab, kept *keptStrings) (ev *Event, err error) {
 	shared := slab != nil
 	if shared {
-		defer func() { detachKept(ev, err) }()
+		defer func() { detachKept(ev, err, kept) }()
 	}
 	if value == nil {
 		return nil, &ValidationError{Reason: "record value is a Kafka tombstone (null), want an object"}
@@ -189,16 +190,46 @@ func decodeEvent(value []byte, tenants *TenantSchemas, slab *jsonstrict.NodeSlab
 
 // detachKept copies the strings of ev, or of err when it is a
 // *ValidationError, that the worker keeps beyond the record (decodeEvent's
-// shared): the event type and tenant schema, and the fields of a dead
-// letter's error (its metric labels take the tenant schema).
-func detachKept(ev *Event, err error) {
+// shared): the event type and tenant schema (kept's copies), and the
+// fields of a dead letter's error (its metric labels take the tenant
+// schema).
+func detachKept(ev *Event, err error, kept *keptStrings) {
 	if ev != nil {
-		ev.EventType, ev.TenantSchema = strings.Clone(ev.EventType), strings.Clone(ev.TenantSchema)
+		ev.EventType, ev.TenantSchema = kept.clone(ev.EventType), kept.clone(ev.TenantSchema)
 	}
 	if ve, ok := err.(*ValidationError); ok {
 		ve.EventType, ve.ForkID, ve.TenantSchema = strings.Clone(ve.EventType), strings.Clone(ve.ForkID), strings.Clone(ve.TenantSchema)
 		ve.Field, ve.Reason, ve.group = strings.Clone(ve.Field), strings.Clone(ve.Reason), strings.Clone(ve.group)
 	}
+}
+
+// keptStrings hands out one copy of each event type and tenant schema that
+// the records of a partition repeat (decodeEvent's kept), instead of a copy
+// per record. It holds at most maxKeptStrings strings, and starts anew when
+// full (a stream of ever new ones costs what copies would). The zero
+// keptStrings is ready; a nil one copies each time. It is not safe for
+// concurrent use.
+type keptStrings struct{ m map[string]string }
+
+// maxKeptStrings bounds a keptStrings: 1024 strings of at most 63 bytes
+// (a tenant schema) or of an event type.
+const maxKeptStrings = 1024
+
+// clone returns a copy of s that shares no memory with s: k's, when it has
+// one.
+func (k *keptStrings) clone(s string) string {
+	if k == nil {
+		return strings.Clone(s)
+	}
+	if c, ok := k.m[s]; ok {
+		return c
+	}
+	if k.m == nil || len(k.m) >= maxKeptStrings {
+		k.m = make(map[string]string, 64)
+	}
+	c := strings.Clone(s)
+	k.m[c] = c
+	return c
 }
 
 // detachedTo returns a copy of ev that shares no memory with the fetched

@@ -3,6 +3,7 @@ package projection
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,7 +135,7 @@ func TestDecodeRecordSharesTheValueSaveWhatTheWorkerKeeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tenants *TenantSchemas
-	ev, err := tenants.decodeRecord(value, &jsonstrict.NodeSlab{})
+	ev, err := tenants.decodeRecord(value, &jsonstrict.NodeSlab{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestDetachedRecordSharesNoMemoryWithItsBatch(t *testing.T) {
 	value := fetched[100 : 100+len(specExampleEvent)]
 	var slab jsonstrict.NodeSlab
 	var tenants *TenantSchemas
-	ev, err := tenants.decodeRecord(value, &slab)
+	ev, err := tenants.decodeRecord(value, &slab, &keptStrings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,8 @@ func TestDetachedRecordSharesNoMemoryWithItsBatch(t *testing.T) {
 		return uintptr(p) >= uintptr(start) && uintptr(p) < uintptr(start)+n
 	}
 	for _, s := range []struct{ name, s string }{{"raw", string(d.ev.Raw)}, {"entityId", d.ev.EntityID}, {"forkId", d.ev.ForkID},
-		{"irVersion", d.ev.IRVersion}, {"payload.user_id", d.ev.Payload()["user_id"].(string)}} {
+		{"irVersion", d.ev.IRVersion}, {"payload.user_id", d.ev.Payload()["user_id"].(string)},
+		{"eventType", d.ev.EventType}, {"tenantSchema", d.ev.TenantSchema}} {
 		if s.s != "" && inOld(unsafe.Pointer(unsafe.StringData(s.s)), unsafe.Pointer(&fetched[0]), uintptr(len(fetched))) {
 			t.Errorf("detached %s %q is in the fetched batch", s.name, s.s)
 		}
@@ -723,5 +725,47 @@ func TestDeadLettersOfValuesThatAreNotJSONShareAFingerprint(t *testing.T) {
 	}
 	if d, _ := fingerprint("[1, 2]"); d == a {
 		t.Errorf("a JSON array has the not-JSON fingerprint %s", d)
+	}
+}
+
+// TestKeptStringsCopiesOnce checks decodeRecord's copies of the event type
+// and tenant schema: equal to the record's, in none of its memory, one
+// copy for all the records of a partition that repeat them, and at most
+// maxKeptStrings of them kept.
+func TestKeptStringsCopiesOnce(t *testing.T) {
+	var kept keptStrings
+	var tenants *TenantSchemas
+	var first *Event
+	for i := range 3 {
+		value := []byte(specExampleEvent)
+		ev, err := tenants.decodeRecord(value, &jsonstrict.NodeSlab{}, &kept)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []string{ev.EventType, ev.TenantSchema} {
+			if p := uintptr(unsafe.Pointer(unsafe.StringData(s))); p >= uintptr(unsafe.Pointer(&value[0])) && p < uintptr(unsafe.Pointer(&value[0]))+uintptr(len(value)) {
+				t.Errorf("record %d: %q is in the record's value", i, s)
+			}
+		}
+		if first == nil {
+			first = ev
+			continue
+		}
+		if ev.EventType != first.EventType || unsafe.StringData(ev.EventType) != unsafe.StringData(first.EventType) ||
+			unsafe.StringData(ev.TenantSchema) != unsafe.StringData(first.TenantSchema) {
+			t.Errorf("record %d: event type %q and tenant schema %q are new copies, want the first record's", i, ev.EventType, ev.TenantSchema)
+		}
+	}
+	for i := range 3 * maxKeptStrings {
+		s := fmt.Sprintf("tenant_%d", i)
+		if c := kept.clone(s); c != s {
+			t.Fatalf("clone(%q) = %q", s, c)
+		}
+		if len(kept.m) > maxKeptStrings {
+			t.Fatalf("%d strings kept, want at most %d", len(kept.m), maxKeptStrings)
+		}
+	}
+	if c := (*keptStrings)(nil).clone("x"); c != "x" {
+		t.Errorf("nil keptStrings: clone = %q", c)
 	}
 }

@@ -4,7 +4,11 @@
 // loop that retries and dead-letters failures (SPEC §5).
 package projection
 
-import "github.com/causet/projection-worker/internal/jsonstrict"
+import (
+	"strconv"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
+)
 
 // Event is a decoded, validated projection event (SPEC §3).
 //
@@ -32,6 +36,21 @@ type Event struct {
 
 	tree    *jsonstrict.Tree // the event object, node 0
 	payload int32            // the payload object's node in tree
+
+	// seqArg and tsArg are what every statement Plan makes of the event
+	// takes, made once for all its projections (prepareArgs; nil until
+	// then): the sequence number's text and ts as a timestamptz's text.
+	seqArg, tsArg any
+}
+
+// prepareArgs sets ev.seqArg and ev.tsArg. processBatch calls it before
+// the first Plan of ev, in the goroutine that decoded it (Plan only reads
+// them), so that an event of several projections formats them once.
+func (ev *Event) prepareArgs() {
+	ev.seqArg = strconv.FormatInt(ev.SequenceNumber, 10)
+	if inTimeRange(kindTimestamptz, ev.TS) {
+		ev.tsArg = formatMillis(ev.TS, false)
+	}
 }
 
 // Fields returns the whole event object as a tree of map[string]any, []any,

@@ -49,6 +49,9 @@ type partition struct {
 	rode    []projectionTable
 	seen    breakerSeen      // the breaker's counts when retries were last swept
 	writing *deadLetterWrite // the dead-letter write in flight, nil when none
+	// kept holds the event types and tenant schemas of the partition's
+	// records, one copy each (decodeRecord).
+	kept keptStrings
 	// refusedGroups marks the COPY groups to isolate at once (execCopy).
 	refusedGroups refusedMarks
 	// pairsPerRecord is planned pairs per record of the last batch, in

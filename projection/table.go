@@ -273,6 +273,9 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 	value := func(c *column) (any, error) {
 		if c.fromTS && inTimeRange(c.kind, ev.TS) {
 			// What the general path gives, without the text of ev.TS.
+			if c.kind != kindDate && ev.tsArg != nil {
+				return ev.tsArg, nil
+			}
 			return formatMillis(ev.TS, c.kind == kindDate), nil
 		}
 		var v any
@@ -304,6 +307,11 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 				return nil, p.valueError(c, s, r)
 			}
 			return s, nil
+		} else if t, i, raw, ok := jsonbRaw(c, ev); ok {
+			if r := checkTreeJSONB(t, i); r != "" {
+				return nil, p.valueError(c, &treeNode{t, i}, r)
+			}
+			return raw, nil
 		} else {
 			v = lookupPath(ev, c.path)
 		}
@@ -329,7 +337,10 @@ func (p *TableProjection) Plan(ev *Event) (Statement, error) {
 		}
 		return s, nil
 	}
-	seq := strconv.FormatInt(ev.SequenceNumber, 10)
+	seq := ev.seqArg
+	if seq == nil {
+		seq = strconv.FormatInt(ev.SequenceNumber, 10)
+	}
 	switch op {
 	case OpUpsert:
 		args := make([]any, 0, len(p.cols)+2)

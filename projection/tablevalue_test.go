@@ -111,7 +111,8 @@ func BenchmarkFormatMillis(b *testing.B) {
 // TestFromTSMatchesTheGeneralPath checks Plan's shortcut for a from: ts
 // column of type timestamptz or date against the general path (lookupPath,
 // checkValue, toParam): the same text where the general path accepts
-// Event.TS, and no shortcut where it refuses it.
+// Event.TS, and no shortcut where it refuses it; and the timestamptz text
+// processBatch makes once per event (prepareArgs).
 func TestFromTSMatchesTheGeneralPath(t *testing.T) {
 	for _, typ := range []string{"timestamptz", "date"} {
 		k := kindOf(typ)
@@ -122,11 +123,17 @@ func TestFromTSMatchesTheGeneralPath(t *testing.T) {
 				if inTimeRange(k, ms) {
 					t.Errorf("%s %d: general path refuses (%s), shortcut takes it", typ, ms, r)
 				}
+				if ev.prepareArgs(); k == kindTimestamptz && ev.tsArg != nil {
+					t.Errorf("%s %d: general path refuses (%s), prepareArgs gives %v", typ, ms, r, ev.tsArg)
+				}
 				continue
 			}
 			want, err := toParam(typ, v)
 			if err != nil || !inTimeRange(k, ms) || formatTime(time.UnixMilli(ms), k == kindDate) != want {
 				t.Errorf("%s %d: general path %v, %v; shortcut in range %v", typ, ms, want, err, inTimeRange(k, ms))
+			}
+			if ev.prepareArgs(); k == kindTimestamptz && ev.tsArg != want {
+				t.Errorf("%s %d: general path %v; prepareArgs %v", typ, ms, want, ev.tsArg)
 			}
 		}
 	}

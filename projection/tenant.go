@@ -287,14 +287,15 @@ func (t *TenantSchemas) Check(s string) error {
 // event whose tenant schema is not in t (Check). A nil t applies SPEC §3
 // alone.
 func (t *TenantSchemas) DecodeEvent(value []byte) (*Event, error) {
-	return decodeEvent(value, t, nil)
+	return decodeEvent(value, t, nil, nil)
 }
 
 // decodeRecord is DecodeEvent of a fetched record's value, which the
 // event's strings share (decodeEvent's shared), its tree's nodes taken
 // from slab (the batch's): value must not change while the event is in
 // use. The Kafka client gives each fetched batch memory of its own, never
-// reused (the worker sets no kgo.WithPools).
-func (t *TenantSchemas) decodeRecord(value []byte, slab *jsonstrict.NodeSlab) (*Event, error) {
-	return decodeEvent(value, t, slab)
+// reused (the worker sets no kgo.WithPools). The event type and tenant
+// schema are copies, kept's (nil: a copy each).
+func (t *TenantSchemas) decodeRecord(value []byte, slab *jsonstrict.NodeSlab, kept *keptStrings) (*Event, error) {
+	return decodeEvent(value, t, slab, kept)
 }
