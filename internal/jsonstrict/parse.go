@@ -32,10 +32,6 @@ type frame struct {
 	node int32 // the container's node
 	key  span  // object: the key of the member being read
 	dup  bool  // object: key appeared before in it
-	// seen has bit keyBit(k) set for each key k of the object's members
-	// so far: a key whose bit is clear is not a duplicate, and is not
-	// compared with the earlier keys.
-	seen uint64
 	// keys maps an object's keys to their first member's node, once the
 	// object has more than linearKeys members.
 	keys map[string]int32
@@ -203,11 +199,6 @@ func (p *parser) member(stack []frame, key span) {
 			first = j
 		}
 	case obj.Len < linearKeys:
-		bit := keyBit(p.bytes(key))
-		if f.seen&bit == 0 {
-			f.seen |= bit
-			break
-		}
 		for j, k := f.node+1, int32(0); k < obj.Len; j, k = p.nodes[j].End, k+1 {
 			if k := p.nodes[j].key; k.n == key.n && p.equal(k, key) {
 				first = j
@@ -232,17 +223,6 @@ func (p *parser) member(stack []frame, key span) {
 		k := p.text(key)
 		p.refuse(&Refusal{Kind: DuplicateKey, Path: string(AppendKey([]byte(object), k)), Object: object, Key: k})
 	}
-}
-
-// keyBit returns the bit of frame.seen that stands for key k: one of 64,
-// from k's length and its first and last bytes, which tell apart the keys
-// of most objects (the bench's events have no two keys of one bit).
-func keyBit(k []byte) uint64 {
-	h := uint(len(k)) * 0x9e3779b9
-	if len(k) > 0 {
-		h ^= uint(k[0])*31 ^ uint(k[len(k)-1])*131
-	}
-	return 1 << ((h ^ h>>7) & 63)
 }
 
 // bytes returns the bytes of s, read so far.

@@ -195,49 +195,6 @@ func TestNodeSlabTreesKeepTheirNodes(t *testing.T) {
 	}
 }
 
-// TestParseTreeFindsDuplicatesAmongKeysOfOneBit checks duplicates in
-// objects whose keys share a bit of frame.seen, where the parser compares
-// a key with the earlier ones only when its bit was set before: two
-// different keys of one bit are no duplicate, and a key seen before is one
-// whichever keys share its bit.
-func TestParseTreeFindsDuplicatesAmongKeysOfOneBit(t *testing.T) {
-	// Keys of one bit: found by trying, so that the test follows keyBit.
-	var same []string
-	want := keyBit([]byte("a0"))
-	for i := 0; len(same) < 3 && i < 100000; i++ {
-		if k := fmt.Sprintf("a%d", i); keyBit([]byte(k)) == want {
-			same = append(same, k)
-		}
-	}
-	if len(same) < 3 {
-		t.Fatalf("no three keys of one bit among a0..a99999: %q", same)
-	}
-	a, b, c := same[0], same[1], same[2]
-	for _, tt := range []struct {
-		doc     string
-		refused bool
-		dup     string
-	}{
-		{fmt.Sprintf(`{"%s":1,"%s":2,"%s":3}`, a, b, c), false, ""},
-		{fmt.Sprintf(`{"%s":1,"%s":2,"%s":3}`, a, b, a), true, a},
-		{fmt.Sprintf(`{"%s":1,"%s":2,"x":0,"%s":3}`, a, b, b), true, b},
-		{fmt.Sprintf(`{"%s":1,"\u0061%s":2}`, a, a[1:]), true, a}, // the same key, escaped
-		{`{"":1,"":2}`, true, ""},
-	} {
-		_, err := ParseTree([]byte(tt.doc))
-		var r *Refusal
-		if !tt.refused {
-			if err != nil {
-				t.Errorf("%s: error %v, want none", tt.doc, err)
-			}
-			continue
-		}
-		if !errors.As(err, &r) || r.Kind != DuplicateKey || r.Key != tt.dup {
-			t.Errorf("%s: error %v, want duplicate key %q", tt.doc, err, tt.dup)
-		}
-	}
-}
-
 // TestTreeRaw checks Raw: each object's and array's text as the document
 // has it (whitespace, escapes, member order), nothing for other nodes or
 // an edited tree, and the same spans in a detached tree.
