@@ -427,9 +427,36 @@ func (p *TableProjection) tombstoneFits(keyArgs []any, op Op) error {
 	if op == OpDelete {
 		then = "so this delete cannot be applied: a row of this key can only have been written before the projection had a delete; if there is one, delete it by hand (docs/events.md, Key length)"
 	}
-	return p.valueError(c, keyArgs[longest], fmt.Sprintf(
+	err := p.valueError(c, keyArgs[longest], fmt.Sprintf(
 		"primary key too long for its tombstone: %d bytes in the index of %s, over PostgreSQL's limit of %d, %s",
 		size, tombstoneTable, maxIndexTuple, then))
+	if ve, ok := err.(*ValueError); ok && c.kind == kindJSONB {
+		// Plan sends a jsonb value as its JSON text: the value's type is
+		// the text's, not "string" (new-user trial).
+		ve.JSONType = jsonTextType(keyArgs[longest].(string))
+	}
+	return err
+}
+
+// jsonTextType returns the JSON type of the JSON text s, as jsonType names
+// types, from its first byte.
+func jsonTextType(s string) string {
+	if s == "" {
+		return "value"
+	}
+	switch s[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
 }
 
 func (p *TableProjection) permanent(err error) error {

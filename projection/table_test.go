@@ -1098,14 +1098,9 @@ projections:
 	}
 }
 
-// TestTombstoneStopsEverySpellingOfAJSONBKey: a jsonb primary key value
-// that PostgreSQL deems equal to the deleted one ({"x": 1.0} and {"x": 1})
-// is stopped by the delete's tombstone, on the statement path and on the
-// COPY path (new-user trial: an older upsert of {"x": 1.0} after the delete
-// of {"x": 1} brought the row back); and an upsert of another spelling
-// lands on the row of the first, as PostgreSQL's primary key has it.
-func TestTombstoneStopsEverySpellingOfAJSONBKey(t *testing.T) {
-	src := `irVersion: v42
+// jsonbKeyDefinitions is a projection, jk, whose primary key (u, j) has a
+// jsonb column, with a delete.
+const jsonbKeyDefinitions = `irVersion: v42
 projections:
   - name: jk
     table: jk
@@ -1116,7 +1111,15 @@ projections:
       v: { type: text, from: payload.v }
     events: { K_UP: upsert, K_DEL: delete }
 `
-	defs, tps := keyProjections(t, src)
+
+// TestTombstoneStopsEverySpellingOfAJSONBKey: a jsonb primary key value
+// that PostgreSQL deems equal to the deleted one ({"x": 1.0} and {"x": 1})
+// is stopped by the delete's tombstone, on the statement path and on the
+// COPY path (new-user trial: an older upsert of {"x": 1.0} after the delete
+// of {"x": 1} brought the row back); and an upsert of another spelling
+// lands on the row of the first, as PostgreSQL's primary key has it.
+func TestTombstoneStopsEverySpellingOfAJSONBKey(t *testing.T) {
+	defs, tps := keyProjections(t, jsonbKeyDefinitions)
 	p := tps[0]
 	pool := pgtest.Pool(t)
 	ctx := context.Background()

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/causet/projection-worker/internal/jsonstrict"
 )
 
 // sqlTemplate is SQL text split where the quoted tenant schema goes: the
@@ -129,10 +131,9 @@ const maxIndexTuple = 2704
 // bound); each element with a 4-byte header, aligned to 4. (Checked
 // against PostgreSQL 17 byte for byte, TestTombstoneEntrySizeIsPostgreSQLs.)
 // An element's text is the key value's tombstone text (keyTextOf), whose
-// length is bounded from the value as Plan sends it: text as it is; jsonb
-// with a space after each ',' and ':' at most (jsonb's output); numeric
-// with its exponent written out; the other types' texts take at most 40
-// bytes.
+// length is computed from the value as Plan sends it: text as it is;
+// jsonb and numeric as PostgreSQL writes them (pgJSONBTextLen,
+// pgNumericTextLen); the other types' texts take at most 40 bytes.
 func (p *TableProjection) tombstoneEntrySize(keyArgs []any) int {
 	align := func(n int) int { return (n + 3) &^ 3 }
 	size := align(8+1+len(p.def.Table)) + 24
@@ -143,28 +144,110 @@ func (p *TableProjection) tombstoneEntrySize(keyArgs []any) int {
 		case kindText:
 			n = len(s)
 		case kindJSONB:
-			n = len(s) + strings.Count(s, ",") + strings.Count(s, ":")
+			var ok bool
+			if n, ok = pgJSONBTextLen(s); !ok { // not JSON: PostgreSQL refuses it anyway
+				n = len(s)
+			}
 		case kindNumeric:
-			n = numericTextBound(s)
+			n = pgNumericTextLen(s)
 		}
 		size += align(4 + n)
 	}
 	return size
 }
 
-// numericTextBound bounds the length of the text PostgreSQL writes for the
-// numeric s (no exponent: 1e5 is 100000): its length, plus the exponent's
-// value when it has one.
-func numericTextBound(s string) int {
-	i := strings.IndexAny(s, "eE")
-	if i < 0 {
-		return len(s)
-	}
-	e, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
+// pgJSONBTextLen returns the length in bytes of the text PostgreSQL's jsonb
+// output writes for the JSON document s (jsonb_out, as the tombstone's
+// ::text of a jsonb key): ", " between members and elements, ": " after
+// a key, strings as escape_json writes them (pgJSONStringLen) and numbers
+// at the scale of their spelling, which for a jsonb key (Plan's
+// canonicalJSONNumbers spelling) is the smallest: pgNumericTextLen. It
+// reports false when s is not JSON. (A bound from the text as sent, before:
+// 1e300 in a key is 301 digits in the tombstone, and 15e-1 is 1.5: new-user
+// trial, a key accepted that no delete could remove and one refused that
+// fitted.)
+func pgJSONBTextLen(s string) (int, bool) {
+	t, err := jsonstrict.ParseTree([]byte(s))
 	if err != nil {
-		return len(s)
+		return 0, false
 	}
-	return i + 2 + max(e, -e)
+	return pgJSONBNodeLen(t, 0), true
+}
+
+// pgJSONBNodeLen is pgJSONBTextLen of node i of t.
+func pgJSONBNodeLen(t *jsonstrict.Tree, i int32) int {
+	n := &t.Nodes[i]
+	switch n.Kind {
+	case jsonstrict.ObjectNode, jsonstrict.ArrayNode:
+		size := 2 // the brackets
+		for j, k := i+1, int32(0); k < n.Len; j, k = t.Nodes[j].End, k+1 {
+			if k > 0 {
+				size += 2 // ", "
+			}
+			if n.Kind == jsonstrict.ObjectNode {
+				size += pgJSONStringLen(t.Key(j)) + 2 // `"key": `
+			}
+			size += pgJSONBNodeLen(t, j)
+		}
+		return size
+	case jsonstrict.StringNode:
+		return pgJSONStringLen(t.Text(i))
+	case jsonstrict.NumberNode:
+		return pgNumericTextLen(t.Text(i))
+	case jsonstrict.FalseNode:
+		return len("false")
+	}
+	return len("true") // true, null
+}
+
+// pgJSONStringLen returns the length of s as PostgreSQL's escape_json
+// writes it: quoted, with \b \f \n \r \t \" and \\ for those bytes, \u00XX
+// for the other bytes below 0x20, every other byte as it is.
+func pgJSONStringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t' || c == '"' || c == '\\':
+			n += 2
+		case c < 0x20:
+			n += 6
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// pgNumericTextLen returns the length of the text PostgreSQL writes for
+// the number n at its smallest scale (trim_scale(n)::text; numeric's
+// output never has an exponent: 1e5 is 100000, 15e-1 is 1.5, 1e-3 is
+// 0.001); a value that is not a number (NaN, Infinity) is taken as it is.
+func pgNumericTextLen(n string) int {
+	t := strings.TrimPrefix(pgTrim(n), "+")
+	if t == "" || strings.Trim(t, "0123456789.eE+-") != "" {
+		return len(t)
+	}
+	c := canonicalNumber(t) // [-]digits[e[-]exp], no leading or trailing zero, or 0
+	size := 0
+	if c[0] == '-' {
+		size, c = 1, c[1:]
+	}
+	digits, expText, _ := strings.Cut(c, "e")
+	exp, err := strconv.Atoi(expText)
+	if expText == "" {
+		exp, err = 0, nil
+	}
+	if err != nil || strings.Trim(digits, "0123456789") != "" {
+		return len(t) // beyond numeric's range, or not a number: PostgreSQL refuses it
+	}
+	switch {
+	case exp >= 0: // the digits, then exp zeros
+		return size + len(digits) + exp
+	case len(digits) > -exp: // a point inside the digits
+		return size + len(digits) + 1
+	default: // "0." then zeros, then the digits
+		return size + 2 - exp
+	}
 }
 
 // tombstoneMatch is the condition on tb.pk that finds the tombstone of

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/retry"
 )
@@ -118,30 +119,92 @@ func TestTombstoneEntrySizeIsPostgreSQLs(t *testing.T) {
 	}
 }
 
-// TestTombstoneTextBounds: the length tombstoneEntrySize takes for a jsonb
-// or numeric key value is at least that of the text PostgreSQL writes in
-// the tombstone (keyTextOf).
-func TestTombstoneTextBounds(t *testing.T) {
+// TestTombstoneTextLengthsArePostgreSQLs: the length tombstoneEntrySize
+// takes for a jsonb or numeric key value is that of the text PostgreSQL
+// writes in the tombstone (keyTextOf), in bytes, for the value as Plan
+// sends it (a jsonb key's numbers in canonicalJSONNumbers' spelling). The
+// new-user trial's keys: 1e300 (301 digits in the tombstone, where the
+// text as sent has 5) and 1.5 (15e-1 as sent, 1.5 in the tombstone).
+func TestTombstoneTextLengthsArePostgreSQLs(t *testing.T) {
 	pool := pgtest.Pool(t)
-	for _, tc := range []struct{ typ, value string }{
-		{"jsonb", `{"a":1,"b":[1,2,{"c":"d:e,f"}]}`},
-		{"jsonb", `[1,2,3]`},
-		{"jsonb", `"\u00e9\/"`},
-		{"numeric", "1e5"},
-		{"numeric", "1.5E+3"},
-		{"numeric", "12.3400"},
-		{"numeric", "-7e-3"},
-	} {
-		var n int
-		if err := pool.QueryRow(context.Background(), "SELECT length("+keyTextOf("$1::text::"+tc.typ, tc.typ)+")", tc.value).Scan(&n); err != nil {
+	jsonbKeys := []string{
+		`{"a":1,"b":[1,2,{"c":"d:e,f"}]}`, `[1,2,3]`, `"\u00e9\/"`, `{}`, `[]`, `""`, `[[],{},[{}]]`,
+		`{"n":1e300}`, `[1.5,1.50,-0.0015,100,1e2,0.001e5,12345678901234567890.123456789,-0,0e10]`,
+		`{"s":"tab\there, \"quoted\" \\ \u0001\u001f\u007f \u2028\u2029 \ud83d\ude00 é <>&","t":true,"f":false,"z":null}`,
+		`{"b":{"y":[1e-7,123e-1,-5e2]},"a":"x","aa":[true,false,null]}`,
+	}
+	for _, v := range jsonbKeys {
+		tree, err := jsonstrict.ParseTree([]byte(v))
+		if err != nil {
+			t.Fatalf("%s: %v", v, err)
+		}
+		text, err := jsonbText(&treeNode{tree, 0})
+		if err != nil {
 			t.Fatal(err)
 		}
-		bound := len(tc.value) + strings.Count(tc.value, ",") + strings.Count(tc.value, ":")
-		if tc.typ == "numeric" {
-			bound = numericTextBound(tc.value)
+		sent := canonicalJSONNumbers(text) // as Plan sends a jsonb key
+		var want int
+		if err := pool.QueryRow(context.Background(), "SELECT octet_length("+keyTextOf("$1::text::jsonb", "jsonb")+")", sent).Scan(&want); err != nil {
+			t.Fatal(err)
 		}
-		if bound < n {
-			t.Errorf("%s %s: bound %d, PostgreSQL's tombstone text has %d", tc.typ, tc.value, bound, n)
+		if got, ok := pgJSONBTextLen(sent); !ok || got != want {
+			t.Errorf("jsonb %s (sent as %s): %d, %v; PostgreSQL's tombstone text has %d bytes", v, sent, got, ok, want)
 		}
+	}
+	for _, v := range []string{"1e5", "1.5E+3", "12.3400", "-7e-3", "0", "-0.000", "0.5", "123456e-3", "1e-300", "+42", " 7.50 ", ".5", "5.", "NaN", "Infinity", "-Infinity"} {
+		var want int
+		if err := pool.QueryRow(context.Background(), "SELECT octet_length("+keyTextOf("$1::text::numeric", "numeric")+")", v).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		if got := pgNumericTextLen(v); got != want {
+			t.Errorf("numeric %q: %d; PostgreSQL's tombstone text has %d bytes", v, got, want)
+		}
+	}
+}
+
+// TestJSONBKeyFitsItsTombstoneAsPostgreSQLWritesIt: a jsonb key is
+// accepted exactly when its tombstone, as PostgreSQL writes it, fits the
+// index, so that every key upserted can be deleted (new-user trial: a key
+// of 2 450 random characters and 1e300, 5 bytes as sent and 301 in the
+// tombstone, was upserted and its delete refused with 54000; 450 × 1.5,
+// 2 250 bytes in the tombstone, was refused as 3 208).
+func TestJSONBKeyFitsItsTombstoneAsPostgreSQLWritesIt(t *testing.T) {
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	defs, tps := keyProjections(t, jsonbKeyDefinitions)
+	p := tps[0]
+	schema := migratedSchema(t, pool, defs)
+	halves := strings.Repeat("1.5,", 449) + "1.5"
+	for _, tc := range []struct {
+		name, key string
+		fits      bool
+	}{
+		{"random text and 1e300", `{"r":"` + randomHex(t, 2450) + `","n":1` + strings.Repeat("0", 300) + `}`, false},
+		{"random text and 1e300 as an exponent", `{"r":"` + randomHex(t, 2450) + `","n":1e300}`, false},
+		{"450 × 1.5", "[" + halves + "]", true},
+		{"450 × 1.50", "[" + strings.ReplaceAll(halves, "1.5", "1.50") + "]", true},
+		{"random text that fits", `{"r":"` + randomHex(t, 2600) + `"}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"u":"` + tc.name + `","j":` + tc.key + `}`
+			up, del := tblEvent(t, schema, "K_UP", 1, 1719331200000, body), tblEvent(t, schema, "K_DEL", 2, 1719331200000, body)
+			st, upErr := p.Plan(up)
+			dst, delErr := p.Plan(del)
+			if !tc.fits {
+				if upErr == nil || delErr == nil || !strings.Contains(upErr.Error(), "too long for its tombstone") || !strings.Contains(upErr.Error(), "JSON object") {
+					t.Fatalf("Plan: upsert %v, delete %v; want both refused as too long for the tombstone, naming a JSON object", upErr, delErr)
+				}
+				return
+			}
+			if upErr != nil || delErr != nil {
+				t.Fatalf("Plan: upsert %v, delete %v; want both planned", upErr, delErr)
+			}
+			if _, err := pool.Exec(ctx, st.SQL, st.Args...); err != nil {
+				t.Fatalf("upsert: %v", err)
+			}
+			if _, err := pool.Exec(ctx, dst.SQL, dst.Args...); err != nil {
+				t.Fatalf("delete of a key Plan accepted: %v", err)
+			}
+		})
 	}
 }
