@@ -473,6 +473,10 @@ projections:
 	// 4 follows (the unfollow is not F's, and F has no derive to fail).
 	stdout := devUntilPrinted(t, "projected rows in acme_concertapp_production: 4 (artist_followers=4)",
 		"--database-url", db.URL(), "--projections", defs, "--retry-initial", "5ms", "--retry-max-interval", "20ms")
+	// The ready line the README gives for definitions of one's own.
+	if ready := fmt.Sprintf("dev: produced the %d example events", len(devstack.Examples(time.Now()))); !strings.Contains(stdout, ready) {
+		t.Errorf("stdout has no %q (README, make run):\n%s", ready, stdout)
+	}
 	if !strings.Contains(stdout, "yours applies what it handles of them") || !strings.Contains(stdout, `-c 'table "acme_concertapp_production"."artist_followers"'`) {
 		t.Errorf("stdout does not say that F applies what it handles, or its psql hint does not name F's table:\n%s", stdout)
 	}
