@@ -48,7 +48,9 @@ type ValidationError struct {
 // (dlq.FingerprintTexter): "invalid event: not valid JSON" for a record
 // value that is not JSON, whatever the parser says of where and why (new-user
 // trial: two values that were not JSON gave two fingerprints, so no one
-// --fingerprint selected them all); "" (the error's text) otherwise.
+// --fingerprint selected them all); "invalid event: <path>: unpaired UTF-16
+// surrogate escape in a string" for an unpaired surrogate escape, whichever
+// escape it is and wherever in the string; "" (the error's text) otherwise.
 func (e *ValidationError) FingerprintText() string {
 	if e.group == "" {
 		return ""
@@ -265,6 +267,13 @@ func refusedError(r *jsonstrict.Refusal, t *jsonstrict.Tree) *ValidationError {
 		}
 	case jsonstrict.UnpairedSurrogate:
 		ve.Reason = "unpaired UTF-16 surrogate escape " + r.Escape + " in a string at byte " + strconv.Itoa(r.Offset)
+		// The escape is the data's (\ud800 ... \udfff): the dead letters
+		// group by the field and the rule (FingerprintText; new-user
+		// trial: \ud800 and \udc00 at one path gave two fingerprints).
+		ve.group = "unpaired UTF-16 surrogate escape in a string"
+		if r.Path != "" {
+			ve.group = r.Path + ": " + ve.group
+		}
 	default: // jsonstrict.TooDeep
 		ve.Reason = "nests deeper than " + strconv.Itoa(maxEventDepth) +
 			" levels (what every strict JSON parser reads inside a dead letter) at byte " + strconv.Itoa(r.Offset)

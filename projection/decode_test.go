@@ -726,6 +726,24 @@ func TestDeadLettersOfValuesThatAreNotJSONShareAFingerprint(t *testing.T) {
 	if d, _ := fingerprint("[1, 2]"); d == a {
 		t.Errorf("a JSON array has the not-JSON fingerprint %s", d)
 	}
+	// Unpaired surrogate escapes: one fingerprint per path, whatever the
+	// escape and where it is in the string (new-user trial: \ud800 and
+	// \udc00 at one path gave two).
+	surrogate := func(path, s string) (string, string) {
+		return fingerprint(testEventJSON(map[string]string{"payload": `{"` + path + `":"` + s + `"}`}))
+	}
+	s1, err1 := surrogate("note", `\ud800`)
+	s2, err2 := surrogate("note", `abc \udc00 def`)
+	s3, _ := surrogate("other", `\ud800`)
+	if err1 == err2 || !strings.Contains(err1, `\ud800`) || !strings.Contains(err2, `\udc00`) {
+		t.Fatalf("the errors should differ and name their escapes: %q, %q", err1, err2)
+	}
+	if s1 != s2 {
+		t.Errorf("unpaired surrogates at one path: fingerprints %s (%s) and %s (%s), want one", s1, err1, s2, err2)
+	}
+	if s3 == s1 || s1 == a {
+		t.Errorf("unpaired surrogates at two paths, or not JSON: fingerprints %s, %s, %s; want three", s1, s3, a)
+	}
 }
 
 // TestKeptStringsCopiesOnce checks decodeRecord's copies of the event type
