@@ -92,7 +92,8 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 			return &dl
 		}
 		p.probe = probe
-		p.backoff = w.cfg.Retry.NewBackOff()
+		// A pair handed off with retries made goes on with their schedule.
+		p.backoff = w.cfg.Retry.NewBackOffAfter(p.retries)
 		if !probe && w.cfg.Retry.MaxRetries > 0 {
 			var lead bool
 			p.slot, lead = w.breaker.lead(p.fp, time.Now().Add(w.slotHold))

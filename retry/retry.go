@@ -293,6 +293,24 @@ func (p Policy) NewBackOff() *backoff.ExponentialBackOff {
 	)
 }
 
+// NewBackOffAfter returns NewBackOff advanced past the waits of retries
+// retries already made, so that its next wait is that of retry retries+1
+// (Initial × Multiplier^retries, at most MaxInterval, with the jitter):
+// for a pair another owner retried before it was handed off, whose waits
+// go on rather than start again at Initial (new-user trial: after a
+// restart a pair's fourth wait was about 1 s where the schedule gives 4 to
+// 12 s, and pairs were dead-lettered before their time). retries ≤ 0 is
+// NewBackOff.
+func (p Policy) NewBackOffAfter(retries int) *backoff.ExponentialBackOff {
+	b := p.NewBackOff()
+	// Past 1 000 steps every schedule whose multiplier grows it has
+	// reached MaxInterval long before.
+	for range min(retries, 1000) {
+		b.NextBackOff()
+	}
+	return b
+}
+
 // Notify is called before each wait with the failed attempt's error, the
 // number of the retry about to be made (1-based) and the wait.
 type Notify func(err error, retry int, wait time.Duration)

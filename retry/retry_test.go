@@ -330,3 +330,23 @@ func TestPolicyLongest(t *testing.T) {
 		t.Fatal("MaxRetries MaxInt: Longest did not return within 10 s (a step per retry)")
 	}
 }
+
+// TestNewBackOffAfterGoesOnWithTheSchedule: the next wait of
+// NewBackOffAfter(k) is the (k+1)-th wait of NewBackOff, at most
+// MaxInterval (no jitter here, so the waits are exact).
+func TestNewBackOffAfterGoesOnWithTheSchedule(t *testing.T) {
+	p := Policy{Initial: 100 * time.Millisecond, Multiplier: 2, MaxInterval: 3 * time.Second, Jitter: 0, MaxRetries: 20}
+	fresh := p.NewBackOff()
+	for k := range 8 {
+		want := fresh.NextBackOff()
+		if got := p.NewBackOffAfter(k).NextBackOff(); got != want {
+			t.Errorf("NewBackOffAfter(%d): next wait %v, want %v (wait %d of NewBackOff)", k, got, want, k+1)
+		}
+	}
+	if got := p.NewBackOffAfter(-1).NextBackOff(); got != p.Initial {
+		t.Errorf("NewBackOffAfter(-1): next wait %v, want Initial %v", got, p.Initial)
+	}
+	if got := p.NewBackOffAfter(1 << 30).NextBackOff(); got != p.MaxInterval {
+		t.Errorf("NewBackOffAfter(2^30): next wait %v, want MaxInterval %v", got, p.MaxInterval)
+	}
+}
