@@ -148,10 +148,11 @@ func compileDerive(expr string) (*derivePrg, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s reads no event field and fails: %v: every event would be dead-lettered", quoteExpr(expr), err)
 		}
-		// A value fromCEL refuses (bytes, a map of int keys) stays to fail
-		// at each event, as evalDerive says it.
+		// A value no column takes (a map of int keys, bytes in a list): the
+		// same for every event too (new-user trial: derive "{1: 'a'}"
+		// into jsonb was taken, and every event dead-lettered).
 		if d.value, err = fromCEL(out); err != nil {
-			d.constant = false
+			return nil, fmt.Errorf("%s reads no event field and gives a value no column takes: %v: every event would be dead-lettered", quoteExpr(expr), err)
 		}
 	}
 	d.traced = sync.OnceValues(func() (cel.Program, error) {
@@ -206,6 +207,14 @@ func (d *derivePrg) typeNeverFits(expr string, k colKind, typ string) string {
 	case types.ListKind:
 		v, name = []any{}, "list"
 	case types.MapKind:
+		// A JSON object's keys are strings: a map whose keys the type
+		// checker knows are of another type fits no column (new-user
+		// trial: "{1: 'a', 2: payload.?name.orValue('x')}" was taken).
+		if params := d.ast.OutputType().Parameters(); len(params) == 2 {
+			if key := params[0]; key.Kind() != types.StringKind && key.Kind() != types.DynKind && key.Kind() != types.AnyKind {
+				return fmt.Sprintf("%s returns a map of %s keys, and a JSON object's keys are strings: every event would be dead-lettered", quoteExpr(expr), key.String())
+			}
+		}
 		v, name = map[string]any{}, "map"
 	case types.IntKind, types.UintKind, types.DoubleKind:
 		if k != kindUUID { // which numbers fit depends on the value

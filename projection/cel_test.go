@@ -147,9 +147,18 @@ func TestDeriveOfAResultKindNoColumnTakesIsRefusedAtLoad(t *testing.T) {
 			t.Errorf("compileDerive(%q) = %v, want an error naming %s", expr, err, kind)
 		}
 	}
-	for _, expr := range []string{"dyn(b'x')", "payload.a", "timestamp('2024-01-01T00:00:00Z')", "[1, 'a']", "{'k': 1}", "null"} {
+	for _, expr := range []string{"dyn(payload.a)", "payload.a", "timestamp('2024-01-01T00:00:00Z')", "[1, 'a']", "{'k': 1}", "null"} {
 		if _, err := compileDerive(expr); err != nil {
 			t.Errorf("compileDerive(%q) = %v, want it compiled", expr, err)
+		}
+	}
+	// Typed dyn, or a list or map of such values: known when it runs, and
+	// for an expression that reads no event field that is at load
+	// (new-user trial: "{1: 'a'}" was taken, and every event
+	// dead-lettered).
+	for _, expr := range []string{"dyn(b'x')", "{1: 2}", "[duration('1s')]"} {
+		if _, err := compileDerive(expr); err == nil || !strings.Contains(err.Error(), "reads no event field and gives a value no column takes") {
+			t.Errorf("compileDerive(%q) = %v, want it refused as a value no column takes", expr, err)
 		}
 	}
 }
