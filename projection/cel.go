@@ -197,9 +197,20 @@ func (d *derivePrg) neverFits(expr string, k colKind, typ string, notNull bool) 
 
 // typeNeverFits is neverFits by d's result type alone.
 func (d *derivePrg) typeNeverFits(expr string, k colKind, typ string) string {
+	// A JSON object's keys are strings: a map whose keys the type checker
+	// knows are of another type fits no column, whether it is the result
+	// or inside it (new-user trials: "{1: 'a', 2: payload.?name...}" and
+	// "{'a': {1: payload.?name...}}" were taken).
+	out := d.ast.OutputType()
+	if key := nonStringMapKey(out); key != nil {
+		if out.Kind() == types.MapKind && out.Parameters()[0] == key {
+			return fmt.Sprintf("%s returns a map of %s keys, and a JSON object's keys are strings: every event would be dead-lettered", quoteExpr(expr), key.String())
+		}
+		return fmt.Sprintf("%s returns %s, which holds a map of %s keys, and a JSON object's keys are strings: every event would be dead-lettered", quoteExpr(expr), out.String(), key.String())
+	}
 	var v any
 	name := ""
-	switch d.ast.OutputType().Kind() {
+	switch out.Kind() {
 	case types.BoolKind:
 		v, name = true, "bool"
 	case types.TimestampKind:
@@ -207,14 +218,6 @@ func (d *derivePrg) typeNeverFits(expr string, k colKind, typ string) string {
 	case types.ListKind:
 		v, name = []any{}, "list"
 	case types.MapKind:
-		// A JSON object's keys are strings: a map whose keys the type
-		// checker knows are of another type fits no column (new-user
-		// trial: "{1: 'a', 2: payload.?name.orValue('x')}" was taken).
-		if params := d.ast.OutputType().Parameters(); len(params) == 2 {
-			if key := params[0]; key.Kind() != types.StringKind && key.Kind() != types.DynKind && key.Kind() != types.AnyKind {
-				return fmt.Sprintf("%s returns a map of %s keys, and a JSON object's keys are strings: every event would be dead-lettered", quoteExpr(expr), key.String())
-			}
-		}
 		v, name = map[string]any{}, "map"
 	case types.IntKind, types.UintKind, types.DoubleKind:
 		if k != kindUUID { // which numbers fit depends on the value
@@ -229,6 +232,31 @@ func (d *derivePrg) typeNeverFits(expr string, k colKind, typ string) string {
 		return ""
 	}
 	return fmt.Sprintf("%s returns %s, and %s: every event would be dead-lettered", quoteExpr(expr), article(name), why)
+}
+
+// nonStringMapKey returns the key type of the first map in t (t itself,
+// or the type of its list elements, map values or optional value, at any
+// depth) whose keys the type checker knows are not strings, or nil when
+// there is none (dyn keys may be strings: they are checked at each event).
+func nonStringMapKey(t *types.Type) *types.Type {
+	params := t.Parameters()
+	switch t.Kind() {
+	case types.MapKind:
+		if len(params) != 2 {
+			return nil
+		}
+		if k := params[0].Kind(); k != types.StringKind && k != types.DynKind && k != types.AnyKind {
+			return params[0]
+		}
+		return nonStringMapKey(params[1])
+	case types.ListKind, types.OpaqueKind: // an optional's value too
+		for _, p := range params {
+			if key := nonStringMapKey(p); key != nil {
+				return key
+			}
+		}
+	}
+	return nil
 }
 
 // explainOverload returns err, cel-go's "no such overload" of evaluating d

@@ -330,11 +330,18 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			"      mf: {type: jsonb, derive: \"{1: 'a', 2: payload.?name.orValue('x')}\"}\n" +
 			"      lb: {type: jsonb, derive: \"[b'abc']\"}\n" +
 			"      ok5: {type: jsonb, derive: \"{'a': 1, 'b': payload.?name.orValue('x')}\"}\n" +
-			"      ok6: {type: jsonb, derive: \"dyn({'a': 1})\"}\n", []string{
+			"      ok6: {type: jsonb, derive: \"dyn({'a': 1})\"}\n" +
+			"      nm: {type: jsonb, derive: \"{'a': {1: payload.?name.orValue('x')}}\"}\n" +
+			"      nl: {type: jsonb, derive: \"[{true: payload.?name.orValue('x')}]\"}\n" +
+			"      ok7: {type: jsonb, derive: \"{'a': {'b': [payload.?name.orValue('x')]}}\"}\n" +
+			"      no: {type: jsonb, derive: \"optional.of({1: payload.?name.orValue('x')})\"}\n", []string{
 			`d.yaml: projection "p": columns.lb: derive: "[b'abc']" reads no event field and gives a value no column takes: result of type bytes cannot be stored: every event would be dead-lettered (line 20)`,
 			`d.yaml: projection "p": columns.mf: derive: "{1: 'a', 2: payload.?name.orValue('x')}" returns a map of int keys, and a JSON object's keys are strings: every event would be dead-lettered (line 19)`,
 			`d.yaml: projection "p": columns.mi: derive: "{1: 'a'}" reads no event field and gives a value no column takes: map key 1 is an int, not a string: every event would be dead-lettered (line 18)`,
 			`d.yaml: projection "p": columns.n: derive: "null" is always null, and the column is notNull (or in the primary key): every event would be dead-lettered (line 13)`,
+			`d.yaml: projection "p": columns.nl: derive: "[{true: payload.?name.orValue('x')}]" returns list(map(bool, dyn)), which holds a map of bool keys, and a JSON object's keys are strings: every event would be dead-lettered (line 24)`,
+			`d.yaml: projection "p": columns.nm: derive: "{'a': {1: payload.?name.orValue('x')}}" returns map(string, map(int, dyn)), which holds a map of int keys, and a JSON object's keys are strings: every event would be dead-lettered (line 23)`,
+			`d.yaml: projection "p": columns.no: derive: "optional.of({1: payload.?name.orValue('x')})" returns optional_type(map(int, dyn)), which holds a map of int keys, and a JSON object's keys are strings: every event would be dead-lettered (line 26)`,
 			`d.yaml: projection "p": columns.s: derive: "100000" always gives number 100000, and value "100000" is out of range for type smallint: every event would be dead-lettered (line 14)`,
 			`d.yaml: projection "p": columns.t: derive: "[1, 2][5]" reads no event field and fails: index out of bounds: 5: every event would be dead-lettered (line 10)`,
 			`d.yaml: projection "p": columns.u: derive: "'x'" always gives string "x", and invalid input syntax for type uuid: "x": every event would be dead-lettered (line 15)`,
