@@ -223,13 +223,9 @@ func pgJSONStringLen(s string) int {
 // output never has an exponent: 1e5 is 100000, 15e-1 is 1.5, 1e-3 is
 // 0.001); a value that is not a number (NaN, Infinity) is taken as it is.
 func pgNumericTextLen(n string) int {
-	t := strings.TrimPrefix(pgTrim(n), "+")
-	if t == "" || strings.Trim(t, "0123456789.eE+-") != "" {
-		return len(t)
-	}
-	c := canonicalNumber(t) // [-]digits[e[-]exp], no leading or trailing zero, or 0
+	c := keyValueText(kindNumeric, n) // canonicalNumber's [-]digits[e[-]exp], or nan, infinity
 	size := 0
-	if c[0] == '-' {
+	if strings.HasPrefix(c, "-") {
 		size, c = 1, c[1:]
 	}
 	digits, expText, _ := strings.Cut(c, "e")
@@ -237,8 +233,8 @@ func pgNumericTextLen(n string) int {
 	if expText == "" {
 		exp, err = 0, nil
 	}
-	if err != nil || strings.Trim(digits, "0123456789") != "" {
-		return len(t) // beyond numeric's range, or not a number: PostgreSQL refuses it
+	if err != nil || digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return size + len(c) // NaN, Infinity; beyond numeric's range or not a number: PostgreSQL refuses it
 	}
 	switch {
 	case exp >= 0: // the digits, then exp zeros
