@@ -273,6 +273,96 @@ func TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused(t *testing.T) {
 	}
 }
 
+// TestIsolationTablesEmptyThemselves: the isolation's temporary tables
+// (the numbered table and the report) are not emptied at commit, as the
+// COPY tables are (tempIsolated: PostgreSQL would truncate them at every
+// commit of the connection after its first isolation), so isolateSQL
+// empties them itself: after an isolation that refused a row and
+// committed, and after one rolled back, both are empty; a row put into
+// them outside an isolation outlives its commit (no ON COMMIT DELETE
+// ROWS).
+func TestIsolationTablesEmptyThemselves(t *testing.T) {
+	pool, schema, ratings := ratingsSchema(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	const n = 40
+	refused := func(i int) bool { return i == 7 }
+	tables := []string{ratings.numberedTable(), copyResultTable}
+	rows := func(t *testing.T, when string) {
+		t.Helper()
+		for _, tab := range tables {
+			var c int
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{tab}.Sanitize()).Scan(&c); err != nil {
+				t.Fatal(err)
+			}
+			if c != 0 {
+				t.Errorf("%s: %s holds %d rows, want 0", when, tab, c)
+			}
+		}
+	}
+	isolateOnce := func(t *testing.T, commit bool) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		g := ratingsGroup(t, ratings, schema, n, nil, refused)
+		tmp, err := copyNumbered(ctx, tx, g, tempTables{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranges, err := isolate(ctx, tx, ratings.isolateSQL(schema, tmp, n, 8, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkCoverage(ranges, n); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(ranges, func(r isolatedRange) bool { return r.kind == rangeRefused && r.lo == 7 }) {
+			t.Fatalf("row 7 not reported refused: %+v", ranges)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	isolateOnce(t, true)
+	rows(t, "after an isolation committed")
+	isolateOnce(t, false)
+	rows(t, "after an isolation rolled back")
+
+	// Not emptied at commit: a row put in stays until the next isolation.
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{ratings.numberedTable()}.Sanitize()+" ("+rangeColumn+") VALUES (1); "+
+		"INSERT INTO "+pgx.Identifier{copyResultTable}.Sanitize()+" (kind) VALUES ('x')"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tab := range tables {
+		var c int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{tab}.Sanitize()).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		if c != 1 {
+			t.Errorf("%s holds %d rows after its commit, want the 1 put in: it is emptied at every commit (ON COMMIT DELETE ROWS)", tab, c)
+		}
+	}
+	if _, err := conn.Exec(ctx, "TRUNCATE "+pgx.Identifier{ratings.numberedTable()}.Sanitize()+", "+pgx.Identifier{copyResultTable}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRefusedMarksAreBounded: a partition keeps at most maxRefusedMarks
 // marks, whatever number of tenant schemas had a row refused; a clean
 // isolation clears its mark.
@@ -355,7 +445,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	}
 	// The temporary tables, emptied after each op's rollback (a worker's
 	// commit empties them: ON COMMIT DELETE ROWS), outside the figures.
-	truncate := "TRUNCATE " + pgx.Identifier{ratings.copyTable()}.Sanitize() + ", " + pgx.Identifier{ratings.copyTable() + "_r"}.Sanitize()
+	truncate := "TRUNCATE " + pgx.Identifier{ratings.copyTable()}.Sanitize() + ", " + pgx.Identifier{ratings.numberedTable()}.Sanitize() + ", " + pgx.Identifier{ratings.checkedTable()}.Sanitize()
 	inTx := func(b *testing.B, f func(tx pgx.Tx) error) {
 		var cpu int64
 		measured := true
@@ -393,10 +483,10 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	if _, _, err := copyRows(ctx, warm, clean, nil); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := warm.Exec(ctx, ratings.copyCreateSQL(ratings.copyTable()+"_r", true)); err != nil {
+	if _, err := warm.Exec(ctx, ratings.copyCreateSQL(ratings.numberedTable(), tempIsolated)+"; "+ratings.copyCreateSQL(ratings.checkedTable(), tempChecked)); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := isolate(ctx, warm, ratings.isolateSQL(schema, ratings.copyTable()+"_r", 0, 1, false)); err != nil {
+	if _, err := isolate(ctx, warm, ratings.isolateSQL(schema, ratings.numberedTable(), 0, 1, false)); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := warm.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()); err != nil {
