@@ -363,6 +363,81 @@ func TestIsolationTablesEmptyThemselves(t *testing.T) {
 	}
 }
 
+// TestIdleCopyTablesAreDropped: a connection drops the temporary COPY
+// table of a projection that none of its last maxIdleCopyCommits batch
+// transactions filled (PostgreSQL empties every such table at each commit,
+// filled or not), keeps the one it fills, and makes a dropped one again
+// when a group needs it.
+func TestIdleCopyTablesAreDropped(t *testing.T) {
+	_, schema, ratings := ratingsSchema(t)
+	followers := hotProjections(t, hotDefinitions[0].path)[0]
+	ctx := context.Background()
+	pool, _ := oneSessionPool(t)
+	w := copyWorker(pool)
+	followersGroup := func() *copyGroup {
+		var pairs []pair
+		for i := range 8 {
+			ev := hotEvent(t, strings.Replace(hotFollowed, `"user-0012345"`, `"user-`+strconv.Itoa(i)+`"`, 2))
+			st, err := followers.Plan(ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pairs = append(pairs, pair{d: &decoded{ev: ev}, h: followers, stmt: st})
+		}
+		return formGroup(newCopyGroup(followers, schema), pairs)
+	}
+	apply := func(groups ...*copyGroup) {
+		t.Helper()
+		left, failures, err := (&partition{w: w}).execCopy(ctx, groups)
+		if err != nil || len(left) != 0 || len(failures) != 0 {
+			t.Fatalf("execCopy: %d left, %d failures, error %v", len(left), len(failures), err)
+		}
+	}
+	exists := func(table string) bool {
+		t.Helper()
+		var oid *uint32
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1)::oid", "pg_temp."+pgx.Identifier{table}.Sanitize()).Scan(&oid); err != nil {
+			t.Fatal(err)
+		}
+		return oid != nil
+	}
+	apply(ratingsGroup(t, ratings, schema, 8, nil, nil), followersGroup())
+	for i := 1; i <= maxIdleCopyCommits; i++ {
+		apply(followersGroup())
+		if want := i < maxIdleCopyCommits; exists(ratings.copyTable()) != want {
+			t.Fatalf("after %d transactions that filled only %s: %s exists = %v, want %v",
+				i, followers.copyTable(), ratings.copyTable(), !want, want)
+		}
+		if !exists(followers.copyTable()) {
+			t.Fatalf("after %d transactions that filled it: %s dropped", i, followers.copyTable())
+		}
+	}
+	apply(ratingsGroup(t, ratings, schema, 8, nil, nil))
+	if !exists(ratings.copyTable()) {
+		t.Errorf("%s not made again for a group that needs it", ratings.copyTable())
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "artist_ratings"}.Sanitize()).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 8 {
+		t.Errorf("artist_ratings holds %d rows, want 8", rows)
+	}
+}
+
+// TestReadmeStatesWhenIdleCopyTablesAreDropped: the README gives
+// maxIdleCopyCommits as the code has it.
+func TestReadmeStatesWhenIdleCopyTablesAreDropped(t *testing.T) {
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("table once %d of its batch transactions in a row have not filled it", maxIdleCopyCommits)
+	if !strings.Contains(strings.Join(strings.Fields(string(b)), " "), want) {
+		t.Errorf("README.md does not say %q", want)
+	}
+}
+
 // TestRefusedMarksAreBounded: a partition keeps at most maxRefusedMarks
 // marks, whatever number of tenant schemas had a row refused; a clean
 // isolation clears its mark.
@@ -562,6 +637,77 @@ func BenchmarkIsolateGroup(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkCommitWithIdleCopyTables measures what a connection's idle
+// temporary COPY tables cost PostgreSQL: each op is a batch transaction
+// (execCopy) of one artist_ratings group of 300 rows on one connection
+// that holds, besides that group's table, none ("none") or 16 more tables
+// of the same shape that no transaction fills ("idle-16": made outside the
+// worker's own record, so that it keeps them, as it kept every table
+// before it dropped idle ones: maxIdleCopyCommits). server-ms/op is the
+// PostgreSQL backend's CPU per op when the server runs on this machine.
+//
+//	go test ./projection -run '^$' -bench CommitWithIdleCopyTables -benchtime 300x -count 5
+func BenchmarkCommitWithIdleCopyTables(b *testing.B) {
+	_, schema, ratings := ratingsSchema(b)
+	ctx := context.Background()
+	group := ratingsGroup(b, ratings, schema, 300, nil, nil)
+	for _, idle := range []int{0, 16} {
+		name := "none"
+		if idle > 0 {
+			name = "idle-" + strconv.Itoa(idle)
+		}
+		b.Run(name, func(b *testing.B) {
+			pool, backend := oneSessionPool(b)
+			for i := range idle {
+				if _, err := pool.Exec(ctx, ratings.copyCreateSQL("_causet_idle_"+strconv.Itoa(i), tempPlain)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pc := &partition{w: copyWorker(pool)}
+			cpu0, ok0 := backendCPU(backend)
+			b.ResetTimer()
+			for range b.N {
+				if _, _, err := pc.execCopy(ctx, []*copyGroup{group}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			if cpu1, ok1 := backendCPU(backend); ok0 && ok1 {
+				b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "server-ms/op")
+			}
+		})
+	}
+}
+
+// oneSessionPool returns a pool of one connection to the test database,
+// closed when tb ends, so that every transaction on it is in one session,
+// and the PID of that session's backend.
+func oneSessionPool(tb testing.TB) (*pgxpool.Pool, int) {
+	tb.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	var backend int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		tb.Fatal(err)
+	}
+	return pool, backend
+}
+
+// copyWorker returns a Worker that execCopy can apply groups with on pool.
+func copyWorker(pool *pgxpool.Pool) *Worker {
+	return &Worker{cfg: Config{Metrics: &Metrics{}}, log: slog.New(slog.DiscardHandler), begin: pool,
+		catalog: newTableCatalog(pool, slog.New(slog.DiscardHandler))}
 }
 
 // backendCPU returns the CPU time (user + system, in ms) of the PostgreSQL
