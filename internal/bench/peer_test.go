@@ -459,6 +459,7 @@ func (p *peerEnv) runWorker(pd *peerData, round int) peerRun {
 	b.Helper()
 	r := peerRun{System: "worker", Dataset: pd.name}
 	p.migrate(p.dbURL, p.pool, pd.tenant)
+	runtime.GC() // this process's garbage collected now, not during the run (quiesce)
 	suffix := fmt.Sprintf("%s-%d-%s", pd.name, round, p.id)
 	group, dlq, ledger := "peer-worker-"+suffix, "peer-dlq-"+suffix, "peer-ledger-"+suffix
 	httpAddr := freeAddr(b)
@@ -560,6 +561,7 @@ func (p *peerEnv) runConnect(pd *peerData, round int, tolerate bool) peerRun {
 	group := "connect-" + name // Connect's sink group: connect-<connector name>
 	dbURL, pool := p.database(fmt.Sprintf("peer_c_%s_%d_%s", pd.name, round, p.id))
 	schema := p.migrate(dbURL, pool, "peer")
+	runtime.GC() // as runWorker
 	dlq := "peer-connect-dlq-" + suffix
 	dir := filepath.Join(p.dir, "connect-"+suffix)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
