@@ -314,7 +314,7 @@ func (f pairFailure) projectionName() string {
 }
 
 // applyPlanned applies the planned pairs in transactions of pipelined
-// statements. When a statement fails, the statements before it are applied
+// statements, in lock order (sortForLocks). When a statement fails, the statements before it are applied
 // again in a transaction of their own, the failing pair is returned as a
 // failure, and the statements after it continue as the next batch: every
 // good statement runs at most twice and commits once. When the COMMIT is
@@ -326,7 +326,7 @@ func (f pairFailure) projectionName() string {
 func (pc *partition) applyPlanned(ctx context.Context, planned []pair) ([]pairFailure, error) {
 	w := pc.w
 	var failures []pairFailure
-	todo := [][]pair{planned} // a stack of segments, next on top
+	todo := [][]pair{sortForLocks(planned)} // a stack of segments, next on top
 	for len(todo) > 0 {
 		seg := todo[len(todo)-1]
 		todo = todo[:len(todo)-1]

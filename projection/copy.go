@@ -387,6 +387,7 @@ func upsertKey(tp *TableProjection, pr pair) string {
 // infrastructure error) is returned: nothing was applied.
 func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []pair, failures []pairFailure, err error) {
 	w := pc.w
+	sortGroupsForLocks(groups)
 	start := time.Now()
 	ctx, done := w.batchTx(ctx, start, "copy batch", groupsSize(groups), groupPairs(groups))
 	defer func() { done(err) }()
@@ -1171,7 +1172,14 @@ func (p *TableProjection) copyRangeSQL(tmp string) string {
 
 // copyInsertSQL is upsertSQL for the rows of from, the temporary table or
 // a subquery of it: the same casts, tombstone check and sequence guard ($1
-// is the table name).
+// is the table name). Without qual, the rows are upserted in primary key
+// order, each value as sent, byte by byte (lock order: lockorder.go); the
+// sort costs PostgreSQL about 0.25 µs a row
+// (BenchmarkCommitWithIdleCopyTables/none, 300 rows, 3 alternated runs:
+// 1.63 against 1.55 server-ms). isolateSQL's qual names the row being
+// upserted as it goes (copyAtSequence), which a sort before the upsert
+// would undo: its ranges are upserted in copyRangeSQL's order, the key's
+// type's, a path taken seldom.
 func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 	cast := func(name, typ string) string {
 		if typ == "text" {
@@ -1197,11 +1205,20 @@ func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 	values = append(values, seq)
 	sets = append(sets, seqColumn+" = EXCLUDED."+seqColumn)
 	s := pgx.Identifier{schema}.Sanitize()
+	orderBy := ""
+	if qual == "" {
+		order := make([]string, len(p.pk))
+		for j, i := range p.pk {
+			order[j] = "src." + ident(p.cols[i].name) + ` COLLATE "C"`
+		}
+		orderBy = " ORDER BY " + strings.Join(order, ", ")
+	}
 	return "INSERT INTO " + s + "." + ident(p.def.Table) + " AS t (" + strings.Join(names, ", ") + ")" +
 		" SELECT " + strings.Join(values, ", ") + " FROM " + from + " src" +
 		" WHERE " + qual + "NOT EXISTS (SELECT 1 FROM " + s + "." + ident(tombstoneTable) + " tb" +
 		" WHERE tb.table_name = $1::text AND " + tombstoneMatch(keyExprs, keyTypes) +
 		" AND tb." + seqColumn + " >= " + seq + ")" +
+		orderBy +
 		" ON CONFLICT (" + strings.Join(keys, ", ") + ") DO UPDATE SET " + strings.Join(sets, ", ") +
 		" WHERE t." + seqColumn + " <= EXCLUDED." + seqColumn
 }
