@@ -730,13 +730,16 @@ func groupsSize(groups []*copyGroup) int {
 func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, cause string, filled tempTables) (res copyResult, left []pair, failures []pairFailure, err error) {
 	w := pc.w
 	res.g = g
-	tmp, err := copyNumbered(ctx, tx, g, filled)
+	// The ranges are parts of the group in lock order, so that the
+	// transaction takes its row locks in it, range after range.
+	all := sortForLocks(g.all)
+	tmp, err := copyNumbered(ctx, tx, g.p, all, filled)
 	if err != nil {
 		return res, nil, nil, err
 	}
-	ranges, err := isolate(ctx, tx, g.p.isolateSQL(g.schema, tmp, len(g.all), w.cfg.CopyMinRows, g.wholeRefused))
+	ranges, err := isolate(ctx, tx, g.p.isolateSQL(g.schema, tmp, len(all), w.cfg.CopyMinRows, g.wholeRefused))
 	if err == nil {
-		err = checkCoverage(ranges, len(g.all))
+		err = checkCoverage(ranges, len(all))
 	}
 	if err != nil {
 		return res, nil, nil, err
@@ -748,30 +751,30 @@ func (pc *partition) isolateGroup(ctx context.Context, tx pgx.Tx, g *copyGroup, 
 			res.n += r.hi - r.lo
 			res.affected += r.affected
 			if w.tr.spansEveryPair() {
-				res.pairs = append(res.pairs, g.all[r.lo:r.hi]...)
+				res.pairs = append(res.pairs, all[r.lo:r.hi]...)
 			}
 		case rangeRefused: // the pair's own row: its failure, as its statement would have failed
-			failures = append(failures, w.batchFailure(ctx, g.all[r.lo], r.err))
+			failures = append(failures, w.batchFailure(ctx, all[r.lo], r.err))
 		default: // the range's statement failed otherwise: statements find out
 			statements += r.hi - r.lo
-			left = append(left, g.all[r.lo:r.hi]...)
+			left = append(left, all[r.lo:r.hi]...)
 		}
 	}
 	w.log.Debug("copy group isolated in PostgreSQL", "partition", pc.partition, "projection", g.p.Name(), "tenant_schema", g.schema,
-		"cause", cause, "from_parts", g.wholeRefused, "rows", len(g.all), "refused", len(failures), "to_statements", statements)
+		"cause", cause, "from_parts", g.wholeRefused, "rows", len(all), "refused", len(failures), "to_statements", statements)
 	return res, left, failures, nil
 }
 
-// copyNumbered copies every upsert of g (copyGroup.all) into g's numbered
-// temporary table, which it creates if needed (and empties, when filled
-// says it was filled before in tx), numbered by index in rangeColumn, and
-// returns the table's name.
-func copyNumbered(ctx context.Context, tx pgx.Tx, g *copyGroup, filled tempTables) (string, error) {
-	tmp := g.p.numberedTable()
-	if _, err := tx.Exec(ctx, g.p.copyCreateSQL(tmp, tempIsolated)+filled.fill(tmp, tempIsolated)); err != nil {
+// copyNumbered copies the upserts all of p into p's numbered temporary
+// table, which it creates if needed (and empties, when filled says it was
+// filled before in tx), numbered by index in rangeColumn, and returns the
+// table's name.
+func copyNumbered(ctx context.Context, tx pgx.Tx, p *TableProjection, all []pair, filled tempTables) (string, error) {
+	tmp := p.numberedTable()
+	if _, err := tx.Exec(ctx, p.copyCreateSQL(tmp, tempIsolated)+filled.fill(tmp, tempIsolated)); err != nil {
 		return "", err
 	}
-	return tmp, copyFrom(ctx, tx, g.p, tmp, g.all, true)
+	return tmp, copyFrom(ctx, tx, p, tmp, all, true)
 }
 
 // maxCopyParts bounds the parts a failing range of isolateGroup is
@@ -1158,7 +1161,9 @@ func (p *TableProjection) copyCreateSQL(tmp string, kind tempKind) string {
 // copyRangeSQL is the rows $2 <= rangeColumn < $3 of the numbered
 // temporary table tmp, the newest of each primary key only (last sequence
 // wins; on a tie the later record, as copyGroup.add chooses), as a
-// subquery for copyInsertSQL.
+// subquery for copyInsertSQL, in the key's type's order (which copyInsertSQL's
+// qual needs: a sort above it would undo its naming of the row being
+// upserted).
 func (p *TableProjection) copyRangeSQL(tmp string) string {
 	keys := make([]string, 0, len(p.pk))
 	for _, i := range p.pk {
@@ -1177,9 +1182,12 @@ func (p *TableProjection) copyRangeSQL(tmp string) string {
 // sort costs PostgreSQL about 0.25 µs a row
 // (BenchmarkCommitWithIdleCopyTables/none, 300 rows, 3 alternated runs:
 // 1.63 against 1.55 server-ms). isolateSQL's qual names the row being
-// upserted as it goes (copyAtSequence), which a sort before the upsert
-// would undo: its ranges are upserted in copyRangeSQL's order, the key's
-// type's, a path taken seldom.
+// upserted as it goes (copyAtSequence), which a sort above it would undo:
+// isolateGroup numbers its rows in lock order, so that its ranges follow
+// one another in it, and each range comes in copyRangeSQL's order, the
+// key's type's: the same for text keys in a database whose collation is
+// C, not for others (a deadlock with another partition is then possible
+// within one range of an isolation, and PostgreSQL ends it: 40P01).
 func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 	cast := func(name, typ string) string {
 		if typ == "text" {

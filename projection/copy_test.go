@@ -248,7 +248,8 @@ func TestIsolateSQLStartsFromThePartsOfAGroupKnownRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			tmp, err := copyNumbered(ctx, tx, ratingsGroup(t, ratings, schema, n, nil, nil), tempTables{})
+			g := ratingsGroup(t, ratings, schema, n, nil, nil)
+			tmp, err := copyNumbered(ctx, tx, g.p, g.all, tempTables{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -312,7 +313,7 @@ func TestIsolationTablesEmptyThemselves(t *testing.T) {
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		g := ratingsGroup(t, ratings, schema, n, nil, refused)
-		tmp, err := copyNumbered(ctx, tx, g, tempTables{})
+		tmp, err := copyNumbered(ctx, tx, g.p, g.all, tempTables{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -616,7 +617,7 @@ func BenchmarkIsolateGroup(b *testing.B) {
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			inTx(b, func(tx pgx.Tx) error {
-				tmp, err := copyNumbered(ctx, tx, v.g, tempTables{})
+				tmp, err := copyNumbered(ctx, tx, v.g.p, v.g.all, tempTables{})
 				if err != nil {
 					return err
 				}
@@ -848,7 +849,7 @@ func TestIsolateSQLSplitsAFailedRangeAroundTheRowBeingUpserted(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			tmp, err := copyNumbered(ctx, tx, g, tempTables{})
+			tmp, err := copyNumbered(ctx, tx, g.p, g.all, tempTables{})
 			if err != nil {
 				t.Fatal(err)
 			}
