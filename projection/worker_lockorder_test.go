@@ -1,7 +1,6 @@
 package projection_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,24 +15,6 @@ import (
 
 	"github.com/causet/projection-worker/projection"
 )
-
-// lockedBuffer is a log destination for several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestWorkerPartitionsWritingOneRowDoNotDeadlock: two projections whose
 // primary key is an account, not the event's entity (per-account rows
@@ -98,7 +78,7 @@ func testPartitionsWritingOneRow(t *testing.T, accounts, batch int, refuse bool)
 		values[i] = r.event("PAYMENT_MADE", keys[i], int64(i+1), fmt.Sprintf(`{"account":%q,"payment":%q}`, account, payment))
 	}
 	r.produceAll(keys, values)
-	logs := &lockedBuffer{}
+	logs := &safeBuffer{}
 	var handlers []projection.Handler
 	for _, tp := range tps {
 		handlers = append(handlers, tp)
