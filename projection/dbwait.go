@@ -58,11 +58,48 @@ func (pc *partition) untilAvailable(ctx context.Context, op func(context.Context
 		if code != "" {
 			fp += "/" + code
 		}
-		pc.w.failures.write(ctx, slog.LevelWarn, "database unavailable, waiting", fp,
+		pc.w.failures.write(ctx, slog.LevelWarn, waitWords(err).waiting, fp,
 			append([]any{"topic", pc.w.cfg.Topic, "partition", pc.partition, "attempt", n, "wait", wait, "error", err}, logArgs...)...)
 	})
 	pc.setDBWait(nil)
 	return err
+}
+
+// dbWaitWords are the words of the log lines (and of Ready) of a partition
+// waiting for the database, by the kind of its last answer.
+type dbWaitWords struct {
+	cause   string // why it waits: Ready's "partitions [..] paused: <cause>: <error>"
+	waiting string // each attempt's WARN (folded by fingerprint)
+	paused  string // once, when it starts waiting
+	resumed string // once, when it no longer waits
+}
+
+var (
+	unavailableWords = dbWaitWords{
+		cause:   "database unavailable",
+		waiting: "database unavailable, waiting",
+		paused:  "database unavailable: partition paused",
+		resumed: "database available again: partition resumed",
+	}
+	// A deadlock or serialization failure (retry.IsConflict) is not an
+	// outage: the database answered, and another transaction was in the way
+	// (new-user trial: partitions deadlocking on one row were reported as
+	// "database unavailable").
+	conflictWords = dbWaitWords{
+		cause:   "transaction conflict",
+		waiting: "transaction conflict, applying again",
+		paused:  "transaction conflict: partition paused",
+		resumed: "transaction conflict over: partition resumed",
+	}
+)
+
+// waitWords returns the words for a partition whose last answer from the
+// database was err.
+func waitWords(err error) dbWaitWords {
+	if retry.IsConflict(err) {
+		return conflictWords
+	}
+	return unavailableWords
 }
 
 // setDBWait marks the partition waiting for the database, cause being the
@@ -72,6 +109,7 @@ func (pc *partition) setDBWait(cause error) {
 	waiting := cause != nil
 	pc.mu.Lock()
 	changed := (pc.dbWait != nil) != waiting
+	last := pc.dbWait
 	pc.dbWait = cause
 	pc.mu.Unlock()
 	if !changed {
@@ -81,7 +119,7 @@ func (pc *partition) setDBWait(cause error) {
 	case waiting:
 		pc.pauseFetch(pauseDBWait)
 		pc.w.cfg.Metrics.addPaused(pc.ctx, 1)
-		pc.w.log.Warn("database unavailable: partition paused", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+		pc.w.log.Warn(waitWords(cause).paused, "topic", pc.w.cfg.Topic, "partition", pc.partition)
 	case pc.ctx.Err() != nil:
 		// Revoked or shutting down while waiting: the database may well
 		// still be down.
@@ -89,7 +127,7 @@ func (pc *partition) setDBWait(cause error) {
 		pc.w.log.Info("partition stopped while waiting for the database", "topic", pc.w.cfg.Topic, "partition", pc.partition)
 	default:
 		pc.w.cfg.Metrics.addPaused(pc.ctx, -1)
-		pc.w.log.Info("database available again: partition resumed", "topic", pc.w.cfg.Topic, "partition", pc.partition)
+		pc.w.log.Info(waitWords(last).resumed, "topic", pc.w.cfg.Topic, "partition", pc.partition)
 		pc.maybeResume()
 	}
 }

@@ -215,7 +215,7 @@ func (w *Worker) Ready() error {
 	}
 	if len(paused) > 0 {
 		slices.Sort(paused)
-		stuck = append(stuck, fmt.Errorf("partitions %v paused: database unavailable: %w", paused, cause))
+		stuck = append(stuck, fmt.Errorf("partitions %v paused: %s: %w", paused, waitWords(cause).cause, cause))
 	}
 	return errors.Join(stuck...)
 }

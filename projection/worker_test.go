@@ -823,6 +823,52 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	r.waitAppliedWithoutDeadLetters(rn, 4)
 }
 
+// TestWorkerTransactionConflictIsNotReportedAsAnOutage: a deadlock
+// (40P01) makes the partition wait and apply the pair again, as any
+// infrastructure error does, but its lines and Ready say "transaction
+// conflict", not "database unavailable": the database answered (new-user
+// trial: partitions deadlocking on one row were reported as an outage).
+// A trigger raises 40P01 while a flag row exists.
+func TestWorkerTransactionConflictIsNotReportedAsAnOutage(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	flag := pgx.Identifier{r.tenant, "conflict_flag"}.Sanitize()
+	fn := pgx.Identifier{r.tenant, "raise_conflict"}.Sanitize()
+	exec(t, r.pool, "CREATE TABLE "+flag+" (on_ boolean)")
+	exec(t, r.pool, "INSERT INTO "+flag+" VALUES (true)")
+	exec(t, r.pool, "CREATE FUNCTION "+fn+"() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF EXISTS (SELECT FROM "+flag+
+		") THEN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END IF; RETURN NEW; END $$")
+	exec(t, r.pool, "CREATE TRIGGER raise_conflict BEFORE INSERT OR UPDATE ON "+pgx.Identifier{r.tenant, "artist_followers"}.Sanitize()+
+		" FOR EACH ROW EXECUTE FUNCTION "+fn+"()")
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	rn := r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
+	r.produce("user-0", []byte(r.follow("user-0", "artist-1", 1)))
+	paused := func() bool { err := rn.w.Ready(); return err != nil && strings.Contains(err.Error(), "paused") }
+	for deadline := time.Now().Add(testTimeout); !paused() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := rn.w.Ready(); err == nil || !strings.Contains(err.Error(), "paused: transaction conflict: ") || !strings.Contains(err.Error(), "40P01") {
+		t.Errorf("Ready() during the conflict = %v, want `partitions [..] paused: transaction conflict: ...40P01...`", err)
+	}
+	for deadline := time.Now().Add(testTimeout); len(logs.records("transaction conflict, applying again")) == 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	exec(t, r.pool, "DELETE FROM "+flag)
+	r.waitAppliedWithoutDeadLetters(rn, 1)
+	for msg, want := range map[string]bool{
+		"transaction conflict, applying again":         true,
+		"transaction conflict: partition paused":       true,
+		"transaction conflict over: partition resumed": true,
+		"database unavailable, waiting":                false,
+		"database unavailable: partition paused":       false,
+		"database available again: partition resumed":  false,
+	} {
+		if got := len(logs.records(msg)) > 0; got != want {
+			t.Errorf("a line %q: %v, want %v", msg, got, want)
+		}
+	}
+}
+
 // TestWorkerReadOnlyDatabaseResumesOnNewConnections: while the database
 // answers read-only (25006: here its default_transaction_read_only, which
 // holds for a session from its start) the partition waits; once it is

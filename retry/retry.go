@@ -223,6 +223,19 @@ func IsPermanent(err error) bool { return err != nil && Classify(err) == Permane
 // IsInfrastructure reports whether err is classified Infrastructure.
 func IsInfrastructure(err error) bool { return err != nil && Classify(err) == Infrastructure }
 
+// IsConflict reports whether err is PostgreSQL ending a transaction because
+// of another one: SQLSTATE 40001 (serialization_failure) or 40P01
+// (deadlock_detected). Both are Infrastructure (Rules): the database is
+// up, and the same statement passes when run again once the other
+// transaction is done (or a trigger stops raising the code).
+func IsConflict(err error) bool {
+	switch SQLState(err) {
+	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
 // Policy is an exponential backoff policy. The zero value is not usable; start
 // from DefaultPolicy.
 type Policy struct {

@@ -350,3 +350,20 @@ func TestNewBackOffAfterGoesOnWithTheSchedule(t *testing.T) {
 		t.Errorf("NewBackOffAfter(2^30): next wait %v, want MaxInterval %v", got, p.MaxInterval)
 	}
 }
+
+// TestIsConflict: a deadlock or serialization failure, wrapped or not, is a
+// conflict with another transaction (and Infrastructure); other
+// infrastructure errors and other class-40 codes are not.
+func TestIsConflict(t *testing.T) {
+	for code, want := range map[string]bool{"40001": true, "40P01": true, "40000": false, "40002": false, "08006": false, "25006": false, "57P01": false, "23505": false} {
+		if got := IsConflict(pgErr(code)); got != want {
+			t.Errorf("IsConflict(%s) = %v, want %v", code, got, want)
+		}
+		if want && !IsInfrastructure(pgErr(code)) {
+			t.Errorf("%s is a conflict but not Infrastructure", code)
+		}
+	}
+	if IsConflict(nil) || IsConflict(errors.New("deadlock detected")) {
+		t.Error("IsConflict of nil or of an error without a SQLSTATE = true")
+	}
+}
