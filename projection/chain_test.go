@@ -109,3 +109,57 @@ func TestObserveAttemptPassesResultsThrough(t *testing.T) {
 		t.Errorf("= %v, %v; want Stale, nil", out, err)
 	}
 }
+
+// stackAt returns callers(2) of a goroutine n calls deeper than its caller.
+func stackAt(n int) []uintptr {
+	if n == 0 {
+		return callers(2)
+	}
+	return stackAt(n - 1)
+}
+
+// TestFormatFramesCachesByProgramCounters: the cached text of a stack is
+// the text formatting gives it; two stacks of other program counters get
+// their own texts; the cache never holds more than maxStackTexts.
+func TestFormatFramesCachesByProgramCounters(t *testing.T) {
+	a, b := stackAt(3), stackAt(5)
+	if formatFrames(a) != formatFramesUncached(a) || formatFrames(a) != formatFramesUncached(a) {
+		t.Errorf("cached text differs from the formatted one:\n%s\nwant\n%s", formatFrames(a), formatFramesUncached(a))
+	}
+	if formatFrames(b) != formatFramesUncached(b) || formatFrames(a) == formatFrames(b) {
+		t.Errorf("stacks of other depths share a text:\n%s", formatFrames(b))
+	}
+	if !strings.Contains(formatFrames(a), "projection.stackAt\n") {
+		t.Errorf("text %q does not name stackAt", formatFrames(a))
+	}
+	for i := range 2*maxStackTexts + 1 {
+		// Program counters that are not in the stack: each one a new key.
+		formatFrames([]uintptr{a[0], uintptr(i)})
+		stackTexts.Lock()
+		n := len(stackTexts.m)
+		stackTexts.Unlock()
+		if n > maxStackTexts {
+			t.Fatalf("%d stack texts cached, want at most %d", n, maxStackTexts)
+		}
+	}
+	if formatFrames(a) != formatFramesUncached(a) {
+		t.Error("text changed after the cache was emptied")
+	}
+}
+
+// BenchmarkFormatFrames formats a failure's stack of about 20 frames:
+// cached (every dead letter of one code path after the first), and not.
+func BenchmarkFormatFrames(b *testing.B) {
+	pcs := stackAt(15)
+	for _, bb := range []struct {
+		name   string
+		format func([]uintptr) string
+	}{{"cached", formatFrames}, {"uncached", formatFramesUncached}} {
+		b.Run(bb.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = bb.format(pcs)
+			}
+		})
+	}
+}
