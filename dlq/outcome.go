@@ -86,16 +86,32 @@ func (r Result) CounterNames() (replayed, skipped string) {
 	return replayed, skipped
 }
 
+// NotDone returns how many matched dead letters have no outcome: those a
+// run that stopped before the end (an error, or interrupted) had selected
+// but had neither finished nor recorded (sent and not yet acknowledged,
+// waiting for --rate, or in a batch not yet written). 0 for a run that
+// reached the end.
+func (r Result) NotDone() int {
+	return r.Matched - (r.Replayed + r.Skipped + r.AlreadyReplayed + r.AlreadySkipped + r.Refused + r.Failed)
+}
+
 // String returns the summary line
 // "matched=N replayed=N skipped=N already-replayed=N already-skipped=N
-// refused=N failed=N".
+// refused=N failed=N", the counters adding up to matched, and then
+// " not-done=N" when NotDone is not 0 (a run stopped before the end; new-user
+// trial: an interrupted retry said matched=121 replayed=120 and nothing
+// else).
 // In a dry run the counter of what would have been done is named for it:
 // "would-replay=N" in place of "replayed=N" (Retry), "would-skip=N" in
 // place of "skipped=N" (Skip).
 func (r Result) String() string {
 	replayed, skipped := r.CounterNames()
-	return fmt.Sprintf("matched=%d %s=%d %s=%d already-replayed=%d already-skipped=%d refused=%d failed=%d",
+	line := fmt.Sprintf("matched=%d %s=%d %s=%d already-replayed=%d already-skipped=%d refused=%d failed=%d",
 		r.Matched, replayed, r.Replayed, skipped, r.Skipped, r.AlreadyReplayed, r.AlreadySkipped, r.Refused, r.Failed)
+	if n := r.NotDone(); n != 0 {
+		line += fmt.Sprintf(" not-done=%d", n)
+	}
+	return line
 }
 
 func (r *Result) count(o Outcome) {

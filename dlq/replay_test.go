@@ -657,6 +657,38 @@ func TestResultStringNamesWhatADryRunWouldDo(t *testing.T) {
 	}
 }
 
+// TestInterruptedRetryCountsWhatItLeftNotDone: a retry stopped before the
+// end (its context cancelled, as Ctrl-C or SIGTERM cancels it) while
+// a matched dead letter waits for --rate counts that one not-done, so that
+// its summary line adds up to matched (new-user trial: an interrupted retry
+// printed matched=121 replayed=120 and no other counter above 0).
+func TestInterruptedRetryCountsWhatItLeftNotDone(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 2)
+	filterFixture(f, false)
+	res, outs, err := f.run(dlq.ReplayConfig{Rate: 4}, func(r *dlq.Replayer, ctx context.Context) (dlq.Result, error) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer time.AfterFunc(400*time.Millisecond, cancel).Stop()
+		return r.Retry(ctx)
+	})
+	if err == nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("retry error = %v, want it cancelled (4 replays at 4/s take 750 ms)", err)
+	}
+	if res.NotDone() < 1 || res.NotDone() != res.Matched-len(outs) {
+		t.Errorf("NotDone() = %d of %d matched with %d outcomes, want matched less the outcomes, at least 1", res.NotDone(), res.Matched, len(outs))
+	}
+	if want := fmt.Sprintf(" not-done=%d", res.NotDone()); !strings.HasSuffix(res.String(), want) {
+		t.Errorf("summary line %q does not end with %q", res.String(), want)
+	}
+	full, _ := f.retry(dlq.ReplayConfig{})
+	if full.NotDone() != 0 || strings.Contains(full.String(), "not-done") {
+		t.Errorf("a run to the end: NotDone() = %d, line %q; want 0 and no not-done counter", full.NotDone(), full.String())
+	}
+	if full.Matched != 5 || full.AlreadyReplayed != res.Replayed || full.Replayed+full.AlreadyReplayed != 4 {
+		t.Errorf("the run after: %s; want the %d replayed before already-replayed and the rest of the 4 replayed", full, res.Replayed)
+	}
+}
+
 func TestRetryDryRunSendsAndRecordsNothing(t *testing.T) {
 	b := kafkatest.New(t)
 	f := newFixture(t, b, 3, 2)
