@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -55,5 +56,38 @@ func TestPoolSpeaksUTF8ToADatabaseOfAnotherEncoding(t *testing.T) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "22P05" {
 		t.Errorf("an emoji into a LATIN1 database: %v, want SQLSTATE 22P05", err)
+	}
+}
+
+// TestPoolNamesItsSessions: the worker's sessions show as
+// projection-worker in pg_stat_activity, unless the connection string
+// names them itself (new-user trial: an operator looking for the worker's
+// sessions, to find who held a lock, saw them with an empty name).
+func TestPoolNamesItsSessions(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct{ query, want string }{{"", defaultApplicationName}, {"application_name=ops-worker-7", "ops-worker-7"}} {
+		u, err := url.Parse(pgtest.URL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		if tt.query != "" {
+			k, v, _ := strings.Cut(tt.query, "=")
+			q.Set(k, v)
+		}
+		u.RawQuery = q.Encode()
+		pool, err := newPool(ctx, u.String(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = pool.QueryRow(ctx, "SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()").Scan(&got)
+		pool.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tt.want {
+			t.Errorf("URL with %q: application_name %q, want %q", tt.query, got, tt.want)
+		}
 	}
 }

@@ -118,8 +118,19 @@ func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
 	// which then takes the database's own: in a LATIN1 database UTF-8
 	// bytes were stored as Latin-1 characters (new-user trial).
 	cfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
+	// Named in pg_stat_activity, so that an operator finds the worker's
+	// sessions (which one holds a lock, which to terminate) among the
+	// others: defaultApplicationName unless the URL (application_name) or
+	// PGAPPNAME names them (new-user trial: they showed an empty name).
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = defaultApplicationName
+	}
 	return cfg, nil
 }
+
+// defaultApplicationName is the application_name of the worker's
+// PostgreSQL sessions when the connection string gives none.
+const defaultApplicationName = "projection-worker"
 
 // newPool returns a pool for url; it does not wait for the database to
 // answer.
