@@ -823,6 +823,35 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	r.waitAppliedWithoutDeadLetters(rn, 4)
 }
 
+// TestWorkerSaysWhenItStartsShuttingDown: a shutdown is logged when it
+// starts, with its grace, not only by what fails at its end (new-user
+// trial: nothing for 25 s after a SIGTERM during a group join).
+func TestWorkerSaysWhenItStartsShuttingDown(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	rn := r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
+	r.produce("user-0", []byte(r.follow("user-0", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	if err := rn.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	recs := logs.records("shutting down: finishing the partitions' batches, committing and leaving the group")
+	if len(recs) != 1 {
+		t.Fatalf("%d shutdown lines, want 1", len(recs))
+	}
+	var grace time.Duration
+	recs[0].Attrs(func(a slog.Attr) bool {
+		if a.Key == "grace" {
+			grace = a.Value.Duration()
+		}
+		return true
+	})
+	if grace <= 0 {
+		t.Errorf("shutdown line without its grace: %v", recs[0])
+	}
+}
+
 // TestWorkerTransactionConflictIsNotReportedAsAnOutage: a deadlock
 // (40P01) makes the partition wait and apply the pair again, as any
 // infrastructure error does, but its lines and Ready say "transaction

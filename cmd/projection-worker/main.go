@@ -26,6 +26,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/causet/projection-worker/internal/buildinfo"
@@ -99,7 +100,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // exitCode prints err and returns the exit status of the package doc's
 // rule: 2 for a *flagenv.UsageError, exitKafkaUnreachable (4) for a
-// *kafkaUnreachableError, 1 for any other error.
+// *kafkaUnreachableError, 1 for any other error, printed with each of its
+// lines after "projection-worker: " (an errors.Join of a shutdown, a
+// commit and leaving the group, printed its second line bare: new-user
+// trial).
 func exitCode(err error, stderr io.Writer) int {
 	var ue *flagenv.UsageError
 	switch {
@@ -114,7 +118,7 @@ func exitCode(err error, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
 		return exitKafkaUnreachable
 	default:
-		fmt.Fprintf(stderr, "projection-worker: %v\n", err)
+		fmt.Fprintf(stderr, "projection-worker: %s\n", strings.ReplaceAll(err.Error(), "\n", "\nprojection-worker: "))
 		return 1
 	}
 }

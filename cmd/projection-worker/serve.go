@@ -350,6 +350,10 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 		cancel()
 	}
 	if runErr != nil {
+		// In the JSON log too, not only in the exit line main prints
+		// (new-user trial: a shutdown that ran out of grace left only
+		// plain-text lines in the JSON stream).
+		log.Error("projection worker stopped with an error", "error", runErr)
 		return runErr
 	}
 	log.Info("projection worker stopped")
