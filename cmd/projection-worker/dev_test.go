@@ -437,21 +437,8 @@ func TestDevStatusSaysWhenTheDatabaseDoesNotAnswer(t *testing.T) {
 // went from 5 rows to 3 and back, as if rows had vanished). Here the
 // production tenant schema of a database of its own lacks artist_ratings.
 func TestDevStatusDoesNotTotalTheTablesItCounted(t *testing.T) {
-	admin := pgtest.Pool(t)
 	ctx := context.Background()
-	db := strings.ToLower(strings.ReplaceAll(pgtest.NewSchemaName(t), "-", "_"))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
-	})
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Database = db
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := newPool(ctx, ownDatabaseURL(t, "status_", ""), 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,27 @@ import (
 	"github.com/causet/projection-worker/internal/pgtest"
 )
 
+// ownDatabaseURL creates a database of its own for the test, named prefix
+// and a new schema name, with options after CREATE DATABASE's name, drops
+// it when the test ends, and returns its URL on the test server.
+func ownDatabaseURL(t *testing.T, prefix, options string) string {
+	t.Helper()
+	admin := pgtest.Pool(t)
+	db := prefix + pgtest.NewSchemaName(t)
+	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()+options); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+	})
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + db
+	return u.String()
+}
+
 // TestPoolSpeaksUTF8ToADatabaseOfAnotherEncoding: the worker's connections
 // send UTF-8 whatever the database's encoding, so PostgreSQL converts each
 // value, and refuses one the database cannot hold (22P05) instead of
@@ -20,20 +41,7 @@ import (
 // database "é" read back as "Ã©" and an emoji as four Latin-1 letters).
 func TestPoolSpeaksUTF8ToADatabaseOfAnotherEncoding(t *testing.T) {
 	ctx := context.Background()
-	admin := pgtest.Pool(t)
-	db := "latin1_" + pgtest.NewSchemaName(t)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()+" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
-	})
-	u, err := url.Parse(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + db
-	pool, err := newPool(ctx, u.String(), 2)
+	pool, err := newPool(ctx, ownDatabaseURL(t, "latin1_", " ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
