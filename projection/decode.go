@@ -388,7 +388,7 @@ func validateEvent(value []byte, t *jsonstrict.Tree, tenants *TenantSchemas) (*E
 	ev.TS = ts
 
 	if m.payload == 0 {
-		return nil, &ValidationError{Field: "payload", Reason: "is required"}
+		return nil, missingField(t, "payload")
 	}
 	if t.Nodes[m.payload].Kind != jsonstrict.ObjectNode {
 		return nil, &ValidationError{Field: "payload", Reason: "must be a JSON object, got " + describeNode(t, m.payload)}
@@ -399,12 +399,34 @@ func validateEvent(value []byte, t *jsonstrict.Tree, tenants *TenantSchemas) (*E
 
 func eventString(t *jsonstrict.Tree, i int32, field string) (string, error) {
 	if i == 0 {
-		return "", &ValidationError{Field: field, Reason: "is required"}
+		return "", missingField(t, field)
 	}
 	if t.Nodes[i].Kind != jsonstrict.StringNode {
 		return "", &ValidationError{Field: field, Reason: "must be a string, got " + describeNode(t, i)}
 	}
 	return t.Text(i), nil
+}
+
+// missingField is the error of the event t without its field: "is
+// required", and, when the event has a member that differs from it only in
+// case, '_' or '-' (tenant_schema, EventType), which one: ` (the event has
+// "tenant_schema": did you mean tenantSchema?)` (new-user trial: an event
+// in snake_case was told only that tenantSchema is required).
+func missingField(t *jsonstrict.Tree, field string) *ValidationError {
+	reason := "is required"
+	want := looseName(field)
+	for j, k := int32(1), int32(0); k < t.Nodes[0].Len; j, k = t.Nodes[j].End, k+1 {
+		if key := t.Key(j); len(key) <= 2*len(field) && looseName(key) == want {
+			reason += " (the event has " + strconv.Quote(key) + ": did you mean " + field + "?)"
+			break
+		}
+	}
+	return &ValidationError{Field: field, Reason: reason}
+}
+
+// looseName is name in lower case without '_' and '-'.
+func looseName(name string) string {
+	return strings.ToLower(strings.NewReplacer("_", "", "-", "").Replace(name))
 }
 
 func eventNonEmptyString(t *jsonstrict.Tree, i int32, field string) (string, error) {
@@ -419,7 +441,7 @@ func eventNonEmptyString(t *jsonstrict.Tree, i int32, field string) (string, err
 // it is a JSON number without fraction or exponent.
 func eventInteger(t *jsonstrict.Tree, i int32, field string) (string, error) {
 	if i == 0 {
-		return "", &ValidationError{Field: field, Reason: "is required"}
+		return "", missingField(t, field)
 	}
 	n := t.Text(i)
 	ok := t.Nodes[i].Kind == jsonstrict.NumberNode

@@ -787,3 +787,25 @@ func TestKeptStringsCopiesOnce(t *testing.T) {
 		t.Errorf("nil keptStrings: clone = %q", c)
 	}
 }
+
+// TestMissingFieldNamesTheNearMember: an event without a required field
+// but with a member that differs from it only in case, '_' or '-' is told
+// which (new-user trial: an event in snake_case was told only
+// "tenantSchema: is required"); a member that merely looks alike after
+// dropping many separators, or none, adds nothing.
+func TestMissingFieldNamesTheNearMember(t *testing.T) {
+	for _, tt := range []struct{ from, to, field, reason string }{
+		{`"tenantSchema":`, `"tenant_schema":`, "tenantSchema", `is required (the event has "tenant_schema": did you mean tenantSchema?)`},
+		{`"eventType":`, `"EventType":`, "eventType", `is required (the event has "EventType": did you mean eventType?)`},
+		{`"sequenceNumber":`, `"sequence-number":`, "sequenceNumber", `is required (the event has "sequence-number": did you mean sequenceNumber?)`},
+		{`"payload":`, `"Payload":`, "payload", `is required (the event has "Payload": did you mean payload?)`},
+		{`"ts":`, `"t_________s":`, "ts", "is required"},
+		{`"forkId":`, `"fork":`, "forkId", "is required"},
+	} {
+		_, err := DecodeEvent([]byte(strings.Replace(testEventJSON(nil), tt.from, tt.to, 1)))
+		var ve *ValidationError
+		if !errors.As(err, &ve) || ve.Field != tt.field || ve.Reason != tt.reason {
+			t.Errorf("%s for %s: %v, want %s: %s", tt.to, tt.from, err, tt.field, tt.reason)
+		}
+	}
+}
