@@ -486,8 +486,13 @@ func nonzeroMantissa(s string) bool {
 func evalDerive(prg *derivePrg, vars *deriveActivation) (any, error) {
 	out, _, err := prg.Eval(vars)
 	if err != nil {
-		if isNoSuchOverload(err) {
+		var ce interpreter.EvalCancelledError
+		switch {
+		case isNoSuchOverload(err):
 			err = prg.explainOverload(err, vars)
+		case errors.As(err, &ce) && ce.Cause == interpreter.CostLimitExceeded:
+			// cel-go's text names no limit: the error says which.
+			err = fmt.Errorf("%w (an evaluation may cost at most %d CEL cost units, about one per operation or element visited: docs/definitions.md)", err, deriveCostLimit)
 		}
 		return nil, err
 	}

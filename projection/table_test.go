@@ -699,7 +699,7 @@ func TestEvalDerive(t *testing.T) {
 		{"[duration(\"1s\"), payload.i]", nil, "result of type duration cannot be stored"},
 		{"dyn(payload.b ? b'x' : b'y')", nil, "result of type bytes cannot be stored"}, // dyn: only known when it runs
 		{"'ab'.upperAscii()", "AB", ""},
-		{"[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, [1,2,3,4,5,6,7,8,9,10].all(e, [1,2,3,4,5,6,7,8,9,10].all(f, a+b+c+d+e+f > 0))))))", nil, "cost limit exceeded"},
+		{"[1,2,3,4,5,6,7,8,9,10].all(a, [1,2,3,4,5,6,7,8,9,10].all(b, [1,2,3,4,5,6,7,8,9,10].all(c, [1,2,3,4,5,6,7,8,9,10].all(d, [1,2,3,4,5,6,7,8,9,10].all(e, [1,2,3,4,5,6,7,8,9,10].all(f, a+b+c+d+e+f > 0))))))", nil, "cost limit exceeded (an evaluation may cost at most 1000000 CEL cost units"},
 	}
 	vars := deriveVars(ev)
 	for _, tt := range tests {
