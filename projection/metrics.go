@@ -65,6 +65,12 @@ const DefaultMaxTenantSchemas = 100
 // tenant schema name, so it cannot be mistaken for one.
 const OtherTenantSchemas = "(other)"
 
+// OtherProjections is the projection attribute of the dead letters of
+// replayed records that name a projection the worker does not have (the
+// causet.replay.projection header): the dead letter keeps the name. It is
+// not a valid projection name.
+const OtherProjections = "(other)"
+
 // MetricsConfig bounds what the instruments record.
 type MetricsConfig struct {
 	// MaxTenantSchemas is how many distinct tenant_schema values the

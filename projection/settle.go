@@ -657,7 +657,14 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 		// pg_x1...pg_x130 took the 100 labels of real tenants).
 		label = ""
 	}
-	w.cfg.Metrics.deadLettered(ctx, pairAttrs(dl.Projection, label), dl.Class)
+	projection := dl.Projection
+	if projection != "" && !w.hasProjection(projection) {
+		// A replay to a projection this worker does not have names it
+		// in a header any producer can write: one label for every such
+		// name, as for tenants (operator trial: each made a series).
+		projection = OtherProjections
+	}
+	w.cfg.Metrics.deadLettered(ctx, pairAttrs(projection, label), dl.Class)
 	attrs := []any{"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
 		"projection", dl.Projection, "tenant_schema", dl.TenantSchema,
 		"error_class", dl.Class.String(), "retries", dl.Retries, "short_circuit", dl.ShortCircuit, "error", dl.Err}
@@ -731,6 +738,16 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 	// A replay to a projection this worker does not have: a projection
 	// error, not retried (no retry can add a projection).
 	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, callStack{}, 0, f.firstAt, f.span)
+}
+
+// hasProjection reports whether name is one of the worker's projections.
+func (w *Worker) hasProjection(name string) bool {
+	for _, h := range w.handlers {
+		if h.Name() == name {
+			return true
+		}
+	}
+	return false
 }
 
 // writeContext returns the context of one dead-letter write: ctx, except

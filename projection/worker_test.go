@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"regexp"
 	"strings"
@@ -721,6 +722,55 @@ func TestWorkerReplayedEventAppliesOnlyToNamedProjection(t *testing.T) {
 	}
 	if d := dls[0]; d.msg.FirstFailedAt != 1700000000000 || d.headers[dlq.HeaderReplayCount] != "2" {
 		t.Errorf("firstFailedAt %d replay-count %q, want 1700000000000 and 2", d.msg.FirstFailedAt, d.headers[dlq.HeaderReplayCount])
+	}
+}
+
+// TestWorkerCountsReplaysToProjectionsItDoesNotHaveUnderOneLabel: the
+// causet.replay.projection header is written by whoever produces, so the
+// dead letters of replays to projections the worker does not have count
+// under projection="(other)", not a series per name (operator trial:
+// x1, x2, x3 and a 300-character name each made one), while each dead
+// letter keeps the name it was given.
+func TestWorkerCountsReplaysToProjectionsItDoesNotHaveUnderOneLabel(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{partitions: 3})
+	metrics, reader := testMetrics(t)
+	r.start(func(c *projection.Config) { c.Metrics = metrics })
+	names := []string{"x1", "x2", "x3", strings.Repeat("z", 300)}
+	for i, name := range names {
+		user := fmt.Sprintf("user-%d", i)
+		r.produce(user, []byte(r.follow(user, "artist-1", 1)),
+			kgo.RecordHeader{Key: dlq.HeaderReplayProjection, Value: []byte(name)})
+	}
+	r.produce("user-ok", []byte(r.event("ARTIST_RATED", "user-ok", 1, `{"user_id":"user-ok","artist_id":"a"}`)),
+		kgo.RecordHeader{Key: dlq.HeaderReplayProjection, Value: []byte("artist_ratings")}) // no stars: refused, its own label
+	r.waitCommitted(testTimeout)
+	got := map[string]bool{}
+	for _, d := range r.deadLetters() {
+		got[d.msg.ProjectionName] = true
+	}
+	for _, name := range append(names, "artist_ratings") {
+		if !got[name] {
+			t.Errorf("no dead letter names projection %.20q (got %d names)", name, len(got))
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	byProjection := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			if d, ok := md.Data.(metricdata.Sum[int64]); ok && md.Name == "causet.projection.dead_lettered" {
+				for _, p := range d.DataPoints {
+					v, _ := p.Attributes.Value("projection")
+					byProjection[v.AsString()] += p.Value
+				}
+			}
+		}
+	}
+	if want := map[string]int64{projection.OtherProjections: int64(len(names)), "artist_ratings": 1}; !maps.Equal(byProjection, want) {
+		t.Errorf("causet.projection.dead_lettered by projection = %v, want %v", byProjection, want)
 	}
 }
 
