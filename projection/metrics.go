@@ -23,10 +23,11 @@ import (
 //   - causet.projection.failed, {attempt} [projection, tenant_schema, error_class]: failed attempts
 //   - causet.projection.retried, {attempt} [projection, tenant_schema]: retries
 //   - causet.projection.dead_lettered, {event} [projection, tenant_schema, error_class]
-//   - causet.projection.apply.duration, s [projection, tenant_schema]: one attempt of one pair
+//   - causet.projection.apply.duration, s [projection, tenant_schema]: an attempt that
+//     applied a pair, or a retry (a failed first attempt is not timed)
 //   - causet.projection.batch.duration, s: one batch transaction
 //   - causet.projection.batch.size, {statement}: statements in one batch transaction
-//   - causet.projection.consumer.lag, {record} [topic, partition]: high watermark − offset of
+//   - causet.projection.consumer.lag, {record} [group, topic, partition]: high watermark − offset of
 //     the next record to finish (so it grows while a partition is held)
 //   - causet.projection.partitions.paused, {partition}: partitions waiting for the database
 //   - causet.projection.partitions.stuck, {partition}: partitions held by a dead letter that
@@ -352,7 +353,7 @@ func (m *Metrics) observeWorker(w *Worker) error {
 				known := pc.next >= 0
 				pc.mu.Unlock()
 				if known {
-					o.Observe(lag, metric.WithAttributes(
+					o.Observe(lag, metric.WithAttributes(attribute.String("group", w.cfg.Group),
 						attribute.String("topic", w.cfg.Topic), attribute.Int("partition", int(p))))
 				}
 			}
