@@ -80,6 +80,9 @@ type Entry struct {
 	// OriginalPartition is the events-topic partition the failed record was
 	// read from (header causet.dlq.original-partition), -1 when unknown.
 	OriginalPartition int32
+	// OriginalOffset is the failed record's offset in OriginalTopic
+	// (header causet.dlq.original-offset), -1 when unknown.
+	OriginalOffset int64
 	// ReplayCount is how many times the event had been replayed from the DLQ
 	// before this failure (header causet.dlq.replay-count, 0 when absent).
 	ReplayCount int
@@ -211,6 +214,10 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	// Where a value or headers left out for size are read again.
 	off, err := strconv.ParseInt(hv.originalOffset, 10, 64)
 	placed := err == nil && off >= 0 && hv.originalTopic != "" && hv.originalPartition >= 0
+	e.OriginalOffset = -1
+	if placed {
+		e.OriginalOffset = off
+	}
 	malformed := func(header, v string) error {
 		return fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed", e.Coordinates(), header, v)
 	}

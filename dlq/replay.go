@@ -348,14 +348,20 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 	}
 
 	pace := newLimiter(cfg.Rate)
-	chains := replayChains{}
+	chains := newReplayChains()
 	sent := map[Coordinates]Coordinates{} // chain → the dead letter of it this run sends
 	st, err := Scan(ctx, r.opts, ScanConfig{Topic: cfg.DLQTopic, Filters: cfg.Filters, Progress: cfg.Progress, Logger: log}, func(e *Entry) error {
 		res.Matched++
 		o := Outcome{Entry: e, DryRun: cfg.DryRun, Topic: cfg.EventsTopic, Partition: -1}
-		chain := chains.first(e)
+		chain := chains.of(e)
 		sibling, chainSent := sent[chain]
 		d, decided := r.ledger.Lookup(e.Coordinates())
+		if f, copied := chains.copies[e.Coordinates()]; copied && !decided {
+			// A dead letter written again: the decision of the first
+			// copy is its own (a run after the one that replayed it
+			// would send the same failure again).
+			d, decided = r.ledger.Lookup(f)
+		}
 		var omittedErr, invalid error
 		wanted := !decided || d.Action == ActionReplayed && cfg.IncludeReplayed
 		if wanted && decided {
@@ -452,20 +458,56 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 // record (ReplayRecord), the predecessor's coordinates. It maps the
 // dead letters seen with a source to the first of their chain, so that
 // a chain is followed across runs of replays (a source not seen, filtered
-// out or in a partition read later, is taken as the first).
-type replayChains map[Coordinates]Coordinates
+// out or in a partition read later, is taken as the first). Two dead
+// letters of one record and projection that are no replay's (a dead
+// letter written again after a crash) are one chain too. A record's dead
+// letters share its key, so they are in one partition, read in order.
+type replayChains struct {
+	first map[Coordinates]Coordinates
+	// copies maps a dead letter written again to the first read of it.
+	copies map[Coordinates]Coordinates
+	// byOriginal maps a failed record and projection to the first dead
+	// letter read of it that is no replay's.
+	byOriginal map[originalPair]Coordinates
+}
 
-// first returns the first dead letter of e's chain: e's own coordinates
-// when e is no replay's dead letter.
-func (c replayChains) first(e *Entry) Coordinates {
+// originalPair is a failed record (where it was read) and the projection
+// it failed for.
+type originalPair struct {
+	topic      string
+	partition  int32
+	offset     int64
+	projection string
+}
+
+func newReplayChains() *replayChains {
+	return &replayChains{first: map[Coordinates]Coordinates{}, copies: map[Coordinates]Coordinates{}, byOriginal: map[originalPair]Coordinates{}}
+}
+
+// of returns the first dead letter of e's chain: for a replay's dead
+// letter, its causet.replay.source's chain; for another, the first dead
+// letter read of the same record and projection (a worker that stopped
+// after writing a dead letter and before committing writes it again: SPEC
+// §3, at least once; operator trial: both copies were replayed), else e's
+// own coordinates.
+func (c *replayChains) of(e *Entry) Coordinates {
 	src, ok := replaySource(e)
 	if !ok {
-		return e.Coordinates()
+		src = e.Coordinates()
+		if e.OriginalTopic != "" && e.OriginalPartition >= 0 && e.OriginalOffset >= 0 {
+			k := originalPair{e.OriginalTopic, e.OriginalPartition, e.OriginalOffset, e.Projection}
+			if f, seen := c.byOriginal[k]; seen {
+				src = f
+				c.copies[e.Coordinates()] = f
+			} else {
+				c.byOriginal[k] = src
+			}
+		}
 	}
-	if f, ok := c[src]; ok {
+	if f, ok := c.first[src]; ok {
 		src = f
 	}
-	c[e.Coordinates()] = src
+	c.first[e.Coordinates()] = src
 	return src
 }
 

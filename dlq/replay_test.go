@@ -37,6 +37,7 @@ type fixture struct {
 	events, dlqTopic, ledger string
 	eventsPartitions         int32
 	cl                       *kgo.Client
+	offsets                  int64 // the original offsets given so far
 }
 
 func newFixture(t testing.TB, b *kafkatest.Broker, eventsPartitions, dlqPartitions int32) *fixture {
@@ -70,6 +71,7 @@ type deadLetter struct {
 	err                     error
 	class                   retry.Class
 	originalPartition       int32
+	originalOffset          int64 // 0: the next of the fixture's (41, 42, ...): each dead letter another record
 	replayCount             int
 	failedAt                time.Time // default t0
 	firstFailedAt           time.Time
@@ -109,7 +111,11 @@ func (f *fixture) add(d deadLetter) dlq.Coordinates {
 	if d.topic != "" {
 		topic = d.topic
 	}
-	src := &kgo.Record{Topic: topic, Partition: d.originalPartition, Offset: 41, Key: key, Value: value,
+	if d.originalOffset == 0 {
+		d.originalOffset = 41 + f.offsets
+		f.offsets++
+	}
+	src := &kgo.Record{Topic: topic, Partition: d.originalPartition, Offset: d.originalOffset, Key: key, Value: value,
 		Headers: d.headers, Timestamp: d.failedAt.Add(-time.Minute)}
 	rec, err := dlq.NewRecord(dlq.DeadLetter{
 		Source: src, Projection: d.projection, TenantSchema: d.tenant, ForkID: d.fork, EventType: d.eventType,
@@ -833,6 +839,45 @@ func TestRetryIncludeReplayedSendsAnEventOncePerRun(t *testing.T) {
 				projection: "p", replayCount: count, headers: r.Headers})
 		}
 		sentBefore = len(sent)
+	}
+}
+
+// TestRetrySendsADeadLetterWrittenTwiceOnce: a worker that stops after
+// writing a dead letter and before committing its offset writes it again
+// (at least once, SPEC §3). retry sends the record once a run, refusing
+// the copy as the same event, and a later run counts the copy
+// already-replayed (operator trial: both copies were replayed, while the
+// README said a run sends an event once). The record's dead letter for
+// another projection is its own, as is another record's.
+func TestRetrySendsADeadLetterWrittenTwiceOnce(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 2, 1)
+	dl := deadLetter{key: "user-301", fork: "production", tenant: "acme_prod", eventType: "E", projection: "p", originalOffset: 7}
+	first := f.add(dl)
+	copied := f.add(dl)
+	other := dl
+	other.projection = "q"
+	f.add(other)
+	f.add(deadLetter{key: "user-302", fork: "production", tenant: "acme_prod", eventType: "E", projection: "p"})
+
+	res, outs := f.retry(dlq.ReplayConfig{})
+	if res.Matched != 4 || res.Replayed != 3 || res.Refused != 1 {
+		t.Fatalf("first run: %s, want 4 matched, 3 replayed, the copy refused", res)
+	}
+	for _, o := range outs {
+		if o.Entry.Coordinates() == copied && (o.Kind != dlq.OutcomeRefused || !strings.Contains(o.Reason, "one replay of an event per run") || !strings.Contains(o.Reason, first.String())) {
+			t.Errorf("the copy %s: %v %q, want it refused as the same event as %s", copied, o.Kind, o.Reason, first)
+		}
+	}
+	if n := len(readTopic(t, b, f.events)); n != 3 {
+		t.Errorf("first run sent %d records, want 3", n)
+	}
+	res, outs = f.retry(dlq.ReplayConfig{})
+	if res.Replayed != 0 || res.AlreadyReplayed != 4 {
+		t.Errorf("second run: %s (%+v), want the 4 already replayed, the copy as its first", res, outs)
+	}
+	if n := len(readTopic(t, b, f.events)); n != 3 {
+		t.Errorf("after the second run %d records were sent, want still 3", n)
 	}
 }
 

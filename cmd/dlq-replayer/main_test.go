@@ -164,6 +164,7 @@ type fixture struct {
 	events, dlqTopic, ledger string
 	env                      env
 	cl                       *kgo.Client
+	offsets                  int64 // the original offsets given so far: each dead letter another record's
 }
 
 func newFixture(t *testing.T, b *kafkatest.Broker) *fixture {
@@ -191,10 +192,11 @@ var t0 = time.Date(2024, 6, 25, 12, 0, 0, 0, time.UTC)
 // add writes a dead letter as the worker does.
 func (f *fixture) add(t *testing.T, key, fork, tenant, projection string, err error, failedAt time.Time) dlq.Coordinates {
 	t.Helper()
+	defer func() { f.offsets++ }()
 	value := fmt.Appendf(nil, `{"eventType":"ARTIST_FOLLOWED","entityId":%q,"forkId":%q,"tenantSchema":%q,"irVersion":"v42","sequenceNumber":1,"ts":1719331200000,"payload":{"user_id":%q,"artist_id":"a-1"}}`,
 		key, fork, tenant, key)
 	rec, nerr := dlq.NewRecord(dlq.DeadLetter{
-		Source:     &kgo.Record{Topic: f.events, Partition: 2, Offset: 10, Key: []byte(key), Value: value},
+		Source:     &kgo.Record{Topic: f.events, Partition: 2, Offset: 10 + f.offsets, Key: []byte(key), Value: value},
 		Projection: projection, TenantSchema: tenant, ForkID: fork, EventType: "ARTIST_FOLLOWED",
 		Class: retry.Classify(err), Err: err, Retries: 5,
 	}, dlq.RecordConfig{Topic: f.dlqTopic}, failedAt)
