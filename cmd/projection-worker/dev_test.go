@@ -314,8 +314,9 @@ func TestDevLeavesAnExampleSchemaItDidNotMake(t *testing.T) {
 	var stdout, stderr syncBuffer
 	code := run(ctx, []string{"dev", "--kafka-port", "-1", "--http-addr", "", "--database-url", db.URL(),
 		"--projections", exampleProjections}, &stdout, &stderr)
-	if code == 0 || !strings.Contains(stderr.String(), "acme_concertapp_legacy, which dev did not make") {
-		t.Errorf("dev exited %d, want an error naming acme_concertapp_legacy\nstderr:\n%s", code, stderr.String())
+	if code == 0 || !strings.Contains(stderr.String(), "acme_concertapp_legacy, which dev did not make") ||
+		!strings.Contains(stderr.String(), `psql "$DATABASE_URL" -c 'DROP SCHEMA "acme_concertapp_legacy" CASCADE'`) {
+		t.Errorf("dev exited %d, want an error naming acme_concertapp_legacy and how to drop it\nstderr:\n%s", code, stderr.String())
 	}
 	check := context.Background() // ctx may be done if dev ran until its deadline
 	var n int

@@ -133,8 +133,14 @@ func PrepareTenants(ctx context.Context, pool *pgxpool.Pool, defs *projection.De
 			return fmt.Errorf("look up the example tenant schemas: %w", err)
 		}
 		if len(foreign) > 0 {
-			return fmt.Errorf("DATABASE_URL's database has schema %s, which dev did not make: dev drops its example tenant schemas and makes them anew at each start, so it stops here; unset DATABASE_URL for a throwaway PostgreSQL, or use a database without them",
-				strings.Join(foreign, ", "))
+			// The README's fix of the legacy tenant's dead letters migrates
+			// it, and so makes one (operator trial): say how to drop it.
+			drop := make([]string, len(foreign))
+			for i, f := range foreign {
+				drop[i] = pgx.Identifier{f}.Sanitize()
+			}
+			return fmt.Errorf("DATABASE_URL's database has schema %s, which dev did not make: dev drops its example tenant schemas and makes them anew at each start, so it stops here; unset DATABASE_URL for a throwaway PostgreSQL, or use a database without them. If a migrate after an earlier dev run made it (the README's replay example), and nothing of yours is in it, drop it: psql \"$DATABASE_URL\" -c 'DROP SCHEMA %s CASCADE'",
+				strings.Join(foreign, ", "), strings.Join(drop, ", "))
 		}
 	}
 	// An earlier run's (exampleMark, checked above): rows it or anyone
