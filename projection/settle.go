@@ -658,7 +658,7 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 		label = ""
 	}
 	projection := dl.Projection
-	if projection != "" && !w.hasProjection(projection) {
+	if projection != "" && !w.hasHandler(projection) {
 		// A replay to a projection this worker does not have names it
 		// in a header any producer can write: one label for every such
 		// name, as for tenants (operator trial: each made a series).
@@ -738,16 +738,6 @@ func (w *Worker) immediateDeadLetter(f pairFailure) dlq.DeadLetter {
 	// A replay to a projection this worker does not have: a projection
 	// error, not retried (no retry can add a projection).
 	return w.newDeadLetter(f.d, f.d.replay.projection, retry.Projection, f.err, callStack{}, 0, f.firstAt, f.span)
-}
-
-// hasProjection reports whether name is one of the worker's projections.
-func (w *Worker) hasProjection(name string) bool {
-	for _, h := range w.handlers {
-		if h.Name() == name {
-			return true
-		}
-	}
-	return false
 }
 
 // writeContext returns the context of one dead-letter write: ctx, except

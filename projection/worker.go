@@ -306,6 +306,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		background.Go(func() { f(fctx) })
 	}
 	defer func() { stop(); background.Wait() }() // after shutdown: the last repeats are written
+	var notJoined repeatedLine
 	for {
 		if !w.waitForRoom(ctx) {
 			break
@@ -325,7 +326,16 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.mu.Unlock()
 			if !joined {
-				w.log.Error("consumer group not joined", append([]any{"group", w.cfg.Group}, fetchErrorAttrs(topic, p, err)...)...)
+				// franz-go returns the join's error at each poll while it
+				// retries (every few seconds while a broker is down):
+				// written when it changes, else once a minute.
+				if n, ok := notJoined.due(err.Error(), time.Now()); ok {
+					attrs := append([]any{"group", w.cfg.Group}, fetchErrorAttrs(topic, p, err)...)
+					if n > 0 {
+						attrs = append(attrs, "repeats", n)
+					}
+					w.log.Error("consumer group not joined", attrs...)
+				}
 				return
 			}
 			w.log.Error("fetch failed", fetchErrorAttrs(topic, p, err)...)
@@ -339,6 +349,32 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.cl.AllowRebalance()
 	}
 	return w.shutdown()
+}
+
+// repeatedLine decides when a log line that repeats is written: when its
+// text changes, or repeatedLineEvery after it was last written.
+type repeatedLine struct {
+	text    string
+	written time.Time
+	n       int // repeats since it was last written
+}
+
+// repeatedLineEvery is how often a line that repeats unchanged is written.
+const repeatedLineEvery = time.Minute
+
+// due reports whether the line text, seen at now, is to be written, and
+// how many times it was seen since it was last written.
+func (l *repeatedLine) due(text string, now time.Time) (int, bool) {
+	if text == l.text && now.Sub(l.written) < repeatedLineEvery {
+		l.n++
+		return 0, false
+	}
+	n := l.n
+	if text != l.text {
+		n = 0
+	}
+	l.text, l.written, l.n = text, now, 0
+	return n, true
 }
 
 // waitForRoom blocks while the queued record bytes are at MaxQueuedBytes
@@ -533,6 +569,12 @@ func (w *Worker) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	w.joined = false
 	w.mu.Unlock()
 	w.stop(lost[w.cfg.Topic])
+	if len(lost[w.cfg.Topic]) == 0 {
+		// A session lost with nothing assigned (the brokers were down
+		// while it joined): nothing stopped, nothing to say (operator
+		// trial: a WARN with an empty list every few seconds).
+		return
+	}
 	w.log.Warn("partitions lost", "topic", w.cfg.Topic, "partitions", append([]int32{}, lost[w.cfg.Topic]...))
 }
 

@@ -56,8 +56,15 @@ func (j *joinWatch) run(ctx context.Context, w *projection.Worker, group string,
 		j.set(err)
 		if err != nil && err.Error() != logged {
 			logged = err.Error()
-			log.Error("consumer group not joined: the brokers refuse the worker's connection", "group", group,
-				"cause", kafkaconn.Explain(err), "error", err)
+			if cause := kafkaconn.Explain(err); cause != "" {
+				log.Error("consumer group not joined: the brokers refuse the worker's connection", "group", group,
+					"cause", cause, "error", err)
+			} else {
+				// Not a refusal the settings explain: a broker down or
+				// unreachable (operator trial: "refuse" with an empty
+				// cause, for a connection refused).
+				log.Error("consumer group not joined: the brokers cannot be reached", "group", group, "error", err)
+			}
 		}
 		// The brokers answer, but the group refuses the worker for a
 		// cause the settings explain (a member fenced by another with
