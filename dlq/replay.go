@@ -3,6 +3,7 @@ package dlq
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -471,13 +472,36 @@ type replayChains struct {
 	byOriginal map[originalPair]Coordinates
 }
 
-// originalPair is a failed record (where it was read) and the projection
-// it failed for.
+// originalPair is a failed record (where it was read), the projection it
+// failed for, and the SHA-256 of what its dead letter holds of it (value,
+// and the digests of what was left out), so that a dead letter claiming
+// the record with other bytes is no copy of it: it is checked on its own.
 type originalPair struct {
 	topic      string
 	partition  int32
 	offset     int64
 	projection string
+	content    [sha256.Size]byte
+}
+
+// contentDigest is originalPair's content of e.
+func contentDigest(e *Entry) [sha256.Size]byte {
+	h := sha256.New()
+	for _, b := range [][]byte{e.Message.OriginalEvent, []byte(e.Message.OriginalValueBase64)} {
+		h.Write(strconv.AppendInt(nil, int64(len(b)), 10))
+		h.Write([]byte{':'})
+		h.Write(b)
+	}
+	for _, hd := range e.Headers {
+		switch hd.Key {
+		case HeaderOriginalOmitted, HeaderOriginalHeadersOmitted, HeaderOriginalKeyOmitted:
+			h.Write([]byte(hd.Key + "=" + strconv.Itoa(len(hd.Value)) + ":"))
+			h.Write(hd.Value)
+		}
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 func newReplayChains() *replayChains {
@@ -495,7 +519,7 @@ func (c *replayChains) of(e *Entry) Coordinates {
 	if !ok {
 		src = e.Coordinates()
 		if e.OriginalTopic != "" && e.OriginalPartition >= 0 && e.OriginalOffset >= 0 {
-			k := originalPair{e.OriginalTopic, e.OriginalPartition, e.OriginalOffset, e.Projection}
+			k := originalPair{e.OriginalTopic, e.OriginalPartition, e.OriginalOffset, e.Projection, contentDigest(e)}
 			if f, seen := c.byOriginal[k]; seen {
 				src = f
 				c.copies[e.Coordinates()] = f
