@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,8 +80,11 @@ type Worker struct {
 	mu         sync.Mutex
 	partitions map[int32]*partition
 	joined     bool
-	pollErr    error          // the last error a poll returned while not joined
-	wg         sync.WaitGroup // partition goroutines
+	pollErr    error // the last error a poll returned while not joined
+	// missingTopics are the events and dead-letter topics the brokers
+	// said do not exist, at refreshHighWatermarks' last answer.
+	missingTopics []string
+	wg            sync.WaitGroup // partition goroutines
 }
 
 // NewWorker returns a worker that consumes cfg.Topic in cfg.Group with a
@@ -193,11 +197,15 @@ func (w *Worker) Client() *kgo.Client { return w.cl }
 func (w *Worker) Ready() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	var missing error
+	if len(w.missingTopics) > 0 {
+		missing = missingTopicsError(w.missingTopics)
+	}
 	if !w.joined {
 		if w.pollErr != nil {
-			return fmt.Errorf("consumer group not joined: %w", w.pollErr)
+			return errors.Join(missing, fmt.Errorf("consumer group not joined: %w", w.pollErr))
 		}
-		return errors.New("consumer group not joined")
+		return errors.Join(missing, errors.New("consumer group not joined"))
 	}
 	var paused []int32
 	var cause error // the database's last answer to the lowest paused partition
@@ -217,7 +225,14 @@ func (w *Worker) Ready() error {
 		slices.Sort(paused)
 		stuck = append(stuck, fmt.Errorf("partitions %v paused: %s: %w", paused, waitWords(cause).cause, cause))
 	}
-	return errors.Join(stuck...)
+	return errors.Join(append([]error{missing}, stuck...)...)
+}
+
+// missingTopicsError is Ready's reason for topics the brokers say do not
+// exist.
+func missingTopicsError(topics []string) error {
+	return fmt.Errorf("topics do not exist: %s (deleted while the worker runs? create them again with `projection-worker topics`: the worker goes on once they exist)",
+		strings.Join(topics, ", "))
 }
 
 // highWatermarkEvery is how often refreshHighWatermarks asks the broker
@@ -228,8 +243,11 @@ var highWatermarkEvery atomic.Int64
 func init() { highWatermarkEvery.Store(int64(15 * time.Second)) }
 
 // refreshHighWatermarks asks the broker, every highWatermarkEvery, for the
-// end offset of each assigned partition that has taken records, and raises
-// its high watermark to it, until ctx ends. Fetches bring the high
+// end offsets of the events and dead-letter topics, until ctx ends. It
+// raises the high watermark of each assigned partition that has taken
+// records to its end offset, and keeps the topics the brokers say do not
+// exist for Ready, logging each change (operator trial: with both topics
+// deleted, the worker said it was ready). Fetches bring the high
 // watermark too, but a partition whose fetching is paused (waiting for the
 // database, or its queue full behind a batch that waits on a lock) fetches
 // nothing, so without this its consumer lag would stand still while
@@ -237,27 +255,43 @@ func init() { highWatermarkEvery.Store(int64(15 * time.Second)) }
 // An error is logged at debug level and tried again at the next tick.
 func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 	adm := kadm.NewClient(w.cl)
+	topics := []string{w.cfg.Topic}
+	if named, ok := w.dead.(interface{ Topic() string }); ok && named.Topic() != "" && named.Topic() != w.cfg.Topic {
+		topics = append(topics, named.Topic())
+	}
 	every(ctx, time.Duration(highWatermarkEvery.Load()), func() {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ends, err := adm.ListEndOffsets(lctx, topics...)
+		cancel()
+		if err != nil {
+			w.log.Debug("end offsets for the consumer lag", "topic", w.cfg.Topic, "error", err)
+			return
+		}
+		var missing []string
+		for _, t := range topics {
+			if o, ok := ends.Lookup(t, -1); ok && errors.Is(o.Err, kerr.UnknownTopicOrPartition) {
+				missing = append(missing, t)
+			}
+		}
 		w.mu.Lock()
+		was := w.missingTopics
+		w.missingTopics = missing
 		held := make(map[int32]*partition, len(w.partitions))
 		for p, pc := range w.partitions {
 			held[p] = pc
 		}
 		w.mu.Unlock()
-		if len(held) == 0 {
-			return
-		}
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		ends, err := adm.ListEndOffsets(lctx, w.cfg.Topic)
-		cancel()
-		if err == nil {
-			err = ends.Error()
-		}
-		if err != nil {
-			w.log.Debug("end offsets for the consumer lag", "topic", w.cfg.Topic, "error", err)
-			return
+		switch {
+		case len(missing) > 0 && !slices.Equal(missing, was):
+			w.log.Error("topics do not exist: not ready until they are created again", "topics", missing,
+				"error", missingTopicsError(missing))
+		case len(missing) == 0 && len(was) > 0:
+			w.log.Info("topics exist again", "topics", was)
 		}
 		ends.Each(func(o kadm.ListedOffset) {
+			if o.Topic != w.cfg.Topic {
+				return
+			}
 			if pc := held[o.Partition]; pc != nil && o.Err == nil {
 				pc.mu.Lock()
 				pc.highWatermark = max(pc.highWatermark, o.Offset)

@@ -6,6 +6,7 @@ package projection_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -792,4 +793,55 @@ func lockFollowers(t *testing.T, r *rig) pgx.Tx {
 		t.Fatal(err)
 	}
 	return tx
+}
+
+// TestWorkerIsNotReadyWhileItsTopicsDoNotExist: the events and dead-letter
+// topics deleted under a running worker. Its Ready names them within the
+// refresh of the end offsets, and it is ready again once they are created
+// again (operator trial: with both topics gone, /readyz said ready and
+// causet_dlq_depth 0, and only franz-go's INFO lines said anything).
+func TestWorkerIsNotReadyWhileItsTopicsDoNotExist(t *testing.T) {
+	defer projection.SetHighWatermarkEvery(100 * time.Millisecond)()
+	r := newRig(t, rigOptions{partitions: 3})
+	rn := r.start(nil)
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	r.waitCommitted(testTimeout)
+	ready := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(testTimeout)
+		for {
+			err := rn.w.Ready()
+			if want == "" && err == nil || want != "" && err != nil && strings.Contains(err.Error(), want) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Ready() = %v, want %q", err, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	ready("")
+	ctx := context.Background()
+	adm := kadm.NewClient(r.broker.Client(t))
+	if _, err := adm.DeleteTopics(ctx, r.topic, r.dlqTopic); err != nil {
+		t.Fatal(err)
+	}
+	ready("topics do not exist: " + r.topic + ", " + r.dlqTopic + " (deleted while the worker runs? create them again with `projection-worker topics`")
+	for _, topic := range []string{r.topic, r.dlqTopic} {
+		// A real broker may still be deleting it: asked again until it
+		// takes the name.
+		for deadline := time.Now().Add(testTimeout); ; time.Sleep(200 * time.Millisecond) {
+			resp, err := adm.CreateTopic(ctx, 3, 1, map[string]*string{"retention.ms": kadm.StringPtr("-1")}, topic)
+			if err == nil {
+				err = resp.Err
+			}
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, kerr.TopicAlreadyExists) || time.Now().After(deadline) {
+				t.Fatalf("create topic %s again: %v", topic, err)
+			}
+		}
+	}
+	ready("")
 }

@@ -547,16 +547,30 @@ func checkTopics(ctx context.Context, s *settings, cl *kgo.Client, cfg dlq.Topic
 			if err != nil {
 				return nil
 			}
-			var depth int64
-			ends.Each(func(e kadm.ListedOffset) {
-				if st, ok := starts.Lookup(e.Topic, e.Partition); ok && e.Err == nil && st.Err == nil {
-					depth += e.Offset - st.Offset
-				}
-			})
-			o.Observe(depth)
+			if depth, ok := dlqDepth(ends, starts); ok {
+				o.Observe(depth)
+			}
 			return nil
 		}))
 	return rep, err
+}
+
+// dlqDepth returns the records between the start and end offsets of
+// every partition listed, and false unless both are known for every one:
+// a deleted topic is listed as one error, which summed to a depth of 0
+// (operator trial).
+func dlqDepth(ends, starts kadm.ListedOffsets) (int64, bool) {
+	var depth int64
+	known := len(ends) > 0
+	ends.Each(func(e kadm.ListedOffset) {
+		st, ok := starts.Lookup(e.Topic, e.Partition)
+		if !ok || e.Err != nil || st.Err != nil {
+			known = false
+			return
+		}
+		depth += e.Offset - st.Offset
+	})
+	return depth, known
 }
 
 // redactedWriter writes dead letters whose error and stack are redacted.
