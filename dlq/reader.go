@@ -57,6 +57,11 @@ func (c *ScanConfig) Validate() error {
 type ScanStats struct {
 	// Scanned is the number of dead-letter records read.
 	Scanned int64
+	// Offsets is what the scan was to read: end minus start offset, all
+	// partitions, as listed when it started (records, and the markers of
+	// transactions if a writer used them); a scan that ran to the end has
+	// read them all.
+	Offsets int64
 	// Matched is the number of entries that passed the filters (and were
 	// given to the callback).
 	Matched int64
@@ -92,7 +97,13 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 	start := time.Now()
 	var st ScanStats
 	sel := newSelector(cfg.Filters)
-	parts, err := readToEnd(ctx, opts, cfg.Topic, log, cfg.Progress, func(r *kgo.Record) error {
+	progress := func(done, total int64) {
+		st.Offsets = total
+		if cfg.Progress != nil {
+			cfg.Progress(done, total)
+		}
+	}
+	parts, err := readToEnd(ctx, opts, cfg.Topic, log, progress, func(r *kgo.Record) error {
 		st.Scanned++
 		e, err := sel.entry(r)
 		if err != nil {

@@ -260,7 +260,14 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 	if err != nil {
 		// What was done before the failure, said to be incomplete: the
 		// counters alone read like a finished run ("matched=0").
-		line = "stopped before the end: " + line
+		// How far it read: matched counts only what it had read (operator
+		// trial: matched=5 read as if only 5 matched).
+		if res.Scan.Offsets > 0 {
+			line = fmt.Sprintf(" (%d of %d records of the dead-letter topic read): %s", res.Scan.Scanned, res.Scan.Offsets, line)
+		} else {
+			line = ": " + line // it stopped before it read
+		}
+		line = "stopped before the end" + line
 	}
 	fmt.Fprintln(stdout, line)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -557,6 +558,29 @@ func TestRetryStoppedBeforeTheEndSaysSo(t *testing.T) {
 	r := runCmd(t, f.env, "retry", "--all", "--topic", kafkatest.TopicName(t, "missing"))
 	if r.code != 1 || !strings.HasPrefix(r.lastLine(), "stopped before the end: matched=") {
 		t.Errorf("retry to a missing topic: exit %d, last line %q, want 1 and the counters said stopped\n%s", r.code, r.lastLine(), r.stderr)
+	}
+}
+
+// TestInterruptedRetrySaysHowFarItRead: a retry interrupted in the middle
+// of the topic (--rate 1: one dead letter a second) says how many of the
+// topic's records it read before its counters, which count only those
+// (operator trial: "matched=5 ... not-done=1" of 12 read as if 5 matched).
+func TestInterruptedRetrySaysHowFarItRead(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	for i := range 12 {
+		f.add(t, fmt.Sprintf("user-%d", i), "production", "acme_prod", "artist_followers", columnErr, t0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"retry", "--all", "--rate", "1"}, &stdout, &stderr, f.env.lookup)
+	r := result{code, stdout.String(), stderr.String()}
+	m := regexp.MustCompile(`^stopped before the end \(([0-9]+) of 12 records of the dead-letter topic read\): matched=([0-9]+) `).FindStringSubmatch(r.lastLine())
+	if r.code != 1 || m == nil {
+		t.Fatalf("interrupted retry: exit %d, last line %q; want 1 and how many of the 12 records it read\n%s", r.code, r.lastLine(), r.stderr)
+	}
+	if m[1] == "12" || m[1] != m[2] {
+		t.Errorf("read %s of 12, matched %s: want fewer than 12 read (interrupted), each matched (--all)", m[1], m[2])
 	}
 }
 
