@@ -416,6 +416,11 @@ func (t *table) write(w io.Writer) error {
 		}
 	}
 	bw := bufio.NewWriter(w)
+	// The cut cells of the key columns (cutMiddle) that two different
+	// cells were cut to: their rows look alike (operator trial: two error
+	// texts that differed only in their middle).
+	cutTo := map[string]string{}
+	alike := false
 	line := func(cells []string) {
 		var b strings.Builder
 		for j, i := range show {
@@ -423,6 +428,10 @@ func (t *table) write(w io.Writer) error {
 			if utf8.RuneCountInString(s) > widths[j] {
 				if t.cols[i].cutMiddle {
 					s = cellMiddle(s, widths[j])
+					if full, seen := cutTo[s]; seen && full != cells[i] {
+						alike = true
+					}
+					cutTo[s] = cells[i]
 				} else {
 					s = cell(s, widths[j])
 				}
@@ -442,6 +451,9 @@ func (t *table) write(w io.Writer) error {
 	line(header)
 	for _, r := range t.rows {
 		line(r)
+	}
+	if alike {
+		bw.WriteString("(rows whose cut texts look alike differ in the part cut out: --wide or --output json shows them whole)\n")
 	}
 	return bw.Flush()
 }

@@ -241,6 +241,38 @@ func TestSummaryByErrorShowsTheErrorOnce(t *testing.T) {
 	}
 }
 
+// TestSummaryByErrorSaysWhenCutRowsLookAlike: two errors that differ only
+// in their middle are cut to one text at 100 columns; the table says so,
+// and how to see them whole (operator trial: two rows of `ERROR: relation
+// "trial49_no…s not exist (SQLSTATE 42P01)`). Rows that look different say
+// nothing more.
+func TestSummaryByErrorSaysWhenCutRowsLookAlike(t *testing.T) {
+	const note = "(rows whose cut texts look alike differ in the part cut out: --wide or --output json shows them whole)"
+	missing := func(tenant string) string {
+		return `projection "artist_followers": ERROR: relation "` + tenant + `.artist_followers" does not exist (SQLSTATE 42P01)`
+	}
+	for _, tt := range []struct {
+		name   string
+		errors []string
+		want   bool
+	}{
+		{"alike", []string{missing("trial49_nomig"), missing("trial49_nomig2")}, true},
+		{"not alike", []string{missing("trial49_nomig"), `projection "artist_followers": column score (from payload.points, JSON number): value "3000000000" is out of range for type integer`}, false},
+	} {
+		s := dlq.NewSummary(dlq.GroupByError)
+		for _, e := range tt.errors {
+			s.Add(&dlq.Entry{Projection: "artist_followers", Message: dlq.Message{Error: e}}, "")
+		}
+		var b strings.Builder
+		if err := writeSummaryTable(&b, s, 70, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(b.String(), note); got != tt.want {
+			t.Errorf("%s: the note is there: %t, want %t\n%s", tt.name, got, tt.want, b.String())
+		}
+	}
+}
+
 // TestSummaryByFingerprintLeavesOutTheProjectionPrefix: the worker's
 // errors begin `projection "<p>": `; grouped by fingerprint, a group of
 // that one projection shows its sample error without it, so that groups
