@@ -467,45 +467,50 @@ type replayChains struct {
 	first map[Coordinates]Coordinates
 	// copies maps a dead letter written again to the first read of it.
 	copies map[Coordinates]Coordinates
-	// byOriginal maps a failed record and projection to the first dead
-	// letter read of it that is no replay's.
-	byOriginal map[originalPair]Coordinates
+	// byOriginal maps a failed record and projection (originalKey) to
+	// the first dead letter read of it that is no replay's.
+	byOriginal map[originalKey]Coordinates
 }
 
-// originalPair is a failed record (where it was read), the projection it
-// failed for, and the SHA-256 of what its dead letter holds of it (value,
-// and the digests of what was left out), so that a dead letter claiming
-// the record with other bytes is no copy of it: it is checked on its own.
-type originalPair struct {
-	topic      string
-	partition  int32
-	offset     int64
-	projection string
-	content    [sha256.Size]byte
-}
+// originalKey identifies a failed record (where it was read), the
+// projection it failed for and what its dead letter holds of it (value,
+// and the digests of what was left out), as one SHA-256, 32 bytes a dead
+// letter whatever their size: a dead letter claiming the record with
+// other bytes is no copy of it, and is checked on its own.
+type originalKey [sha256.Size]byte
 
-// contentDigest is originalPair's content of e.
-func contentDigest(e *Entry) [sha256.Size]byte {
+// originalKeyOf is e's originalKey; false when e does not say where its
+// record was read.
+func originalKeyOf(e *Entry) (originalKey, bool) {
+	if e.OriginalTopic == "" || e.OriginalPartition < 0 || e.OriginalOffset < 0 {
+		return originalKey{}, false
+	}
 	h := sha256.New()
-	for _, b := range [][]byte{e.Message.OriginalEvent, []byte(e.Message.OriginalValueBase64)} {
+	field := func(b []byte) { // length-prefixed: no two field lists hash alike
 		h.Write(strconv.AppendInt(nil, int64(len(b)), 10))
 		h.Write([]byte{':'})
 		h.Write(b)
 	}
+	field([]byte(e.OriginalTopic))
+	field(strconv.AppendInt(nil, int64(e.OriginalPartition), 10))
+	field(strconv.AppendInt(nil, e.OriginalOffset, 10))
+	field([]byte(e.Projection))
+	field(e.Message.OriginalEvent)
+	field([]byte(e.Message.OriginalValueBase64))
 	for _, hd := range e.Headers {
 		switch hd.Key {
 		case HeaderOriginalOmitted, HeaderOriginalHeadersOmitted, HeaderOriginalKeyOmitted:
-			h.Write([]byte(hd.Key + "=" + strconv.Itoa(len(hd.Value)) + ":"))
-			h.Write(hd.Value)
+			field([]byte(hd.Key))
+			field(hd.Value)
 		}
 	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
+	var k originalKey
+	h.Sum(k[:0])
+	return k, true
 }
 
 func newReplayChains() *replayChains {
-	return &replayChains{first: map[Coordinates]Coordinates{}, copies: map[Coordinates]Coordinates{}, byOriginal: map[originalPair]Coordinates{}}
+	return &replayChains{first: map[Coordinates]Coordinates{}, copies: map[Coordinates]Coordinates{}, byOriginal: map[originalKey]Coordinates{}}
 }
 
 // of returns the first dead letter of e's chain: for a replay's dead
@@ -518,8 +523,7 @@ func (c *replayChains) of(e *Entry) Coordinates {
 	src, ok := replaySource(e)
 	if !ok {
 		src = e.Coordinates()
-		if e.OriginalTopic != "" && e.OriginalPartition >= 0 && e.OriginalOffset >= 0 {
-			k := originalPair{e.OriginalTopic, e.OriginalPartition, e.OriginalOffset, e.Projection, contentDigest(e)}
+		if k, ok := originalKeyOf(e); ok {
 			if f, seen := c.byOriginal[k]; seen {
 				src = f
 				c.copies[e.Coordinates()] = f
