@@ -130,17 +130,21 @@ func (p *defParser) parse(data []byte) *Definitions {
 }
 
 // projectionName returns the name a projection's mapping n gives, "" when
-// it has none usable.
+// it has none usable: its first, the one read (eachPair refuses a key's
+// repeats; new-user trial: a duplicate name key was reported under the
+// second name, every other error under the first).
 func projectionName(n *yaml.Node) string {
-	name := ""
 	if n.Kind == yaml.MappingNode {
 		for j := 0; j+1 < len(n.Content); j += 2 {
-			if k, v := n.Content[j], resolve(n.Content[j+1]); k.Value == "name" && v.Kind == yaml.ScalarNode && v.Value != "" {
-				name = v.Value
+			if k := n.Content[j]; k.Value == "name" {
+				if v := resolve(n.Content[j+1]); v.Kind == yaml.ScalarNode && v.Value != "" {
+					return v.Value
+				}
+				return ""
 			}
 		}
 	}
-	return name
+	return ""
 }
 
 // projection reads the i-th projection, n; named counts the projections of
@@ -242,18 +246,24 @@ func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)
 	if where != "" {
 		p.line(where, n)
 	}
-	seen := map[string]int{}
+	seen := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
 		if k.Kind != yaml.ScalarNode {
 			p.fail(where, k, "keys must be strings")
 			continue
 		}
-		if line, dup := seen[k.Value]; dup {
-			p.fail(where, nil, "duplicate key %q (line %d; first at line %d)", k.Value, k.Line, line)
+		if first, dup := seen[k.Value]; dup {
+			if first.Line == k.Line {
+				// One line ({ from: a, from: b }): the columns tell them
+				// apart (new-user trial: "line 9; first at line 9").
+				p.fail(where, nil, "duplicate key %q (line %d, column %d; first at column %d)", k.Value, k.Line, k.Column, first.Column)
+			} else {
+				p.fail(where, nil, "duplicate key %q (line %d; first at line %d)", k.Value, k.Line, first.Line)
+			}
 			continue
 		}
-		seen[k.Value] = k.Line
+		seen[k.Value] = k
 		f(k, v)
 	}
 }

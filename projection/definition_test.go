@@ -119,8 +119,26 @@ func TestLoadDefinitionsBadFiles(t *testing.T) {
 			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.at: from: ts is a JSON number, which a uuid column never takes (docs/definitions.md); use timestamptz (the event time) or bigint (line 9)`,
 			`testdata/defs/number_into_uuid.yaml: projection "artist_followers": columns.version: from: sequenceNumber is a JSON number, which a uuid column never takes (docs/definitions.md); use bigint (line 8)`,
 		}},
+		// New-user trial: validated, then every event dead-lettered. A
+		// numeric (nan) or uuid (32 hex digits) may take some names.
+		{"tenant_into_integer.yaml", []string{
+			`testdata/defs/tenant_into_integer.yaml: projection "artist_followers": columns.tenant_int: from: tenantSchema is a schema name (^[a-z_][a-z0-9_]{0,62}$), which no integer column takes (docs/definitions.md); use text (line 9)`,
+			`testdata/defs/tenant_into_integer.yaml: projection "artist_followers": columns.tenant_no: from: tenantSchema is a schema name (^[a-z_][a-z0-9_]{0,62}$), which no bigint column takes (docs/definitions.md); use text (line 8)`,
+		}},
 		{"from_and_derive.yaml", []string{
 			`testdata/defs/from_and_derive.yaml: projection "artist_followers": columns.score: both from and derive are set; set exactly one (line 8)`,
+		}},
+		// New-user trial: the duplicate name key was said under the
+		// second name, the rest under the first; a same-line duplicate
+		// said "line 8; first at line 8"; derive: "" was said twice.
+		{"duplicate_name.yaml", []string{
+			`testdata/defs/duplicate_name.yaml: projection "artist_followers": duplicate key "name" (line 4; first at line 3)`,
+			`testdata/defs/duplicate_name.yaml: projection "artist_followers": columns.artist_id: duplicate key "from" (line 8, column 57; first at column 32)`,
+			`testdata/defs/duplicate_name.yaml: projection "artist_followers": columns.empty: derive: is empty (line 9)`,
+		}},
+		{"duplicate_name_empty_derive.yaml", []string{
+			`testdata/defs/duplicate_name_empty_derive.yaml: projections[0] ("artist_followers"): columns.empty: derive: is empty (line 8)`,
+			`testdata/defs/duplicate_name_empty_derive.yaml: projections[1] ("artist_followers"): name: duplicate projection name (also projections[0]) (line 11)`,
 		}},
 		{"duplicate_key.yaml", []string{
 			`testdata/defs/duplicate_key.yaml: projection "artist_followers": columns: duplicate key "artist_id" (line 8; first at line 7)`,

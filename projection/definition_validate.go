@@ -39,11 +39,18 @@ func (d *Definitions) Validate() error {
 	}
 	names := map[string]int{}
 	tables := map[string]int{} // table → the index of the first projection of it
+	named := map[string]int{}  // projections of each name
+	for _, pd := range d.Projections {
+		named[pd.Name]++
+	}
 	for i := range d.Projections {
 		pd := &d.Projections[i]
 		label := fmt.Sprintf("projection %q", pd.Name)
-		if _, dup := names[pd.Name]; dup {
-			label = fmt.Sprintf("projections[%d] (%q)", i, pd.Name) // its name says not which
+		if named[pd.Name] > 1 {
+			// Its name says not which; each of them by its index, as the
+			// parser labels them (new-user trial: the first's refused
+			// derive: "" was said twice, under two labels).
+			label = fmt.Sprintf("projections[%d] (%q)", i, pd.Name)
 		}
 		if pd.Name == "" {
 			label = fmt.Sprintf("projections[%d]", i)
@@ -168,6 +175,11 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 					fix = "timestamptz (the event time) or bigint"
 				}
 				cfail("from", "%s is a JSON number, which a uuid column never takes (docs/definitions.md); use %s", col.From, fix)
+			} else if k := kindOf(col.Type); col.From == "tenantSchema" && col.Type != "" && (k == kindSmallint || k == kindInteger || k == kindBigint) {
+				// A schema name, ^[a-z_][a-z0-9_]{0,62}$, which no
+				// integer type reads (new-user trial: validate said ok,
+				// and every event was dead-lettered).
+				cfail("from", "tenantSchema is a schema name (^[a-z_][a-z0-9_]{0,62}$), which no %s column takes (docs/definitions.md); use text", normalizeType(col.Type))
 			} else if col.From == "payload" && col.Type != "" && kindOf(col.Type) != kindJSONB {
 				// Always an object (SPEC section 3), which only jsonb
 				// takes (new-user trial: every event was dead-lettered).

@@ -233,6 +233,11 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if n := fs.Counts(args)["projections"]; n > 1 {
+		// The last would be checked alone, and its "ok" read as every
+		// file's (new-user trial: an invalid first file went unsaid).
+		return flagenv.Usagef("--projections given %d times: validate checks one definitions file; run it once for each", n)
+	}
 	if err := s.requireProjections(); err != nil {
 		return err
 	}

@@ -216,6 +216,9 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "validate example", args: []string{"validate", "--projections", exampleProjections},
 			wantCode: 0, wantStdout: []string{exampleProjections, "IR v42", "3 projections: ok"}},
 		{name: "validate without projections", args: []string{"validate"}, wantCode: 2, wantStderr: []string{"--projections", "PROJECTIONS_FILE"}},
+		// Not the last file alone, its ok read as both's (new-user trial).
+		{name: "validate two files", args: []string{"validate", "--projections", badDefs, "--projections", exampleProjections},
+			wantCode: 2, wantStderr: []string{"--projections given 2 times: validate checks one definitions file; run it once for each"}},
 		{name: "validate unknown primary key column", args: []string{"validate", "--projections", badDefs},
 			wantCode: 2, wantStderr: []string{badDefs, `projection "artist_followers"`, "primaryKey", `"no_such_column"`}},
 		{name: "validate missing file", args: []string{"validate", "--projections", "/nonexistent/projections.yaml"},
