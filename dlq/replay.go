@@ -424,6 +424,10 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			// and the copies doubled with each run: 1, 2, 4, 8).
 			o.Kind = OutcomeRefused
 			o.Reason = fmt.Sprintf("the same event as dead letter %s, which this run replays (they are dead letters of one event and its replays, chain from %s): one replay of an event per run", sibling, chain)
+			if f, copied := chains.copies[e.Coordinates()]; copied && f == sibling {
+				// Not a replay's (second trial: a copy read as one).
+				o.Reason = fmt.Sprintf("a copy of dead letter %s, which this run replays (one dead letter written twice): one replay of an event per run", sibling)
+			}
 		default:
 			sent[chain] = e.Coordinates()
 			p, fromHeader := parter.Partition(e.OriginalPartition, e.Key)

@@ -865,7 +865,7 @@ func TestRetrySendsADeadLetterWrittenTwiceOnce(t *testing.T) {
 		t.Fatalf("first run: %s, want 4 matched, 3 replayed, the copy refused", res)
 	}
 	for _, o := range outs {
-		if o.Entry.Coordinates() == copied && (o.Kind != dlq.OutcomeRefused || !strings.Contains(o.Reason, "one replay of an event per run") || !strings.Contains(o.Reason, first.String())) {
+		if o.Entry.Coordinates() == copied && (o.Kind != dlq.OutcomeRefused || o.Reason != "a copy of dead letter "+first.String()+", which this run replays (one dead letter written twice): one replay of an event per run") {
 			t.Errorf("the copy %s: %v %q, want it refused as the same event as %s", copied, o.Kind, o.Reason, first)
 		}
 	}

@@ -84,7 +84,10 @@ type Worker struct {
 	// missingTopics are the events and dead-letter topics the brokers
 	// said do not exist, at refreshHighWatermarks' last answer.
 	missingTopics []string
-	wg            sync.WaitGroup // partition goroutines
+	// recreatedTopics are those of them whose topic ID changed since
+	// the worker first listed them: deleted and created again.
+	recreatedTopics []string
+	wg              sync.WaitGroup // partition goroutines
 }
 
 // NewWorker returns a worker that consumes cfg.Topic in cfg.Group with a
@@ -201,6 +204,9 @@ func (w *Worker) Ready() error {
 	if len(w.missingTopics) > 0 {
 		missing = missingTopicsError(w.missingTopics)
 	}
+	if len(w.recreatedTopics) > 0 {
+		missing = errors.Join(missing, recreatedTopicsError(w.recreatedTopics))
+	}
 	if !w.joined {
 		if w.pollErr != nil {
 			return errors.Join(missing, fmt.Errorf("consumer group not joined: %w", w.pollErr))
@@ -228,10 +234,17 @@ func (w *Worker) Ready() error {
 	return errors.Join(append([]error{missing}, stuck...)...)
 }
 
+// recreatedTopicsError is Ready's reason for topics deleted and created
+// again while the worker runs.
+func recreatedTopicsError(topics []string) error {
+	return fmt.Errorf("topics deleted and created again while the worker runs: %s (its Kafka client keeps the deleted topic's ID and neither reads nor writes the new one: restart the worker)",
+		strings.Join(topics, ", "))
+}
+
 // missingTopicsError is Ready's reason for topics the brokers say do not
 // exist.
 func missingTopicsError(topics []string) error {
-	return fmt.Errorf("topics do not exist: %s (deleted while the worker runs? create them again with `projection-worker topics`: the worker goes on once they exist)",
+	return fmt.Errorf("topics do not exist: %s (deleted while the worker runs? create them again with `projection-worker topics` and their --partitions, then restart the worker)",
 		strings.Join(topics, ", "))
 }
 
@@ -259,23 +272,38 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 	if named, ok := w.dead.(interface{ Topic() string }); ok && named.Topic() != "" && named.Topic() != w.cfg.Topic {
 		topics = append(topics, named.Topic())
 	}
+	ids := map[string]kadm.TopicID{} // each topic's ID when first listed
 	every(ctx, time.Duration(highWatermarkEvery.Load()), func() {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		ends, err := adm.ListEndOffsets(lctx, topics...)
-		cancel()
+		defer cancel()
+		details, err := adm.ListTopics(lctx, topics...)
+		var ends kadm.ListedOffsets
+		if err == nil {
+			ends, err = adm.ListEndOffsets(lctx, w.cfg.Topic)
+		}
 		if err != nil {
 			w.log.Debug("end offsets for the consumer lag", "topic", w.cfg.Topic, "error", err)
 			return
 		}
-		var missing []string
+		var missing, recreated []string
 		for _, t := range topics {
-			if o, ok := ends.Lookup(t, -1); ok && errors.Is(o.Err, kerr.UnknownTopicOrPartition) {
+			td, ok := details[t]
+			switch {
+			case !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition):
 				missing = append(missing, t)
+			case td.Err != nil || td.ID == (kadm.TopicID{}):
+			case ids[t] == (kadm.TopicID{}):
+				ids[t] = td.ID
+			case ids[t] != td.ID:
+				// franz-go keeps the ID it first saw: it neither reads
+				// nor writes the topic of that name until restarted
+				// (operator trial: ready, and nothing consumed).
+				recreated = append(recreated, t)
 			}
 		}
 		w.mu.Lock()
-		was := w.missingTopics
-		w.missingTopics = missing
+		was, wasRecreated := w.missingTopics, w.recreatedTopics
+		w.missingTopics, w.recreatedTopics = missing, recreated
 		held := make(map[int32]*partition, len(w.partitions))
 		for p, pc := range w.partitions {
 			held[p] = pc
@@ -287,6 +315,10 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 				"error", missingTopicsError(missing))
 		case len(missing) == 0 && len(was) > 0:
 			w.log.Info("topics exist again", "topics", was)
+		}
+		if len(recreated) > 0 && !slices.Equal(recreated, wasRecreated) {
+			w.log.Error("topics deleted and created again: restart the worker", "topics", recreated,
+				"error", recreatedTopicsError(recreated))
 		}
 		ends.Each(func(o kadm.ListedOffset) {
 			if o.Topic != w.cfg.Topic {
@@ -341,6 +373,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer func() { stop(); background.Wait() }() // after shutdown: the last repeats are written
 	var notJoined repeatedLine
+	fetchFailed := map[int32]*repeatedLine{} // by partition (-1: the client's)
 	for {
 		if !w.waitForRoom(ctx) {
 			break
@@ -372,7 +405,22 @@ func (w *Worker) Run(ctx context.Context) error {
 				}
 				return
 			}
-			w.log.Error("fetch failed", fetchErrorAttrs(topic, p, err)...)
+			// Per partition, written when its error changes, else once a
+			// minute: a lasting error comes back at every poll
+			// (operator trial: UNKNOWN_TOPIC_ID of a topic deleted and
+			// created again, 12 000 lines a second).
+			l := fetchFailed[p]
+			if l == nil {
+				l = &repeatedLine{}
+				fetchFailed[p] = l
+			}
+			if n, ok := l.due(topic+": "+err.Error(), time.Now()); ok {
+				attrs := fetchErrorAttrs(topic, p, err)
+				if n > 0 {
+					attrs = append(attrs, "repeats", n)
+				}
+				w.log.Error("fetch failed", attrs...)
+			}
 		})
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) == 0 {

@@ -797,13 +797,16 @@ func lockFollowers(t *testing.T, r *rig) pgx.Tx {
 
 // TestWorkerIsNotReadyWhileItsTopicsDoNotExist: the events and dead-letter
 // topics deleted under a running worker. Its Ready names them within the
-// refresh of the end offsets, and it is ready again once they are created
-// again (operator trial: with both topics gone, /readyz said ready and
-// causet_dlq_depth 0, and only franz-go's INFO lines said anything).
+// refresh of the end offsets (operator trial: with both topics gone,
+// /readyz said ready and causet_dlq_depth 0, and only franz-go's INFO
+// lines said anything); created again, they have new topic IDs, which
+// franz-go does not adopt, so Ready asks for a restart (second trial: it
+// said ready, consumed nothing and logged 12 000 fetch errors a second).
 func TestWorkerIsNotReadyWhileItsTopicsDoNotExist(t *testing.T) {
 	defer projection.SetHighWatermarkEvery(100 * time.Millisecond)()
 	r := newRig(t, rigOptions{partitions: 3})
-	rn := r.start(nil)
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	rn := r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
 	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
 	r.waitCommitted(testTimeout)
 	ready := func(want string) {
@@ -826,7 +829,7 @@ func TestWorkerIsNotReadyWhileItsTopicsDoNotExist(t *testing.T) {
 	if _, err := adm.DeleteTopics(ctx, r.topic, r.dlqTopic); err != nil {
 		t.Fatal(err)
 	}
-	ready("topics do not exist: " + r.topic + ", " + r.dlqTopic + " (deleted while the worker runs? create them again with `projection-worker topics`")
+	ready("topics do not exist: " + r.topic + ", " + r.dlqTopic + " (deleted while the worker runs? create them again with `projection-worker topics` and their --partitions, then restart the worker)")
 	for _, topic := range []string{r.topic, r.dlqTopic} {
 		// A real broker may still be deleting it: asked again until it
 		// takes the name.
@@ -843,5 +846,19 @@ func TestWorkerIsNotReadyWhileItsTopicsDoNotExist(t *testing.T) {
 			}
 		}
 	}
-	ready("")
+	ready("topics deleted and created again while the worker runs: " + r.topic + ", " + r.dlqTopic + " (its Kafka client keeps the deleted topic's ID and neither reads nor writes the new one: restart the worker)")
+	if strings.Contains(rn.w.Ready().Error(), "topics do not exist") {
+		t.Errorf("Ready() = %v, want the topics no longer said missing", rn.w.Ready())
+	}
+	// Each poll answers the old ID's fetch error again: said once per
+	// partition and error, the repeats counted (2 000 000 lines before).
+	// A new client: the rig's producer keeps the old ID too.
+	prod := r.broker.Client(t, kgo.DefaultProduceTopic(r.topic), kgo.ProducerLinger(0))
+	if err := prod.ProduceSync(ctx, &kgo.Record{Key: []byte("user-2"), Value: []byte(r.follow("user-2", "artist-1", 1))}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Second)
+	if n := len(logs.records("fetch failed")); n > 3*2 {
+		t.Errorf("%d fetch failed lines in 10 s, want at most 2 per partition (the first of each error)", n)
+	}
 }

@@ -453,7 +453,7 @@ func (t *table) write(w io.Writer) error {
 		line(r)
 	}
 	if alike {
-		bw.WriteString("(rows whose cut texts look alike differ in the part cut out: --wide or --output json shows them whole)\n")
+		bw.WriteString("(rows cut alike differ in the part cut out: --wide or --output json shows them whole)\n")
 	}
 	return bw.Flush()
 }

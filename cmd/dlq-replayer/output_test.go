@@ -247,7 +247,7 @@ func TestSummaryByErrorShowsTheErrorOnce(t *testing.T) {
 // "trial49_no…s not exist (SQLSTATE 42P01)`). Rows that look different say
 // nothing more.
 func TestSummaryByErrorSaysWhenCutRowsLookAlike(t *testing.T) {
-	const note = "(rows whose cut texts look alike differ in the part cut out: --wide or --output json shows them whole)"
+	const note = "(rows cut alike differ in the part cut out: --wide or --output json shows them whole)" // within 100 columns
 	missing := func(tenant string) string {
 		return `projection "artist_followers": ERROR: relation "` + tenant + `.artist_followers" does not exist (SQLSTATE 42P01)`
 	}

@@ -29,6 +29,9 @@ func TestRunSaysTheBrokersCannotBeReached(t *testing.T) {
 	w.waitFor(t, "an ERROR saying the brokers cannot be reached", 45*time.Second, func() bool {
 		return w.logged(`level=ERROR msg="consumer group not joined: the brokers cannot be reached"`)
 	})
+	if got := w.get(t, "/readyz"); !strings.HasPrefix(got, "503 ") || !strings.Contains(got, "the brokers cannot be reached: ") {
+		t.Errorf("/readyz = %q, want 503 saying the brokers cannot be reached", got)
+	}
 	time.Sleep(15 * time.Second) // several of franz-go's join retries
 	log := w.stderr.String()
 	notJoined := 0

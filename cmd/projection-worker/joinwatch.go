@@ -99,5 +99,7 @@ func (j *joinWatch) reason() string {
 	if cause := kafkaconn.Explain(j.err); cause != "" {
 		return cause + ": " + j.err.Error()
 	}
-	return j.err.Error()
+	// As the ERROR line says it (second operator trial: /readyz gave the
+	// dial error alone, after the poll's own text of it).
+	return "the brokers cannot be reached: " + j.err.Error()
 }
