@@ -171,6 +171,38 @@ func TestApplySPECExample(t *testing.T) {
 	})
 }
 
+// TestApplyOlderUpsertTheTableRefusesIsStale: an upsert older than its
+// row is a stale no-op even when the table's own constraints (a CHECK, a
+// NOT NULL the definitions do not have) refuse its values, which
+// PostgreSQL checks before ON CONFLICT finds the row (tracing trial: a
+// superseded rating that a CHECK refused was dead-lettered after its
+// retries); a newer one is still refused.
+func TestApplyOlderUpsertTheTableRefusesIsStale(t *testing.T) {
+	pool, schema, tps := tblTenant(t)
+	p := tps["artist_followers"]
+	ctx := context.Background()
+	table := pgx.Identifier{schema, "artist_followers"}.Sanitize()
+	if _, err := pool.Exec(ctx, "ALTER TABLE "+table+" ADD CONSTRAINT score_small CHECK (score < 50), ALTER COLUMN big SET NOT NULL"); err != nil {
+		t.Fatal(err)
+	}
+	tblApply(t, pool, p, tblEvent(t, schema, "ARTIST_FOLLOWED", 10, 1719331200000, specPayload), Applied)
+	want, _ := tblFollower(t, pool, schema, "artist-456", "user-123")
+	for _, payload := range []string{
+		`{"user_id":"user-123","artist_id":"artist-456","points":99,"games":1,"big":1}`, // score 99: the CHECK
+		`{"user_id":"user-123","artist_id":"artist-456","points":1,"games":1}`,          // big null: the NOT NULL
+	} {
+		tblApply(t, pool, p, tblEvent(t, schema, "ARTIST_FOLLOWED", 9, 1719331100000, payload), Stale)
+		if got, _ := tblFollower(t, pool, schema, "artist-456", "user-123"); !cmp.Equal(want, got) {
+			t.Errorf("row after a stale upsert of %s: %+v, want %+v", payload, got, want)
+		}
+		_, err := p.Apply(ctx, pool, tblEvent(t, schema, "ARTIST_FOLLOWED", 11, 1719331300000, payload))
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "23514" && pgErr.Code != "23502") {
+			t.Errorf("newer upsert of %s: %v, want PostgreSQL's refusal (23514 or 23502)", payload, err)
+		}
+	}
+}
+
 // TestApplyDeleteLeavesTombstone checks that a delete stops an older upsert
 // replayed later from resurrecting the row, while a newer upsert does.
 func TestApplyDeleteLeavesTombstone(t *testing.T) {
@@ -570,6 +602,7 @@ func TestPlanStatements(t *testing.T) {
 		SQL: `INSERT INTO "acme"."artist_followers" AS t ("artist_id", "user_id", "followed_at", "score", "big", "amount", _causet_seq)` +
 			` SELECT $1::text, $2::text, $3::text::timestamptz, $4::text::bigint, $5::text::bigint, $6::text::numeric, $7::text::bigint` +
 			` WHERE NOT EXISTS (SELECT 1 FROM "acme"."_causet_tombstones" tb WHERE tb.table_name = $8::text AND tb.pk = ARRAY[$1::text, $2::text] AND tb._causet_seq >= $7::text::bigint)` +
+			` AND NOT EXISTS (SELECT 1 FROM "acme"."artist_followers" WHERE "artist_id" = $1::text AND "user_id" = $2::text AND _causet_seq > $7::text::bigint)` +
 			` ON CONFLICT ("artist_id", "user_id") DO UPDATE SET "followed_at" = EXCLUDED."followed_at", "score" = EXCLUDED."score", "big" = EXCLUDED."big", "amount" = EXCLUDED."amount", _causet_seq = EXCLUDED._causet_seq` +
 			` WHERE t._causet_seq <= EXCLUDED._causet_seq`,
 		Args: []any{"artist-456", "user-123", "2024-06-25T16:00:00.000Z", "2", "9007199254740993", "12345678901234567890.0123456789", "1891", "artist_followers"},
