@@ -384,10 +384,11 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 	noKafka := closedAddr(t)
 	noDB := "postgres://postgres:postgres@" + closedAddr(t) + "/postgres?sslmode=disable"
 	tests := []struct {
-		flag string   // the flag (or environment variable) that is wrong
-		args []string // added to a run command that is otherwise valid
-		env  []string // environment variables set, name then value
-		says string   // when set, stderr must say this too (the limit)
+		flag  string   // the flag (or environment variable) that is wrong
+		args  []string // added to a run command that is otherwise valid
+		env   []string // environment variables set, name then value
+		says  string   // when set, stderr must say this too (the limit)
+		hides string   // when set, stderr must not say this (a secret)
 	}{
 		{flag: "--max-retries", args: []string{"--max-retries", "-1"}},
 		{flag: "--retry-initial", args: []string{"--retry-initial", "0s"}, says: "at least 1ms"}, // trial: said "> 0"
@@ -469,6 +470,19 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x:99"}},
 		{flag: "OTEL_EXPORTER_OTLP_PROTOCOL", env: []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"}},
 		{flag: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env: []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "carrier-pigeon"}},
+		// Tracing trial: a header written with a colon was logged, token
+		// and all, and dropped; a bad escape likewise.
+		{flag: "OTEL_EXPORTER_OTLP_HEADERS", env: []string{"OTEL_EXPORTER_OTLP_HEADERS", "Authorization: Bearer SECRETOTLPTOKEN123"}, says: "header 1 of 1", hides: "SECRETOTLPTOKEN123"},
+		{flag: "OTEL_EXPORTER_OTLP_HEADERS", env: []string{"OTEL_EXPORTER_OTLP_HEADERS", "x-team=a,Authorization: Bearer x=SECRETOTLPTOKEN123"}, says: "header 2 of 2", hides: "SECRETOTLPTOKEN123"},
+		{flag: "OTEL_EXPORTER_OTLP_TRACES_HEADERS", env: []string{"OTEL_EXPORTER_OTLP_TRACES_HEADERS", "Authorization=Bearer SECRET%zzTOKEN"}, says: "Authorization", hides: "SECRET"},
+		{flag: "OTEL_EXPORTER_OTLP_METRICS_HEADERS", env: []string{"OTEL_EXPORTER_OTLP_METRICS_HEADERS", "=SECRETOTLPTOKEN123"}, hides: "SECRETOTLPTOKEN123"},
+		// Tracing trial: started, and exported the value undecoded.
+		{flag: "OTEL_RESOURCE_ATTRIBUTES", env: []string{"OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,team=a%zz"}, says: "team"},
+		// Tracing trial: a signal's endpoint is used as given, so every
+		// span went to the path /.
+		{flag: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://otel-collector:4318"}, says: "/v1/traces"},
+		{flag: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://otel-collector:4318/"}, says: "/v1/metrics"},
+		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://user:SECRETPW@x:99"}, hides: "SECRETPW"},
 	}
 	for _, tt := range tests {
 		name := strings.TrimPrefix(tt.flag, "--")
@@ -492,6 +506,9 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 			}
 			if !strings.Contains(r.stderr, tt.says) {
 				t.Errorf("stderr does not say %q\n%s", tt.says, r)
+			}
+			if tt.hides != "" && strings.Contains(r.stdout+r.stderr, tt.hides) {
+				t.Errorf("the output says %q, a secret\n%s", tt.hides, r)
 			}
 			// The retry flags are checked together: the message names the one at fault.
 			for _, other := range []string{"--max-retries", "--retry-initial", "--retry-max-interval"} {

@@ -34,6 +34,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"golang.org/x/net/http/httpguts"
 )
 
 // telemetry is the process's OpenTelemetry wiring: a Prometheus exporter for
@@ -311,10 +312,19 @@ func checkOTelEnv() error {
 	}
 	if v := os.Getenv("OTEL_RESOURCE_ATTRIBUTES"); v != "" {
 		for _, kv := range strings.Split(v, ",") {
-			if k, _, ok := strings.Cut(kv, "="); !ok || strings.TrimSpace(k) == "" {
+			k, value, ok := strings.Cut(kv, "=")
+			if !ok || strings.TrimSpace(k) == "" {
 				return flagenv.Usagef("OTEL_RESOURCE_ATTRIBUTES: %q is not key=value (want comma-separated key=value pairs)", kv)
 			}
+			// The SDK percent-decodes values, and keeps one it cannot
+			// decode as it is, with an ERROR line that names no variable.
+			if _, err := url.PathUnescape(strings.TrimSpace(value)); err != nil {
+				return flagenv.Usagef("OTEL_RESOURCE_ATTRIBUTES: the value of %s has a %% not followed by two hexadecimal digits (values are percent-decoded: write %% as %%25)", strings.TrimSpace(k))
+			}
 		}
+	}
+	if err := checkOTLPHeaders(); err != nil {
+		return err
 	}
 	// The exporters are OTLP over HTTP (protobuf); the SDK's HTTP
 	// exporters ignore the protocol variables, so a collector that only
@@ -329,8 +339,52 @@ func checkOTelEnv() error {
 		if v == "" {
 			continue
 		}
-		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, v)
+		u, err := url.Parse(v)
+		if err != nil {
+			return flagenv.Usagef("%s: not a URL (not printed here: it may hold a password); want an http:// or https:// URL with a host, such as http://otel-collector:4318", k)
+		}
+		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, u.Redacted())
+		}
+		// A signal's own endpoint is used as given, path and all (the
+		// OTLP exporter specification); the paths are added to
+		// OTEL_EXPORTER_OTLP_ENDPOINT only.
+		if signal, ok := strings.CutPrefix(k, "OTEL_EXPORTER_OTLP_"); ok && signal != "ENDPOINT" && strings.Trim(u.Path, "/") == "" {
+			path := "/v1/" + strings.ToLower(strings.TrimSuffix(signal, "_ENDPOINT"))
+			return flagenv.Usagef("%s %q has no path: a signal's own endpoint is used as given (the OTLP specification), so its requests would go to /; add the collector's path, such as %s%s, or set OTEL_EXPORTER_OTLP_ENDPOINT instead, to which %s is added",
+				k, u.Redacted(), strings.TrimSuffix(u.Redacted(), "/"), path, path)
+		}
+	}
+	return nil
+}
+
+// otlpHeaderVariables are the variables of the OTLP exporters' request
+// headers: comma-separated name=value pairs, values percent-decoded.
+var otlpHeaderVariables = []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_METRICS_HEADERS"}
+
+// checkOTLPHeaders checks otlpHeaderVariables as the SDK reads them, which
+// logs a pair it cannot read, secret and all (Authorization: Bearer ...),
+// and sends the requests without it (tracing trial). Its errors name the
+// variable and the pair by its place, and a header's name only once it is
+// one: never what may be a secret.
+func checkOTLPHeaders() error {
+	for _, k := range otlpHeaderVariables {
+		v := os.Getenv(k)
+		if v == "" {
+			continue
+		}
+		pairs := strings.Split(v, ",")
+		for i, h := range pairs {
+			name, value, ok := strings.Cut(h, "=")
+			name = strings.TrimSpace(name)
+			switch {
+			case !ok || !httpguts.ValidHeaderFieldName(name):
+				return flagenv.Usagef("%s: header %d of %d is not name=value with an HTTP header name before the = (want comma-separated pairs, such as Authorization=Bearer%%20<token>; a colon in place of the = is a usual slip; the value is not printed here)", k, i+1, len(pairs))
+			default:
+				if _, err := url.PathUnescape(value); err != nil {
+					return flagenv.Usagef("%s: the value of header %d of %d (%s) has a %% not followed by two hexadecimal digits (values are percent-decoded: write %% as %%25; the value is not printed here)", k, i+1, len(pairs), name)
+				}
+			}
 		}
 	}
 	return nil
