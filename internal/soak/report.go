@@ -44,7 +44,7 @@ func (r *Report) Failed() bool { return len(r.Violations) > 0 || len(r.Stalls) >
 // Print writes the table, then the violations (at most max of each kind).
 func (r *Report) Print(w io.Writer, max int) {
 	row := func(k, v string) { fmt.Fprintf(w, "| %-30s | %s\n", k, v) }
-	fmt.Fprintf(w, "\n| %-30s | %s\n|%s|%s\n", "soak", "", strings.Repeat("-", 32), strings.Repeat("-", 60))
+	fmt.Fprintf(w, "\n| %-30s | %s\n|%s|%s\n", "soak", "measured", strings.Repeat("-", 32), strings.Repeat("-", 60))
 	row("seed", fmt.Sprintf("%d (SOAK_SEED=%d)", r.Seed, r.Seed))
 	row("duration", fmt.Sprintf("%s faults + %s drain", r.Duration.Round(time.Second), r.Drain.Round(time.Second)))
 	row("events / pairs", fmt.Sprintf("%d / %d", r.Events, r.Pairs))
