@@ -476,7 +476,7 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err error) {
 	start := time.Now()
 	ctx, done := w.batchTx(ctx, start, "apply batch", len(seg), slices.Values(seg))
-	defer func() { done(err) }()
+	defer func() { done(err, len(seg)) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return -1, err
@@ -515,12 +515,16 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err err
 
 // batchTx starts the span of a batch transaction of n pairs begun at
 // start (tracing.go's startBatch); the returned func ends it with the
-// transaction's error and, when there is one, records the rolled-back
-// transaction in the batch metrics (a committed one is recorded with its
-// outcomes by the caller).
-func (w *Worker) batchTx(ctx context.Context, start time.Time, name string, n int, pairs iter.Seq[pair]) (context.Context, func(error)) {
+// transaction's error and, for a committed one, the pairs it applied (of
+// the n: a COPY transaction leaves refused rows and upserts for
+// statements), and records a rolled-back transaction in the batch metrics
+// (a committed one is recorded with its outcomes by the caller).
+func (w *Worker) batchTx(ctx context.Context, start time.Time, name string, n int, pairs iter.Seq[pair]) (context.Context, func(err error, applied int)) {
 	ctx, span := w.tr.startBatch(ctx, name, n, pairs)
-	return ctx, func(err error) {
+	return ctx, func(err error, applied int) {
+		if err == nil {
+			batchApplied(span, n, applied)
+		}
 		endBatch(span, err)
 		if err != nil {
 			w.cfg.Metrics.observeBatch(ctx, n, time.Since(start), false)

@@ -390,7 +390,8 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	sortGroupsForLocks(groups)
 	start := time.Now()
 	ctx, done := w.batchTx(ctx, start, "copy batch", groupsSize(groups), groupPairs(groups))
-	defer func() { done(err) }()
+	applied := 0
+	defer func() { done(err, applied) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -452,7 +453,7 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	for g, r := range refused {
 		pc.refusedGroups = pc.refusedGroups.set(g, r)
 	}
-	w.copyApplied(ctx, results, start)
+	applied = w.copyApplied(ctx, results, start)
 	return left, failures, nil
 }
 
@@ -1076,8 +1077,7 @@ func copyFrom(ctx context.Context, tx pgx.Tx, p *TableProjection, tmp string, pa
 
 // copyApplied records committed COPY work in the metrics: of each
 // result's n upserts, affected applied and the rest stale.
-func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start time.Time) {
-	total := 0
+func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start time.Time) (total int) {
 	for _, r := range results {
 		total += r.n
 	}
@@ -1093,6 +1093,7 @@ func (w *Worker) copyApplied(ctx context.Context, results []copyResult, start ti
 		w.cfg.Metrics.appliedN(ctx, attrs, applied, int64(r.n)-applied)
 		w.cfg.Metrics.observeApplyN(ctx, attrs, took, r.n) // a pair of a batch takes the batch's transaction
 	}
+	return total
 }
 
 // copyTable returns the name of the projection's temporary COPY table (one

@@ -363,8 +363,7 @@ func (c *countingPool) Acquire(ctx context.Context) (*pgxpool.Conn, error) {
 // all applied.
 func TestWorkerRetriesDuePairsTogether(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, rigOptions{partitions: 3})
-	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_positive CHECK (stars > 0)")
+	r, _ := ratingsRig(t, 3)
 	db := &countingPool{Pool: r.pool}
 	r.db = db
 	r.start(func(c *projection.Config) {
@@ -396,6 +395,16 @@ func TestWorkerRetriesDuePairsTogether(t *testing.T) {
 	}
 }
 
+// ratingsRig returns a rig of n partitions whose artist_ratings refuses
+// ratings of fewer than 1 star (a CHECK, 23514), and the table's name.
+func ratingsRig(t *testing.T, n int32) (*rig, string) {
+	t.Helper()
+	r := newRig(t, rigOptions{partitions: n})
+	ratings := pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
+	exec(t, r.pool, "ALTER TABLE "+ratings+" ADD CONSTRAINT stars_positive CHECK (stars > 0)")
+	return r, ratings
+}
+
 // refusedRating starts a worker on a rig of two partitions whose
 // artist_ratings refuses 0 stars (a CHECK, 23514), retrying each second
 // up to maxRetries times, produces a rating of 0 stars of user rater at
@@ -403,9 +412,7 @@ func TestWorkerRetriesDuePairsTogether(t *testing.T) {
 // attempt, with the table's name.
 func refusedRating(t *testing.T, maxRetries int, key string) (r *rig, ratings string) {
 	t.Helper()
-	r = newRig(t, rigOptions{partitions: 2})
-	ratings = pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()
-	exec(t, r.pool, "ALTER TABLE "+ratings+" ADD CONSTRAINT stars_positive CHECK (stars > 0)")
+	r, ratings = ratingsRig(t, 2)
 	failed := make(chan struct{})
 	var once sync.Once
 	r.start(func(c *projection.Config) {
@@ -502,8 +509,7 @@ func TestWorkerDueRetriesRideTheBatchesOfTheirTable(t *testing.T) {
 	if copyMinRows < 0 {
 		t.Skip("retries ride the suspect upserts of COPY groups, which TEST_NO_COPY=1 turns off")
 	}
-	r := newRig(t, rigOptions{partitions: 2})
-	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_positive CHECK (stars > 0)")
+	r, _ := ratingsRig(t, 2)
 	var rode atomic.Int64
 	r.start(func(c *projection.Config) {
 		c.Retry = retry.Policy{Initial: 10 * time.Millisecond, Multiplier: 1, MaxInterval: 10 * time.Millisecond, MaxRetries: 3}

@@ -136,7 +136,6 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	default:
 		w.log.DebugContext(ctx, "projection failed, retrying", attrs...)
 	}
-	retryEvent(p.span, p.retries+1, wait)
 	from := time.Now()
 	if !p.attemptedAt.IsZero() && p.attemptedAt.Before(from) {
 		from = p.attemptedAt
@@ -408,6 +407,7 @@ func (pc *partition) finishRetries(ctx context.Context, r *retryRound) error {
 		if !r.res[i].made {
 			p.attemptedAt = time.Time{} // attempted just now
 		}
+		retryEvent(p.span, p.retries, p.wait, p.attemptedAt)
 		w.cfg.Metrics.retried(ctx, pairAttrs(p.h.Name(), p.d.ev.TenantSchema))
 		if err == nil {
 			w.breaker.succeeded(p.fp, p.probe)
@@ -636,7 +636,7 @@ func (pc *partition) deadLetterDone(ctx context.Context, dl dlq.DeadLetter) {
 		// Spans are compared by id: a span that is not sampled is a value
 		// of an uncomparable type.
 		if s := trace.SpanFromContext(dl.Context); s.SpanContext().SpanID() != rs.d.span.SpanContext().SpanID() {
-			endDeadLettered(s, dl.Class, dl.Err, dl.Retries)
+			endDeadLettered(s, dl.Class, dl.Err, dl.Retries, dl.ShortCircuit)
 		}
 		if rs.deadLettered == "" {
 			rs.deadLettered = "dead-lettered: " + dl.Err.Error()

@@ -11,7 +11,7 @@ package projection
 //     failed an attempt (every pair with Config.TraceEveryPair), the child
 //     of its record's span, from when the record was taken until the
 //     pair's outcome; each failed attempt is recorded on it as an exception
-//     event, each retry it waits for as a "retry" event; status Error when
+//     event, each retry made as a "retry" event; status Error when
 //     it is dead-lettered. A pair applied at its first attempt has no span
 //     of its own by default: its record's span and the batch transaction's
 //     span linked to it say so, at a third of the spans. The dead letter's "send <dlq topic>" span (package dlq)
@@ -30,6 +30,7 @@ package projection
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"iter"
 	"strconv"
@@ -65,8 +66,18 @@ const (
 	// a write).
 	AttrOutcome    = attribute.Key("causet.outcome")
 	AttrRetryCount = attribute.Key("causet.retry.count")
-	// AttrBatchPairs is the number of pairs in a batch transaction.
+	// AttrShortCircuit is the fingerprint of the open breaker that
+	// dead-lettered a pair before its retries ran out (the dead letter's
+	// causet.dlq.short-circuit header).
+	AttrShortCircuit = attribute.Key("causet.dlq.short_circuit")
+	// AttrBatchPairs is the number of pairs in a batch transaction: when
+	// it ends committed, the ones it applied (the batch_size metric's).
 	AttrBatchPairs = attribute.Key("causet.batch.pairs")
+	// AttrBatchPairsLeft is the number of pairs a committed batch
+	// transaction tried and did not apply (rows PostgreSQL refused,
+	// upserts left for statements), set when there are any: its links are
+	// to every record it tried.
+	AttrBatchPairsLeft = attribute.Key("causet.batch.pairs_left")
 )
 
 // Outcomes of AttrOutcome.
@@ -188,14 +199,16 @@ func spanText(s string) string {
 }
 
 // recordError records err on s as an exception event, its message
-// spanText's.
-func recordError(s trace.Span, err error) {
-	if msg, text := err.Error(), spanText(err.Error()); text != msg {
-		s.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
-			semconv.ExceptionType(fmt.Sprintf("%T", err)), semconv.ExceptionMessage(text)))
-		return
+// spanText's, its type the innermost error's that err wraps (such as
+// *pgconn.PgError, where err's own would be *fmt.wrapError: tracing
+// trial), with attrs.
+func recordError(s trace.Span, err error, attrs ...attribute.KeyValue) {
+	inner := err
+	for next := errors.Unwrap(inner); next != nil; next = errors.Unwrap(inner) {
+		inner = next
 	}
-	s.RecordError(err)
+	s.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(append(attrs,
+		semconv.ExceptionType(fmt.Sprintf("%T", inner)), semconv.ExceptionMessage(spanText(err.Error())))...))
 }
 
 // recordAttrs is how many attributes startRecord appends to a partition's
@@ -283,34 +296,56 @@ func endPair(s trace.Span, outcome string, retries int) {
 }
 
 // failedAttempt records a pair's failed attempt on its span: an exception
-// event, and the error's class and SQLSTATE as attributes.
+// event with the error's class (error.type) and SQLSTATE
+// (db.response.status_code). They are the event's, not the span's: a pair
+// that then applies did not fail, and error.type on a span marks it failed
+// (tracing trial: applied pairs carried their failed attempts' error.type).
 func failedAttempt(s trace.Span, err error) {
 	if s == nil || !s.IsRecording() {
 		return
 	}
-	recordError(s, err)
-	attrs := []attribute.KeyValue{semconv.ErrorTypeKey.String(retry.Classify(err).String())}
+	recordError(s, err, errorAttrs(retry.Classify(err), err)...)
+}
+
+// errorAttrs are error.type (class) and, when err holds one,
+// db.response.status_code (its SQLSTATE).
+func errorAttrs(class retry.Class, err error) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{semconv.ErrorTypeKey.String(class.String())}
 	if code := retry.SQLState(err); code != "" {
 		attrs = append(attrs, semconv.DBResponseStatusCode(code))
 	}
-	s.SetAttributes(attrs...)
+	return attrs
 }
 
-// retryEvent records on a pair's span that it waits for retry number n.
-func retryEvent(s trace.Span, n int, wait time.Duration) {
+// retryEvent records on a pair's span that its retry number n was made
+// (at), after waiting wait, as it was scheduled: one event per retry
+// made, none for a retry scheduled and never made (the breaker opened, or
+// the partition was released, first).
+func retryEvent(s trace.Span, n int, wait time.Duration, at time.Time) {
 	if s == nil || !s.IsRecording() {
 		return
 	}
-	s.AddEvent("retry", trace.WithAttributes(AttrRetryCount.Int(n), attribute.Int64("causet.retry.wait_ms", wait.Milliseconds())))
+	opts := []trace.EventOption{trace.WithAttributes(AttrRetryCount.Int(n), attribute.Int64("causet.retry.wait_ms", wait.Milliseconds()))}
+	if !at.IsZero() {
+		opts = append(opts, trace.WithTimestamp(at))
+	}
+	s.AddEvent("retry", opts...)
 }
 
 // endDeadLettered ends the span of a pair (or of a record that reached no
-// projection) whose dead letter Kafka acknowledged: status Error.
-func endDeadLettered(s trace.Span, class retry.Class, err error, retries int) {
+// projection) whose dead letter Kafka acknowledged: status Error, with the
+// last error's class and SQLSTATE, and causet.dlq.short_circuit, the
+// fingerprint, when an open breaker dead-lettered it before its retries
+// ran out (shortCircuit non-empty).
+func endDeadLettered(s trace.Span, class retry.Class, err error, retries int, shortCircuit string) {
 	if s == nil || !s.IsRecording() {
 		return
 	}
-	s.SetAttributes(AttrOutcome.String(outcomeDeadLettered), AttrRetryCount.Int(retries), semconv.ErrorTypeKey.String(class.String()))
+	attrs := append(errorAttrs(class, err), AttrOutcome.String(outcomeDeadLettered), AttrRetryCount.Int(retries))
+	if shortCircuit != "" {
+		attrs = append(attrs, AttrShortCircuit.String(shortCircuit))
+	}
+	s.SetAttributes(attrs...)
 	s.SetStatus(codes.Error, spanText("dead-lettered: "+err.Error()))
 	s.End()
 }
@@ -366,6 +401,16 @@ func (t *tracing) startBatch(ctx context.Context, name string, n int, pairs iter
 
 // maxBatchLinksHint caps the records startBatch makes room for at once.
 const maxBatchLinksHint = 4096
+
+// batchApplied sets the pairs a committed batch transaction of n pairs
+// applied on its span, when they are fewer (tracing trial: a COPY batch
+// said 40 pairs where it had applied 37 and left 3 refused).
+func batchApplied(s trace.Span, n, applied int) {
+	if s == nil || !s.IsRecording() || applied == n {
+		return
+	}
+	s.SetAttributes(AttrBatchPairs.Int(applied), AttrBatchPairsLeft.Int(n-applied))
+}
 
 // endBatch ends a batch transaction's span, status Error when err is set.
 func endBatch(s trace.Span, err error) {
