@@ -483,6 +483,12 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://otel-collector:4318"}, says: "/v1/traces"},
 		{flag: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://otel-collector:4318/"}, says: "/v1/metrics"},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://user:SECRETPW@x:99"}, hides: "SECRETPW"},
+		// Tracing trial: logged at ERROR and ignored by the SDK.
+		{flag: "OTEL_EXPORTER_OTLP_TIMEOUT", env: []string{"OTEL_EXPORTER_OTLP_TIMEOUT", "abc"}},
+		{flag: "OTEL_METRIC_EXPORT_INTERVAL", env: []string{"OTEL_METRIC_EXPORT_INTERVAL", "5s"}, says: "milliseconds"},
+		{flag: "OTEL_SPAN_LINK_COUNT_LIMIT", env: []string{"OTEL_SPAN_LINK_COUNT_LIMIT", "abc"}},
+		{flag: "OTEL_EXPORTER_OTLP_COMPRESSION", env: []string{"OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"}, says: "gzip"},
+		{flag: "OTEL_EXPORTER_OTLP_CERTIFICATE", env: []string{"OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"}, says: "no such file"},
 	}
 	for _, tt := range tests {
 		name := strings.TrimPrefix(tt.flag, "--")

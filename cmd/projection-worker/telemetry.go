@@ -326,12 +326,15 @@ func checkOTelEnv() error {
 	if err := checkOTLPHeaders(); err != nil {
 		return err
 	}
+	if err := checkOTelSettings(); err != nil {
+		return err
+	}
 	// The exporters are OTLP over HTTP (protobuf); the SDK's HTTP
 	// exporters ignore the protocol variables, so a collector that only
 	// speaks gRPC (:4317) would be tried over HTTP without a word.
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"} {
 		if v := os.Getenv(k); v != "" && v != "http/protobuf" {
-			return flagenv.Usagef("%s %q: this worker exports OTLP over HTTP only (http/protobuf, to the collector's port 4318); unset it or set http/protobuf", k, v)
+			return flagenv.Usagef("%s %q: this worker exports OTLP as protobuf over HTTP only (http/protobuf, to the collector's port 4318); unset it or set http/protobuf", k, v)
 		}
 	}
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"} {
@@ -353,6 +356,48 @@ func checkOTelEnv() error {
 			path := "/v1/" + strings.ToLower(strings.TrimSuffix(signal, "_ENDPOINT"))
 			return flagenv.Usagef("%s %q has no path: a signal's own endpoint is used as given (the OTLP specification), so its requests would go to /; add the collector's path, such as %s%s, or set OTEL_EXPORTER_OTLP_ENDPOINT instead, to which %s is added",
 				k, u.Redacted(), strings.TrimSuffix(u.Redacted(), "/"), path, path)
+		}
+	}
+	return nil
+}
+
+// otelIntegers are the SDK's variables that take a whole number (of
+// milliseconds for the timeouts, intervals and delays, of items for the
+// limits, where below 0 is none, and sizes), which it logs an ERROR about and ignores when they
+// are not one (tracing trial: OTEL_EXPORTER_OTLP_TIMEOUT=abc).
+var otelIntegers = []string{
+	"OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
+	"OTEL_METRIC_EXPORT_INTERVAL", "OTEL_METRIC_EXPORT_TIMEOUT",
+	"OTEL_BSP_SCHEDULE_DELAY", "OTEL_BSP_EXPORT_TIMEOUT", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+	"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT",
+	"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "OTEL_SPAN_EVENT_COUNT_LIMIT",
+	"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+}
+
+// checkOTelSettings checks the SDK's other variables that it would log
+// about and ignore at run time: otelIntegers, the OTLP compression (gzip
+// or none) and the OTLP certificate and key files (readable).
+func checkOTelSettings() error {
+	for _, k := range otelIntegers {
+		if v := os.Getenv(k); v != "" {
+			// A limit below 0 is no limit, to the SDK.
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err != nil || n < 0 && !strings.HasSuffix(k, "_LIMIT") {
+				return flagenv.Usagef("%s %q: want a whole number of at least 0 (milliseconds for a timeout, interval or delay)", k, v)
+			}
+		}
+	}
+	for _, signal := range []string{"", "TRACES_", "METRICS_"} {
+		k := "OTEL_EXPORTER_OTLP_" + signal + "COMPRESSION"
+		if v := os.Getenv(k); v != "" && v != "gzip" && v != "none" {
+			return flagenv.Usagef("%s %q: want gzip or none (the compressions the exporter has)", k, v)
+		}
+		for _, file := range []string{"CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"} {
+			k := "OTEL_EXPORTER_OTLP_" + signal + file
+			if v := os.Getenv(k); v != "" {
+				if _, err := os.ReadFile(v); err != nil {
+					return flagenv.Usagef("%s: %v", k, err)
+				}
+			}
 		}
 	}
 	return nil
