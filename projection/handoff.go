@@ -310,14 +310,7 @@ func (pc *partition) receivedRetries(offset int64, projection string) int {
 // work done again, never a record.
 func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck []int32) {
 	committed := w.cl.CommittedOffsets()[w.cfg.Topic]
-	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Group = w.cfg.Group
-	req.MemberID, req.Generation = w.cl.GroupMetadata()
-	if id, ok := w.cl.OptValue(kgo.InstanceID).(string); ok && id != "" {
-		req.InstanceID = &id
-	}
-	t := kmsg.NewOffsetCommitRequestTopic()
-	t.Topic = w.cfg.Topic
+	var t kmsg.OffsetCommitRequestTopic
 	openRecords := map[int32]int{}
 	for _, pc := range stopped {
 		if containsPartition(stuck, pc.partition) {
@@ -350,18 +343,7 @@ func (w *Worker) commitHandoffs(ctx context.Context, stopped []*partition, stuck
 	if len(t.Partitions) == 0 {
 		return
 	}
-	// OffsetCommit v10+ names the topic by its id.
-	topics, err := kadm.NewClient(w.cl).ListTopics(ctx, w.cfg.Topic)
-	if err == nil {
-		t.TopicID = topics[w.cfg.Topic].ID
-		req.Topics = append(req.Topics, t)
-		var resp *kmsg.OffsetCommitResponse
-		resp, err = req.RequestWith(ctx, w.cl)
-		if err == nil {
-			err = commitError(resp)
-		}
-	}
-	if err != nil {
+	if err := w.commitDirect(ctx, t.Partitions); err != nil {
 		w.log.Warn("hand-off not committed; the next owner processes the open records again and dates their failures anew",
 			"topic", w.cfg.Topic, "error", err)
 		return
@@ -378,6 +360,37 @@ func containsPartition(ps []int32, p int32) bool {
 		}
 	}
 	return false
+}
+
+// commitDirect commits offsets ps of the worker's topic in one
+// OffsetCommit request of its own, with the member ID and generation the
+// client holds, beside the client's commit path: for offsets with
+// metadata (the hand-off), and at shutdown when the client holds its
+// commits back because a join is in flight (commitAtShutdown). Errors:
+// the request's, or the first partition's.
+func (w *Worker) commitDirect(ctx context.Context, ps []kmsg.OffsetCommitRequestTopicPartition) error {
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = w.cfg.Group
+	req.MemberID, req.Generation = w.cl.GroupMetadata()
+	if id, ok := w.cl.OptValue(kgo.InstanceID).(string); ok && id != "" {
+		req.InstanceID = &id
+	}
+	// OffsetCommit v10+ names the topic by its id.
+	topics, err := kadm.NewClient(w.cl).ListTopics(ctx, w.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	if first := w.topicID(w.cfg.Topic); first != (kadm.TopicID{}) && first != topics[w.cfg.Topic].ID {
+		return errTopicRecreated
+	}
+	t := kmsg.NewOffsetCommitRequestTopic()
+	t.Topic, t.TopicID, t.Partitions = w.cfg.Topic, topics[w.cfg.Topic].ID, ps
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, w.cl)
+	if err != nil {
+		return err
+	}
+	return commitError(resp)
 }
 
 // commitError returns the first partition error of an OffsetCommit

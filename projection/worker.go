@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/causet/projection-worker/dlq"
@@ -57,6 +59,9 @@ type Worker struct {
 	dead     DeadLetterWriter
 	handlers []Handler
 	breaker  *breaker
+	// left is set when the worker left its group by itself at shutdown
+	// (leaveDirect): the client's revoke that may follow commits nothing.
+	left atomic.Bool
 	// slotHold is how long a retry slot taken now is held at most: the
 	// retry policy's Longest plus slotSlack, worked out once by NewWorker.
 	slotHold time.Duration
@@ -87,7 +92,9 @@ type Worker struct {
 	// recreatedTopics are those of them whose topic ID changed since
 	// the worker first listed them: deleted and created again.
 	recreatedTopics []string
-	wg              sync.WaitGroup // partition goroutines
+	// topicIDs are the topics' IDs when the worker first listed them.
+	topicIDs map[string]kadm.TopicID
+	wg       sync.WaitGroup // partition goroutines
 }
 
 // NewWorker returns a worker that consumes cfg.Topic in cfg.Group with a
@@ -123,6 +130,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		dead:       dead,
 		handlers:   handlers,
 		partitions: make(map[int32]*partition),
+		topicIDs:   map[string]kadm.TopicID{},
 		drained:    make(chan struct{}, 1),
 	}
 	if b, ok := db.(Beginner); ok {
@@ -272,8 +280,7 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 	if named, ok := w.dead.(interface{ Topic() string }); ok && named.Topic() != "" && named.Topic() != w.cfg.Topic {
 		topics = append(topics, named.Topic())
 	}
-	ids := map[string]kadm.TopicID{} // each topic's ID when first listed
-	every(ctx, time.Duration(highWatermarkEvery.Load()), func() {
+	check := func() {
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		details, err := adm.ListTopics(lctx, topics...)
@@ -292,9 +299,11 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 			case !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition):
 				missing = append(missing, t)
 			case td.Err != nil || td.ID == (kadm.TopicID{}):
-			case ids[t] == (kadm.TopicID{}):
-				ids[t] = td.ID
-			case ids[t] != td.ID:
+			case w.topicID(t) == (kadm.TopicID{}):
+				w.mu.Lock()
+				w.topicIDs[t] = td.ID
+				w.mu.Unlock()
+			case w.topicID(t) != td.ID:
 				// franz-go keeps the ID it first saw: it neither reads
 				// nor writes the topic of that name until restarted
 				// (operator trial: ready, and nothing consumed).
@@ -330,8 +339,27 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 				pc.mu.Unlock()
 			}
 		})
-	})
+	}
+	// At once, so that the IDs are the ones the client started with
+	// (operator trial: a topic deleted and created again within 15 s of
+	// the start was taken for the one the worker had read).
+	check()
+	every(ctx, time.Duration(highWatermarkEvery.Load()), check)
 }
+
+// topicID returns the ID topic had when the worker first listed it (zero
+// until then).
+func (w *Worker) topicID(topic string) kadm.TopicID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.topicIDs[topic]
+}
+
+// errTopicRecreated is returned by a commit of offsets of the events
+// topic once it was deleted and created again: they are the deleted
+// topic's, and committed to the new one (by name) they would skip its
+// records.
+var errTopicRecreated = errors.New("not committed: the events topic was deleted and created again, and the offsets are the deleted topic's (restart the worker)")
 
 // every calls f every d until ctx ends.
 func every(ctx context.Context, d time.Duration, f func()) {
@@ -505,7 +533,8 @@ func (w *Worker) shutdown() error {
 	for _, p := range stuck {
 		errs = append(errs, fmt.Errorf("partition %d did not stop within the shutdown grace of %s (a projection that ignores its context?); its unfinished records are processed again by the next owner", p, w.cfg.ShutdownGrace))
 	}
-	if err := w.commitMarked(grace, w.cl); err != nil {
+	inJoin, err := w.commitAtShutdown(grace)
+	if err != nil {
 		errs = append(errs, fmt.Errorf("commit offsets at shutdown: %w", err))
 	} else {
 		w.commitHandoffs(grace, all, stuck)
@@ -515,9 +544,7 @@ func (w *Worker) shutdown() error {
 		defer close(closed)
 		w.cl.CloseAllowingRebalance()
 	}()
-	select {
-	case <-closed:
-	case <-grace.Done():
+	if !w.closeWithin(grace, closed, inJoin) {
 		errs = append(errs, fmt.Errorf("leave group: shutdown grace of %s exceeded", w.cfg.ShutdownGrace))
 	}
 	if len(stuck) == 0 {
@@ -596,6 +623,9 @@ func (w *Worker) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 // backoff waits at once) and commits what they finished.
 func (w *Worker) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	stopped, stuck := w.stop(revoked[w.cfg.Topic])
+	if w.left.Load() {
+		return // committed at shutdown; the member is no longer the group's
+	}
 	if err := w.commitMarked(ctx, cl); err != nil {
 		w.log.Error("commit offsets on revoke failed", "topic", w.cfg.Topic, "error", err)
 	} else {
@@ -619,6 +649,12 @@ const commitAttempts = 5
 // REQUEST_TIMED_OUT at a revoke, seven dead letters written twice). It
 // returns the last attempt's error.
 func (w *Worker) commitMarked(ctx context.Context, cl *kgo.Client) error {
+	w.mu.Lock()
+	recreated := slices.Contains(w.recreatedTopics, w.cfg.Topic)
+	w.mu.Unlock()
+	if recreated {
+		return errTopicRecreated
+	}
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := cl.CommitMarkedOffsets(ctx)
@@ -633,6 +669,127 @@ func (w *Worker) commitMarked(ctx context.Context, cl *kgo.Client) error {
 		}
 		wait *= 2
 	}
+}
+
+// joinCommitWait is how long commitAtShutdown waits for the client's
+// commit before it commits directly, and closeWithin for the client to
+// leave the group before it leaves directly; leaveWait, how long
+// closeWithin waits for the client to close after that.
+const (
+	joinCommitWait = 2 * time.Second
+	leaveWait      = time.Second
+)
+
+// commitAtShutdown commits the marked offsets through the client
+// (commitMarked) or, when the client has not committed within
+// joinCommitWait, directly (commitDirect), and reports whether it did so.
+// The client holds commits while its group join and sync are in flight,
+// and a join waits for every member of the group, a crashed one until its
+// session times out, longer than the shutdown grace (operator trial: a
+// SIGTERM 3 s after another member was killed and a new one started ran
+// out of grace, committed nothing, and its partitions were read again
+// from the last commit, 86 s later). The broker takes a commit of the
+// current generation until the join completes: what a member commits as
+// its partitions are revoked.
+func (w *Worker) commitAtShutdown(ctx context.Context) (direct bool, err error) {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.commitMarked(cctx, w.cl) }()
+	select {
+	case err := <-done:
+		return false, err
+	case <-time.After(joinCommitWait):
+	}
+	cancel()
+	<-done
+	marked := w.cl.MarkedOffsets()[w.cfg.Topic]
+	committed := w.cl.CommittedOffsets()[w.cfg.Topic]
+	var ps []kmsg.OffsetCommitRequestTopicPartition
+	for p, o := range marked {
+		if c, ok := committed[p]; ok && c.Offset >= o.Offset {
+			continue
+		}
+		cp := kmsg.NewOffsetCommitRequestTopicPartition()
+		cp.Partition, cp.Offset, cp.LeaderEpoch = p, o.Offset, o.Epoch
+		ps = append(ps, cp)
+	}
+	w.log.Info("the client holds the commit back (a consumer group join in flight?): committing the offsets directly", "topic", w.cfg.Topic, "partitions", len(ps), "waited", joinCommitWait)
+	if len(ps) == 0 {
+		return true, nil
+	}
+	return true, w.commitDirect(ctx, ps)
+}
+
+// closeWithin waits for the client to close (closed), which it does once
+// it has left the group, and reports whether it did, or the worker left
+// the group by itself, before ctx is done. The client leaves once its
+// join in flight is answered, which waits for every member, a crashed one
+// until its session times out (operator trial: 86 s); so when the client
+// has not closed within joinCommitWait (or inJoin: it held a commit back),
+// the worker leaves with a request of its own (leaveDirect) and gives the
+// client leaveWait more.
+func (w *Worker) closeWithin(ctx context.Context, closed <-chan struct{}, inJoin bool) bool {
+	if !inJoin {
+		t := time.NewTimer(joinCommitWait)
+		defer t.Stop()
+		select {
+		case <-closed:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	if !w.leaveDirect(ctx) {
+		select {
+		case <-closed:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	t := time.NewTimer(leaveWait)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return true
+}
+
+// leaveDirect sends the group a LeaveGroup of the worker's member, unless
+// it is a static one (--group-instance-id, which keeps its partitions
+// until its session times out), so that the group's join goes on without
+// it at once, and reports whether the group took it.
+func (w *Worker) leaveDirect(ctx context.Context) bool {
+	if id, ok := w.cl.OptValue(kgo.InstanceID).(string); ok && id != "" {
+		return false
+	}
+	memberID, _ := w.cl.GroupMetadata()
+	if memberID == "" {
+		return false
+	}
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group, req.MemberID = w.cfg.Group, memberID
+	m := kmsg.NewLeaveGroupRequestMember()
+	m.MemberID, m.Reason = memberID, kmsg.StringPtr("shutting down while the group rebalances")
+	req.Members = append(req.Members, m)
+	resp, err := req.RequestWith(ctx, w.cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+		for _, m := range resp.Members {
+			err = cmp.Or(err, kerr.ErrorForCode(m.ErrorCode))
+		}
+	}
+	if err != nil {
+		w.log.Warn("could not leave the consumer group by itself; the group reassigns the worker's partitions once its session times out", "group", w.cfg.Group, "error", err)
+		return false
+	}
+	w.left.Store(true)
+	w.log.Info("left the consumer group by itself: the client's own leave waits for a group join in flight", "group", w.cfg.Group, "member_id", memberID)
+	return true
 }
 
 // retriableCommit reports whether a commit that failed with err may

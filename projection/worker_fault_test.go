@@ -862,3 +862,51 @@ func TestWorkerIsNotReadyWhileItsTopicsDoNotExist(t *testing.T) {
 		t.Errorf("%d fetch failed lines in 10 s, want at most 2 per partition (the first of each error)", n)
 	}
 }
+
+// TestWorkerSeesItsTopicCreatedAgainSoonAfterItStarts: the worker takes
+// its topics' IDs as it starts, so a topic deleted and created again
+// before its first 15 s check is seen (operator trial: deleted within
+// 15 s of the start, the new topic was taken for the one the worker had
+// read: ready, nothing consumed), and it commits none of the deleted
+// topic's offsets, which by the topic's name would be the new one's and
+// skip its records.
+func TestWorkerSeesItsTopicCreatedAgainSoonAfterItStarts(t *testing.T) {
+	defer projection.SetHighWatermarkEvery(3 * time.Second)()
+	r := newRig(t, rigOptions{partitions: 2})
+	rn := r.start(nil)
+	for i := range 4 {
+		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
+	}
+	waitFor(t, "the records to be applied", func() bool { return r.count("artist_followers") == 4 })
+	ctx := context.Background()
+	adm := kadm.NewClient(r.broker.Client(t))
+	if _, err := adm.DeleteTopics(ctx, r.topic); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(testTimeout); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := adm.CreateTopic(ctx, 2, 1, nil, r.topic)
+		if err == nil {
+			err = resp.Err
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, kerr.TopicAlreadyExists) || time.Now().After(deadline) {
+			t.Fatalf("create topic %s again: %v", r.topic, err)
+		}
+	}
+	waitFor(t, "Ready to say the topic was created again", func() bool {
+		err := rn.w.Ready()
+		return err != nil && strings.Contains(err.Error(), "topics deleted and created again while the worker runs: "+r.topic)
+	})
+	_ = rn.stop(t) // its commits refused: an error
+	offsets, err := adm.FetchOffsets(ctx, r.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == r.topic && o.Err == nil && o.At > 0 {
+			t.Errorf("partition %d of the new topic has offset %d committed, the deleted topic's: its first records would be skipped", o.Partition, o.At)
+		}
+	})
+}
