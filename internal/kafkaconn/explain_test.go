@@ -1,13 +1,16 @@
 package kafkaconn
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -26,6 +29,8 @@ func TestExplainNamesTheCause(t *testing.T) {
 			fmt.Errorf("Authentication failed due to invalid credentials: %w", kerr.SaslAuthenticationFailed)),
 			[]string{"authentication failed", "--kafka-sasl-password"}},
 		{"SASL mechanism not enabled", kerr.UnsupportedSaslMechanism, []string{"authentication failed", "--kafka-sasl-mechanism"}},
+		// Operator trial: SASL to a PLAINTEXT listener read as a mechanism to change.
+		{"SASL to a listener without SASL", kerr.IllegalSaslState, []string{"takes no SASL", "--brokers", "--kafka-sasl-mechanism unset"}},
 		{"group not authorized", fmt.Errorf("join: %w", kerr.GroupAuthorizationFailed), []string{"authorization failed", "ACLs"}},
 		{"unknown CA", fmt.Errorf("dial: %w", x509.UnknownAuthorityError{}), []string{"TLS", "--kafka-tls-ca"}},
 		{"plaintext port", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, []string{"TLS", "--kafka-tls"}},
@@ -61,5 +66,47 @@ func TestClosedHintNamesTheSecuritySettings(t *testing.T) {
 	}
 	if got := ClosedHint(errors.New("boom")); got != "" {
 		t.Errorf("ClosedHint(boom) = %q, want \"\"", got)
+	}
+}
+
+// TestExplainNamesTLSForAPlaintextClientOfATLSListener: a client without
+// TLS that reaches a TLS listener (SSL or SASL_SSL) reads the TLS alert
+// the listener answers with as a response size, and franz-go's error says
+// so; Explain turns it into the flag to set (operator trial: only
+// franz-go's text, no flag named). The listener answers every connection
+// with the alert a Kafka TLS listener sends (fatal, handshake failure).
+func TestExplainNamesTLSForAPlaintextClientOfATLSListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = c.Read(make([]byte, 512))
+				_, _ = c.Write([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28}) // alert record, TLS 1.2: fatal, handshake_failure
+			}()
+		}
+	}()
+	opts, err := Settings{Brokers: ln.Addr().String()}.Opts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = cl.Ping(ctx)
+	if got := Explain(err); !strings.Contains(got, "--kafka-tls") || !strings.Contains(got, "speaks TLS") {
+		t.Errorf("Explain(%v) = %q, want it to say the listener speaks TLS and name --kafka-tls", err, got)
 	}
 }

@@ -163,8 +163,12 @@ func Explain(err error) string {
 		return ""
 	case errors.Is(err, kerr.SaslAuthenticationFailed):
 		return "Kafka authentication failed: the broker refused the SASL user or password (check --kafka-sasl-user, --kafka-sasl-password and --kafka-sasl-mechanism)"
-	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+	case errors.Is(err, kerr.UnsupportedSaslMechanism):
 		return "Kafka authentication failed: the broker does not enable this SASL mechanism (check --kafka-sasl-mechanism)"
+	case errors.Is(err, kerr.IllegalSaslState):
+		// Operator trial: a listener without SASL (PLAINTEXT) answers
+		// this, which read as a mechanism to change.
+		return "Kafka authentication failed: this listener takes no SASL (a PLAINTEXT or SSL listener?): point --brokers at the broker's SASL listener, or leave --kafka-sasl-mechanism unset"
 	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.GroupAuthorizationFailed),
 		errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 		return "Kafka authorization failed: the broker's ACLs do not allow this SASL user the operation"
@@ -172,6 +176,10 @@ func Explain(err error) string {
 		return "another member of the consumer group has joined with this worker's --group-instance-id (GROUP_INSTANCE_ID), so the broker keeps this one out: give each worker its own (a StatefulSet pod's name, never a value shared by a Deployment's replicas), or none"
 	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verifyFail):
 		return "Kafka TLS handshake failed: the broker's certificate is not trusted (check --kafka-tls-ca and --kafka-tls-server-name)"
+	case err != nil && strings.Contains(err.Error(), "plaintext connection speaking to a tls endpoint"):
+		// franz-go's text when a TLS listener answers a plaintext
+		// request with an alert (operator trial: no flag named).
+		return "the broker's listener speaks TLS (SSL or SASL_SSL) and the worker connected without it: set --kafka-tls (with --kafka-tls-ca for a private CA), and the SASL flags for a SASL_SSL listener"
 	case errors.As(err, &recordHdr):
 		return "Kafka TLS handshake failed: the broker does not speak TLS on this port (check --brokers and --kafka-tls)"
 	case errors.As(err, &tlsAlert):
