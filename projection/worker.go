@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/logfold"
 )
 
 // DeadLetterWriter publishes dead letters; *dlq.Writer implements it.
@@ -400,8 +401,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		background.Go(func() { f(fctx) })
 	}
 	defer func() { stop(); background.Wait() }() // after shutdown: the last repeats are written
-	var notJoined repeatedLine
-	fetchFailed := map[int32]*repeatedLine{} // by partition (-1: the client's)
+	var notJoined logfold.Line
+	fetchFailed := map[int32]*logfold.Line{} // by partition (-1: the client's)
 	for {
 		if !w.waitForRoom(ctx) {
 			break
@@ -424,7 +425,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				// franz-go returns the join's error at each poll while it
 				// retries (every few seconds while a broker is down):
 				// written when it changes, else once a minute.
-				if n, ok := notJoined.due(err.Error(), time.Now()); ok {
+				if n, ok := notJoined.Due(err.Error(), time.Now()); ok {
 					attrs := append([]any{"group", w.cfg.Group}, fetchErrorAttrs(topic, p, err)...)
 					if n > 0 {
 						attrs = append(attrs, "repeats", n)
@@ -439,10 +440,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			// created again, 12 000 lines a second).
 			l := fetchFailed[p]
 			if l == nil {
-				l = &repeatedLine{}
+				l = &logfold.Line{}
 				fetchFailed[p] = l
 			}
-			if n, ok := l.due(topic+": "+err.Error(), time.Now()); ok {
+			if n, ok := l.Due(topic+": "+err.Error(), time.Now()); ok {
 				attrs := fetchErrorAttrs(topic, p, err)
 				if n > 0 {
 					attrs = append(attrs, "repeats", n)
@@ -459,32 +460,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.cl.AllowRebalance()
 	}
 	return w.shutdown()
-}
-
-// repeatedLine decides when a log line that repeats is written: when its
-// text changes, or repeatedLineEvery after it was last written.
-type repeatedLine struct {
-	text    string
-	written time.Time
-	n       int // repeats since it was last written
-}
-
-// repeatedLineEvery is how often a line that repeats unchanged is written.
-const repeatedLineEvery = time.Minute
-
-// due reports whether the line text, seen at now, is to be written, and
-// how many times it was seen since it was last written.
-func (l *repeatedLine) due(text string, now time.Time) (int, bool) {
-	if text == l.text && now.Sub(l.written) < repeatedLineEvery {
-		l.n++
-		return 0, false
-	}
-	n := l.n
-	if text != l.text {
-		n = 0
-	}
-	l.text, l.written, l.n = text, now, 0
-	return n, true
 }
 
 // waitForRoom blocks while the queued record bytes are at MaxQueuedBytes

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
@@ -47,5 +48,58 @@ func TestQuietKgoLogsInfoAtDebug(t *testing.T) {
 				t.Errorf("logged:\n%s\nwant:\n%s", got, want)
 			}
 		})
+	}
+}
+
+// TestFoldingKgoWritesARepeatedWarningOnceAMinute: kgo's warnings and
+// errors that repeat, per message and broker, are written when their text
+// changes, else once a minute with repeats (operator trial: 114 WARN
+// `unable to open connection to broker` a minute while the brokers were
+// down); INFO lines all go through.
+func TestFoldingKgoWritesARepeatedWarningOnceAMinute(t *testing.T) {
+	var buf bytes.Buffer
+	h := slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}})
+	f := newFoldingKgo(kslog.New(slog.New(h)))
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	f.now = func() time.Time { return now }
+	refused := []any{"broker", "seed_0", "err", "dial tcp 127.0.0.1:9092: connect: connection refused"}
+	for range 100 { // every 0.5 s for 50 s
+		f.Log(kgo.LogLevelWarn, "unable to open connection to broker", refused...)
+		f.Log(kgo.LogLevelWarn, "unable to open connection to broker", "broker", "1", "err", "dial tcp 127.0.0.2:9092: i/o timeout")
+		f.Log(kgo.LogLevelInfo, "metadata update", "broker", "seed_0")
+		now = now.Add(500 * time.Millisecond)
+	}
+	f.Log(kgo.LogLevelError, "group manage loop errored", "err", "EOF")
+	f.Log(kgo.LogLevelError, "group manage loop errored", "err", "unable to dial") // changed: at once
+	now = now.Add(10 * time.Second)                                                // a minute after the first
+	f.Log(kgo.LogLevelWarn, "unable to open connection to broker", refused...)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	count := func(s string) int {
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, s) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, c := range []struct {
+		text string
+		want int
+	}{
+		{"broker=seed_0 err=\"dial tcp 127.0.0.1:9092", 2},
+		{"broker=1 err=\"dial tcp 127.0.0.2:9092", 1},
+		{"msg=\"metadata update\"", 100},
+		{"msg=\"group manage loop errored\"", 2},
+		{"repeats=99", 1},
+	} {
+		if got := count(c.text); got != c.want {
+			t.Errorf("%d lines with %s, want %d:\n%s", got, c.text, c.want, strings.Join(lines[len(lines)-5:], "\n"))
+		}
 	}
 }

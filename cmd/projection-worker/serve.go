@@ -209,7 +209,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 			log.Warn("telemetry shutdown", "error", err)
 		}
 	}()
-	var klog kgo.Logger = kslog.New(log.With("component", "kgo"))
+	var klog kgo.Logger = newFoldingKgo(kslog.New(log.With("component", "kgo")))
 	if s.quietKgo {
 		klog = quietKgo{klog}
 	}
