@@ -71,3 +71,48 @@ func TestWorkerReadySaysWhyTheGroupIsNotJoined(t *testing.T) {
 		t.Errorf("no ERROR line saying the group is not joined because of GROUP_AUTHORIZATION_FAILED\nlog:\n%s", l)
 	}
 }
+
+// blockingHandler applies an event only once release is closed, whatever
+// its context says, and says on entered that it began.
+type blockingHandler struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *blockingHandler) Name() string                 { return "blocking" }
+func (h *blockingHandler) Handles(eventType string) bool { return eventType == "ARTIST_FOLLOWED" }
+func (h *blockingHandler) Apply(context.Context, projection.DB, *projection.Event) (projection.Outcome, error) {
+	select {
+	case h.entered <- struct{}{}:
+	default:
+	}
+	<-h.release
+	return projection.Applied, nil
+}
+
+// TestWorkerIsNotReadyWhileItShutsDown: once its shutdown begins, Ready
+// says so (operator trial: ready through a 20 s shutdown).
+func TestWorkerIsNotReadyWhileItShutsDown(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	h := &blockingHandler{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	rn := r.start(func(c *projection.Config) { c.CopyMinRows = -1 }, h)
+	r.produce("user-1", []byte(r.follow("user-1", "artist-1", 1)))
+	select {
+	case <-h.entered:
+	case <-time.After(testTimeout):
+		t.Fatal("the event was not applied")
+	}
+	if err := rn.w.Ready(); err != nil {
+		t.Fatalf("Ready() = %v before the shutdown, want nil", err)
+	}
+	rn.cancel()
+	waitFor(t, "Ready to say the worker shuts down", func() bool {
+		err := rn.w.Ready()
+		return err != nil && strings.HasPrefix(err.Error(), "shutting down")
+	})
+	close(h.release)
+	if err := rn.stop(t); err != nil {
+		t.Errorf("Run = %v", err)
+	}
+}

@@ -93,6 +93,8 @@ type Worker struct {
 	// recreatedTopics are those of them whose topic ID changed since
 	// the worker first listed them: deleted and created again.
 	recreatedTopics []string
+	// shuttingDown is set when shutdown starts: Ready says so.
+	shuttingDown bool
 	// topicIDs are the topics' IDs when the worker first listed them.
 	topicIDs map[string]kadm.TopicID
 	wg       sync.WaitGroup // partition goroutines
@@ -209,6 +211,10 @@ func (w *Worker) Client() *kgo.Client { return w.cl }
 func (w *Worker) Ready() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.shuttingDown {
+		// Operator trial: ready through a 20 s shutdown.
+		return errors.New("shutting down: finishing the partitions' batches, committing and leaving the group")
+	}
 	var missing error
 	if len(w.missingTopics) > 0 {
 		missing = missingTopicsError(w.missingTopics)
@@ -220,7 +226,9 @@ func (w *Worker) Ready() error {
 		if w.pollErr != nil {
 			return errors.Join(missing, fmt.Errorf("consumer group not joined: %w", w.pollErr))
 		}
-		return errors.Join(missing, errors.New("consumer group not joined"))
+		// Operator trial: up to 90 s of this, unexplained, while the group
+		// waited for a killed member.
+		return errors.Join(missing, errors.New("consumer group not joined (yet: a join waits for every member of the group, a crashed one until its session times out, --session-timeout)"))
 	}
 	var paused []int32
 	var cause error // the database's last answer to the lowest paused partition
@@ -488,6 +496,7 @@ func (w *Worker) shutdown() error {
 	grace, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownGrace)
 	defer cancel()
 	w.mu.Lock()
+	w.shuttingDown = true
 	all := make([]*partition, 0, len(w.partitions))
 	for p, pc := range w.partitions {
 		all = append(all, pc)
