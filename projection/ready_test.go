@@ -79,7 +79,7 @@ type blockingHandler struct {
 	release chan struct{}
 }
 
-func (h *blockingHandler) Name() string                 { return "blocking" }
+func (h *blockingHandler) Name() string                  { return "blocking" }
 func (h *blockingHandler) Handles(eventType string) bool { return eventType == "ARTIST_FOLLOWED" }
 func (h *blockingHandler) Apply(context.Context, projection.DB, *projection.Event) (projection.Outcome, error) {
 	select {
