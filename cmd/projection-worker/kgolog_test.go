@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -101,5 +102,25 @@ func TestFoldingKgoWritesARepeatedWarningOnceAMinute(t *testing.T) {
 		if got := count(c.text); got != c.want {
 			t.Errorf("%d lines with %s, want %d:\n%s", got, c.text, c.want, strings.Join(lines[len(lines)-5:], "\n"))
 		}
+	}
+}
+
+// TestOpenTelemetryErrorsAreFolded: OpenTelemetry's errors that repeat
+// (an export to a collector that cannot be reached, every 5 s) are
+// written when their text changes, else once a minute with repeats
+// (tracing trial: two ERROR lines every 5 s).
+func TestOpenTelemetryErrorsAreFolded(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	h := foldedErrorHandler(slog.New(slog.NewTextHandler(&buf, nil)), func() time.Time { return now })
+	refused := errors.New("failed to upload traces: dial tcp 127.0.0.1:4318: connect: connection refused")
+	for range 24 { // every 5 s for 2 minutes
+		h.Handle(refused)
+		now = now.Add(5 * time.Second)
+	}
+	h.Handle(errors.New("failed to upload metrics: 404 Not Found"))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[1], "repeats=11") || !strings.Contains(lines[2], "404") {
+		t.Errorf("logged:\n%s\nwant the refusal at once and a minute later with repeats=11, then the new error", buf.String())
 	}
 }

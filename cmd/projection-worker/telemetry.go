@@ -12,11 +12,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/causet/projection-worker/internal/flagenv"
+	"github.com/causet/projection-worker/internal/logfold"
 	"github.com/causet/projection-worker/projection"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
@@ -91,9 +93,7 @@ type telemetryConfig struct {
 // own errors and logs (an exporter that cannot reach its endpoint) go to
 // cfg.log.
 func newTelemetry(ctx context.Context, cfg telemetryConfig) (*telemetry, error) {
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		cfg.log.Error("opentelemetry", "error", err)
-	}))
+	otel.SetErrorHandler(foldedErrorHandler(cfg.log, time.Now))
 	otel.SetLogger(logr.FromSlogHandler(cfg.log.With("component", "opentelemetry").Handler()))
 	res, err := resource.New(ctx,
 		resource.WithTelemetrySDK(),
@@ -281,6 +281,30 @@ func (h traceContextHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h traceContextHandler) WithGroup(name string) slog.Handler {
 	return traceContextHandler{h.Handler.WithGroup(name)}
+}
+
+// foldedErrorHandler logs OpenTelemetry's errors as ERROR lines
+// `msg=opentelemetry`, an error that repeats when its text changes, else
+// once a minute with repeats (logfold), as the Kafka client's lines are: a
+// collector that cannot be reached made two ERROR lines every 5 s
+// (tracing trial).
+func foldedErrorHandler(log *slog.Logger, now func() time.Time) otel.ErrorHandler {
+	var (
+		mu   sync.Mutex
+		fold logfold.Line
+	)
+	return otel.ErrorHandlerFunc(func(err error) {
+		mu.Lock()
+		repeats, write := fold.Due(err.Error(), now())
+		mu.Unlock()
+		switch {
+		case !write:
+		case repeats > 0:
+			log.Error("opentelemetry", "error", err, "repeats", repeats)
+		default:
+			log.Error("opentelemetry", "error", err)
+		}
+	})
 }
 
 // traceSamplers are the values of OTEL_TRACES_SAMPLER the Go SDK
