@@ -67,6 +67,9 @@ type settings struct {
 
 	// quietKgo logs kgo's INFO lines at DEBUG (dev; no flag).
 	quietKgo bool
+	// embedded is set on the embedded stack (dev; no flag), whose topics
+	// are new every run.
+	embedded bool
 
 	// run and migrate
 	tenantSchemaPattern string

@@ -120,3 +120,23 @@ func metricLine(exposition, name string) string {
 	}
 	return ""
 }
+
+// TestRunWarnsWhenItCreatesTheEventsTopic: a worker that creates its
+// events topic (--create-topics, the default) warns that nothing was
+// produced to it and names --topic (operator trial: a typo in --topic made
+// a new, empty topic with an INFO line and a ready worker reading
+// nothing); the other topics it creates are INFO lines.
+func TestRunWarnsWhenItCreatesTheEventsTopic(t *testing.T) {
+	t.Parallel()
+	b := kafkatest.New(t)
+	events, dlqTopic := kafkatest.TopicName(t, "events-typo"), kafkatest.TopicName(t, "dlq")
+	w := startRun(t, "--brokers", strings.Join(b.Addrs, ","), "--database-url", pgtest.URL(t),
+		"--projections", exampleProjections, "--topic", events, "--dlq-topic", dlqTopic,
+		"--ledger-topic", kafkatest.TopicName(t, "ledger"))
+	w.waitFor(t, "the events topic's creation to be said", 30*time.Second, func() bool {
+		return w.logged(`level=WARN msg="events topic created: it did not exist`) && w.logged("fix --topic (EVENTS_TOPIC)")
+	})
+	if !w.logged(`level=INFO msg="topic created" topic=` + dlqTopic) {
+		t.Errorf("no INFO line for the dead-letter topic created\nstderr:\n%s", w.stderr.String())
+	}
+}

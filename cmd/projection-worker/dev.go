@@ -102,6 +102,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	s.databaseURL = stack.DatabaseURL
 	s.topic, s.dlqTopic, s.ledgerTopic, s.partitions = projection.DefaultEventsTopic, dlq.DefaultTopic, dlq.DefaultLedgerTopic, 3
 	s.quietKgo = true // the client's group-join steps at --log-level debug only
+	s.embedded = true
 
 	pool, err := newPool(ctx, s.databaseURL, 2)
 	if err != nil {

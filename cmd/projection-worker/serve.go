@@ -500,6 +500,12 @@ func checkTopics(ctx context.Context, s *settings, cl *kgo.Client, cfg dlq.Topic
 		return rep, topicsError(err)
 	}
 	for _, t := range rep.Created {
+		if t == cfg.EventsTopic && !s.embedded {
+			// Operator trial: a typo in --topic made a new, empty topic
+			// with an INFO line, and a ready worker reading nothing.
+			log.Warn("events topic created: it did not exist, so nothing was produced to it yet; if the producers write to another topic, fix --topic (EVENTS_TOPIC)", "topic", t)
+			continue
+		}
 		log.Info("topic created", "topic", t)
 	}
 	var needed []string
