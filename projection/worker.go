@@ -792,10 +792,11 @@ func (w *Worker) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int3
 	w.joined = false
 	w.mu.Unlock()
 	w.stop(lost[w.cfg.Topic])
-	if len(lost[w.cfg.Topic]) == 0 {
+	if len(lost[w.cfg.Topic]) == 0 || w.left.Load() {
 		// A session lost with nothing assigned (the brokers were down
 		// while it joined): nothing stopped, nothing to say (operator
-		// trial: a WARN with an empty list every few seconds).
+		// trial: a WARN with an empty list every few seconds). Nor after
+		// the worker left the group by itself at shutdown (leaveDirect).
 		return
 	}
 	w.log.Warn("partitions lost", "topic", w.cfg.Topic, "partitions", append([]int32{}, lost[w.cfg.Topic]...))
