@@ -14,6 +14,7 @@ import (
 
 	"github.com/causet/projection-worker/internal/kafkatest"
 	"github.com/causet/projection-worker/internal/pgtest"
+	"github.com/causet/projection-worker/internal/testtool"
 )
 
 // TestRunWarnsAtStartWhenTheDatabaseIsUnreachable (issue 12): a database
@@ -221,25 +222,15 @@ func TestWatchDatabaseSaysWhenTheDatabaseAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				pg, err := net.Dial("tcp", target.Host)
-				if err != nil {
-					return
-				}
-				defer pg.Close()
-				go func() { _, _ = io.Copy(pg, c) }()
-				_, _ = io.Copy(c, pg)
-			}()
+	testtool.Serve(t, ln, func(c net.Conn) {
+		pg, err := net.Dial("tcp", target.Host)
+		if err != nil {
+			return
 		}
-	}()
+		defer pg.Close()
+		go func() { _, _ = io.Copy(pg, c) }()
+		_, _ = io.Copy(c, pg)
+	})
 	select {
 	case <-done:
 	case <-ctx.Done():

@@ -14,6 +14,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/causet/projection-worker/internal/testtool"
 )
 
 // TestExplainNamesTheCause: a Kafka error that comes from the connection
@@ -80,20 +82,10 @@ func TestExplainNamesTLSForAPlaintextClientOfATLSListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = c.Read(make([]byte, 512))
-				_, _ = c.Write([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28}) // alert record, TLS 1.2: fatal, handshake_failure
-			}()
-		}
-	}()
+	testtool.Serve(t, ln, func(c net.Conn) {
+		_, _ = c.Read(make([]byte, 512))
+		_, _ = c.Write([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28}) // alert record, TLS 1.2: fatal, handshake_failure
+	})
 	opts, err := Settings{Brokers: ln.Addr().String()}.Opts()
 	if err != nil {
 		t.Fatal(err)

@@ -1,8 +1,9 @@
 // Package testtool finds the command-line tools tests run (kcat, jq,
-// promtool, buildah, make).
+// promtool, buildah, make), and serves test connections (Serve).
 package testtool
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -23,4 +24,23 @@ func Require(t testing.TB, name string) string {
 	}
 	t.Skipf("%s not on PATH (sudo bash scripts/install-deps.sh installs it; with CI=true this fails): %v", name, err)
 	return ""
+}
+
+// Serve accepts the connections of ln until it is closed, each handed to
+// handle on a goroutine of its own and closed when handle returns; ln is
+// closed when t ends.
+func Serve(t testing.TB, ln net.Listener, handle func(net.Conn)) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
 }
