@@ -335,10 +335,12 @@ func checkOTelEnv() error {
 		}
 	}
 	if v := os.Getenv("OTEL_RESOURCE_ATTRIBUTES"); v != "" {
-		for _, kv := range strings.Split(v, ",") {
+		pairs := strings.Split(v, ",")
+		for i, kv := range pairs {
 			k, value, ok := strings.Cut(kv, "=")
 			if !ok || strings.TrimSpace(k) == "" {
-				return flagenv.Usagef("OTEL_RESOURCE_ATTRIBUTES: %q is not key=value (want comma-separated key=value pairs)", kv)
+				// Its place, not its text, which may hold a value.
+				return flagenv.Usagef("OTEL_RESOURCE_ATTRIBUTES: pair %d of %d is not key=value (want comma-separated key=value pairs)", i+1, len(pairs))
 			}
 			// The SDK percent-decodes values, and keeps one it cannot
 			// decode as it is, with an ERROR line that names no variable.
@@ -371,18 +373,34 @@ func checkOTelEnv() error {
 			return flagenv.Usagef("%s: not a URL (not printed here: it may hold a password); want an http:// or https:// URL with a host, such as http://otel-collector:4318", k)
 		}
 		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, u.Redacted())
+			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, endpointText(u, ""))
 		}
 		// A signal's own endpoint is used as given, path and all (the
 		// OTLP exporter specification); the paths are added to
 		// OTEL_EXPORTER_OTLP_ENDPOINT only.
 		if signal, ok := strings.CutPrefix(k, "OTEL_EXPORTER_OTLP_"); ok && signal != "ENDPOINT" && strings.Trim(u.Path, "/") == "" {
 			path := "/v1/" + strings.ToLower(strings.TrimSuffix(signal, "_ENDPOINT"))
-			return flagenv.Usagef("%s %q has no path: a signal's own endpoint is used as given (the OTLP specification), so its requests would go to /; add the collector's path, such as %s%s, or set OTEL_EXPORTER_OTLP_ENDPOINT instead, to which %s is added",
-				k, u.Redacted(), strings.TrimSuffix(u.Redacted(), "/"), path, path)
+			return flagenv.Usagef("%s %q has no path: a signal's own endpoint is used as given (the OTLP specification), so its requests would go to /; add the collector's path, such as %s, or set OTEL_EXPORTER_OTLP_ENDPOINT instead, to which %s is added",
+				k, endpointText(u, ""), endpointText(u, path), path)
 		}
 	}
 	return nil
+}
+
+// endpointText is endpoint u as an error shows it: its password and query
+// (where a token may be) and fragment replaced, its path path when not "".
+// Fresh-user trial: a token in the query was printed, twice, and the path
+// suggested after it.
+func endpointText(u *url.URL, path string) string {
+	c := *u
+	if path != "" {
+		c.Path, c.RawPath = path, ""
+	}
+	if c.RawQuery != "" || c.ForceQuery {
+		c.RawQuery, c.ForceQuery = "xxxxx", false
+	}
+	c.Fragment, c.RawFragment = "", ""
+	return c.Redacted()
 }
 
 // otelIntegers are the SDK's variables that take a whole number (of
