@@ -484,9 +484,10 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://otel-collector:4318/"}, says: "/v1/metrics"},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://user:SECRETPW@x:99"}, hides: "SECRETPW"},
 		// Fresh-user trial: the query's token printed twice, the path
-		// suggested after it.
-		{flag: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://otel:4318?token=QueryTok5"}, says: "http://otel:4318/v1/traces?xxxxx", hides: "QueryTok5"},
+		// suggested after it; a query the exporter drops.
+		{flag: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://otel:4318?token=QueryTok5"}, says: "drops a URL's query", hides: "QueryTok5"},
 		{flag: "OTEL_RESOURCE_ATTRIBUTES", env: []string{"OTEL_RESOURCE_ATTRIBUTES", "team=a,secret:ResSecret1"}, says: "pair 2 of 2", hides: "ResSecret1"},
+		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318/?api_key=QueryTok6"}, says: "drops a URL's query", hides: "QueryTok6"},
 		// Tracing trial: logged at ERROR and ignored by the SDK.
 		{flag: "OTEL_EXPORTER_OTLP_TIMEOUT", env: []string{"OTEL_EXPORTER_OTLP_TIMEOUT", "abc"}},
 		{flag: "OTEL_METRIC_EXPORT_INTERVAL", env: []string{"OTEL_METRIC_EXPORT_INTERVAL", "5s"}, says: "milliseconds"},

@@ -375,6 +375,10 @@ func checkOTelEnv() error {
 		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, endpointText(u, ""))
 		}
+		if u.RawQuery != "" || u.ForceQuery {
+			// Fresh-user trial: accepted, and dropped from the export's URL.
+			return flagenv.Usagef("%s %q: the OTLP exporter drops a URL's query; send a token as a header instead (OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%%20<token>)", k, endpointText(u, ""))
+		}
 		// A signal's own endpoint is used as given, path and all (the
 		// OTLP exporter specification); the paths are added to
 		// OTEL_EXPORTER_OTLP_ENDPOINT only.
