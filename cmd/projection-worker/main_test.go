@@ -488,6 +488,14 @@ func TestRunRejectsBadSettingsBeforeConnecting(t *testing.T) {
 		{flag: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://otel:4318?token=QueryTok5"}, says: "drops a URL's query", hides: "QueryTok5"},
 		{flag: "OTEL_RESOURCE_ATTRIBUTES", env: []string{"OTEL_RESOURCE_ATTRIBUTES", "team=a,secret:ResSecret1"}, says: "pair 2 of 2", hides: "ResSecret1"},
 		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318/?api_key=QueryTok6"}, says: "drops a URL's query", hides: "QueryTok6"},
+		// Second fresh-user trial: each started, and the setting failed or
+		// was left out at run time.
+		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://USERSECRET:PW7@otel:4318"}, says: "sends no user or password", hides: "USERSECRET"},
+		{flag: "OTEL_EXPORTER_OTLP_HEADERS", env: []string{"OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20TOK8%0d%0aX-Evil=1"}, says: "control character", hides: "TOK8"},
+		{flag: "OTEL_METRIC_EXPORT_INTERVAL", env: []string{"OTEL_METRIC_EXPORT_INTERVAL", "0"}, says: "above 0"},
+		{flag: "OTEL_BSP_SCHEDULE_DELAY", env: []string{"OTEL_BSP_SCHEDULE_DELAY", " 500"}},
+		{flag: "OTEL_EXPORTER_OTLP_ENDPOINT", env: []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:99999"}, says: "not a TCP port"},
+		{flag: "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", env: []string{"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "abc"}, says: "below 0: no limit"},
 		// Tracing trial: logged at ERROR and ignored by the SDK.
 		{flag: "OTEL_EXPORTER_OTLP_TIMEOUT", env: []string{"OTEL_EXPORTER_OTLP_TIMEOUT", "abc"}},
 		{flag: "OTEL_METRIC_EXPORT_INTERVAL", env: []string{"OTEL_METRIC_EXPORT_INTERVAL", "5s"}, says: "milliseconds"},

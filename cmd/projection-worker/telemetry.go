@@ -375,9 +375,17 @@ func checkOTelEnv() error {
 		if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 			return flagenv.Usagef("%s %q: want an http:// or https:// URL with a host, such as http://otel-collector:4318", k, endpointText(u, ""))
 		}
-		if u.RawQuery != "" || u.ForceQuery {
-			// Fresh-user trial: accepted, and dropped from the export's URL.
+		// Fresh-user trials: accepted, and left out of the exports.
+		if u.RawQuery != "" {
 			return flagenv.Usagef("%s %q: the OTLP exporter drops a URL's query; send a token as a header instead (OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%%20<token>)", k, endpointText(u, ""))
+		}
+		if u.User != nil {
+			return flagenv.Usagef("%s %q: the OTLP exporter sends no user or password from the URL; send them as a header instead (OTEL_EXPORTER_OTLP_HEADERS=Authorization=Basic%%20<base64 of user:password>)", k, endpointText(u, ""))
+		}
+		if p := u.Port(); p != "" {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				return flagenv.Usagef("%s %q: port %s is not a TCP port (1 to 65535)", k, endpointText(u, ""), p)
+			}
 		}
 		// A signal's own endpoint is used as given, path and all (the
 		// OTLP exporter specification); the paths are added to
@@ -391,8 +399,9 @@ func checkOTelEnv() error {
 	return nil
 }
 
-// endpointText is endpoint u as an error shows it: its password and query
-// (where a token may be) and fragment replaced, its path path when not "".
+// endpointText is endpoint u as an error shows it: without its user and
+// password, its query (where a token may be) replaced and its fragment
+// left out, its path path when not "".
 // Fresh-user trial: a token in the query was printed, twice, and the path
 // suggested after it.
 func endpointText(u *url.URL, path string) string {
@@ -400,11 +409,12 @@ func endpointText(u *url.URL, path string) string {
 	if path != "" {
 		c.Path, c.RawPath = path, ""
 	}
-	if c.RawQuery != "" || c.ForceQuery {
-		c.RawQuery, c.ForceQuery = "xxxxx", false
+	if c.RawQuery != "" {
+		c.RawQuery = "xxxxx"
 	}
+	c.User = nil
 	c.Fragment, c.RawFragment = "", ""
-	return c.Redacted()
+	return c.String()
 }
 
 // otelIntegers are the SDK's variables that take a whole number (of
@@ -420,16 +430,35 @@ var otelIntegers = []string{
 	"OTEL_SPAN_LINK_COUNT_LIMIT", "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
 }
 
+// otelTime reports whether otelIntegers' variable k is a time in
+// milliseconds (a timeout, interval or delay).
+func otelTime(k string) bool {
+	return strings.HasSuffix(k, "_TIMEOUT") || strings.HasSuffix(k, "_INTERVAL") || strings.HasSuffix(k, "_DELAY")
+}
+
 // checkOTelSettings checks the SDK's other variables that it would log
 // about and ignore at run time: otelIntegers, the OTLP compression (gzip
 // or none) and the OTLP certificate and key files (readable).
 func checkOTelSettings() error {
 	for _, k := range otelIntegers {
-		if v := os.Getenv(k); v != "" {
-			// A limit below 0 is no limit, to the SDK.
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err != nil || n < 0 && !strings.HasSuffix(k, "_LIMIT") {
-				return flagenv.Usagef("%s %q: want a whole number of at least 0 (milliseconds for a timeout, interval or delay)", k, v)
+		v := os.Getenv(k)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v) // as the SDK reads it: no spaces
+		switch {
+		case otelTime(k):
+			// The SDK refuses 0 too (a non-positive duration, logged and
+			// ignored: second fresh-user trial).
+			if err != nil || n <= 0 {
+				return flagenv.Usagef("%s %q: want a whole number of milliseconds above 0", k, v)
 			}
+		case strings.HasSuffix(k, "_LIMIT"): // below 0 is no limit, to the SDK
+			if err != nil {
+				return flagenv.Usagef("%s %q: want a whole number (below 0: no limit)", k, v)
+			}
+		case err != nil || n <= 0:
+			return flagenv.Usagef("%s %q: want a whole number above 0", k, v)
 		}
 	}
 	for _, signal := range []string{"", "TRACES_", "METRICS_"} {
@@ -472,8 +501,14 @@ func checkOTLPHeaders() error {
 			case !ok || !httpguts.ValidHeaderFieldName(name):
 				return flagenv.Usagef("%s: header %d of %d is not name=value with an HTTP header name before the = (want comma-separated pairs, such as Authorization=Bearer%%20<token>; a colon in place of the = is a usual slip; the value is not printed here)", k, i+1, len(pairs))
 			default:
-				if _, err := url.PathUnescape(value); err != nil {
+				decoded, err := url.PathUnescape(value)
+				if err != nil {
 					return flagenv.Usagef("%s: the value of header %d of %d (%s) has a %% not followed by two hexadecimal digits (values are percent-decoded: write %% as %%25; the value is not printed here)", k, i+1, len(pairs), name)
+				}
+				// Second fresh-user trial: %0d%0a passed, and every
+				// export then failed.
+				if !httpguts.ValidHeaderFieldValue(strings.TrimSpace(decoded)) {
+					return flagenv.Usagef("%s: the value of header %d of %d (%s), percent-decoded, holds a control character, which no HTTP header may (the value is not printed here)", k, i+1, len(pairs), name)
 				}
 			}
 		}
