@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/metrictest"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -220,21 +221,7 @@ func TestDeadLettersOfRefusedTenantsTakeNoTenantLabel(t *testing.T) {
 	for _, tenant := range []string{"pg_x1", "public", "other_corp", "Acme", "acme_one", "pg_x2", "acme_two"} {
 		pc.w.deadLettered(ctx, dlq.DeadLetter{Source: &kgo.Record{}, Projection: "p", TenantSchema: tenant, Class: retry.Permanent, Err: errors.New("boom")})
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, md := range sm.Metrics {
-			if d, ok := md.Data.(metricdata.Sum[int64]); ok && md.Name == "causet.projection.dead_lettered" {
-				for _, p := range d.DataPoints {
-					v, _ := p.Attributes.Value("tenant_schema")
-					got[v.AsString()] += p.Value
-				}
-			}
-		}
-	}
+	got := metrictest.SumBy(t, reader, "causet.projection.dead_lettered", "tenant_schema")
 	if diff := cmp.Diff(map[string]int64{"": 5, "acme_one": 1, "acme_two": 1}, got); diff != "" {
 		t.Errorf("dead letters by tenant_schema (-want +got):\n%s", diff)
 	}

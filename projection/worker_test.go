@@ -28,6 +28,7 @@ import (
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/jqcheck"
 	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/internal/metrictest"
 	"github.com/causet/projection-worker/internal/otlptest"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/projection"
@@ -754,21 +755,7 @@ func TestWorkerCountsReplaysToProjectionsItDoesNotHaveUnderOneLabel(t *testing.T
 			t.Errorf("no dead letter names projection %.20q (got %d names)", name, len(got))
 		}
 	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	byProjection := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, md := range sm.Metrics {
-			if d, ok := md.Data.(metricdata.Sum[int64]); ok && md.Name == "causet.projection.dead_lettered" {
-				for _, p := range d.DataPoints {
-					v, _ := p.Attributes.Value("projection")
-					byProjection[v.AsString()] += p.Value
-				}
-			}
-		}
-	}
+	byProjection := metrictest.SumBy(t, reader, "causet.projection.dead_lettered", "projection")
 	if want := map[string]int64{projection.OtherProjections: int64(len(names)), "artist_ratings": 1}; !maps.Equal(byProjection, want) {
 		t.Errorf("causet.projection.dead_lettered by projection = %v, want %v", byProjection, want)
 	}

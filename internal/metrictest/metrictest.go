@@ -1,0 +1,35 @@
+// Package metrictest reads the metrics a test's manual reader holds.
+package metrictest
+
+import (
+	"context"
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// SumBy collects r and returns the int64 sum metric name's values added up
+// by the value of attribute key of each data point ("" where a point has
+// none). It fails t when the collection fails.
+func SumBy(t testing.TB, r sdkmetric.Reader, name, key string) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			if d, ok := md.Data.(metricdata.Sum[int64]); ok && md.Name == name {
+				for _, p := range d.DataPoints {
+					v, _ := p.Attributes.Value(attribute.Key(key))
+					sums[v.AsString()] += p.Value
+				}
+			}
+		}
+	}
+	return sums
+}
