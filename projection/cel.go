@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"regexp"
 	"slices"
 	"strconv"
@@ -151,7 +152,7 @@ func compileDerive(expr string) (*derivePrg, error) {
 		// A value no column takes (a map of int keys, bytes in a list): the
 		// same for every event too (new-user trial: derive "{1: 'a'}"
 		// into jsonb was taken, and every event dead-lettered).
-		if d.value, err = fromCEL(out); err != nil {
+		if d.value, err = fromCEL(out, nil); err != nil {
 			return nil, fmt.Errorf("%s reads no event field and gives a value no column takes: %v: every event would be dead-lettered", quoteExpr(expr), err)
 		}
 	}
@@ -496,11 +497,15 @@ func evalDerive(prg *derivePrg, vars *deriveActivation) (any, error) {
 		}
 		return nil, err
 	}
-	return fromCEL(out)
+	return fromCEL(out, vars.ev)
 }
 
-// fromCEL converts a CEL result to an event tree value.
-func fromCEL(v ref.Val) (any, error) {
+// fromCEL converts a CEL result of a derive over ev (nil: one that reads
+// no event field) to an event tree value. A double is written as its
+// shortest text, or, when it is the double CEL read an event's number as
+// and that number is not the double exactly, as that number's text
+// (passedThrough).
+func fromCEL(v ref.Val, ev *Event) (any, error) {
 	switch x := v.(type) {
 	case *types.Err: // an element of a list or map: a number beyond range
 		return nil, x
@@ -510,7 +515,7 @@ func fromCEL(v ref.Val) (any, error) {
 		if !x.HasValue() {
 			return nil, nil
 		}
-		return fromCEL(x.GetValue())
+		return fromCEL(x.GetValue(), ev)
 	case types.Bool:
 		return bool(x), nil
 	case types.String:
@@ -529,6 +534,9 @@ func fromCEL(v ref.Val) (any, error) {
 		case math.IsInf(f, -1):
 			return "-Infinity", nil
 		}
+		if n, err := passedThrough(ev, f); n != "" || err != nil {
+			return json.Number(n), err
+		}
 		return json.Number(strconv.FormatFloat(f, 'g', -1, 64)), nil
 	case types.Timestamp:
 		return x.Time.UTC(), nil
@@ -539,7 +547,7 @@ func fromCEL(v ref.Val) (any, error) {
 		}
 		l := make([]any, 0, int(n))
 		for i := types.Int(0); i < n; i++ {
-			e, err := fromCEL(x.Get(i))
+			e, err := fromCEL(x.Get(i), ev)
 			if err != nil {
 				return nil, err
 			}
@@ -554,7 +562,7 @@ func fromCEL(v ref.Val) (any, error) {
 			if !ok {
 				return nil, fmt.Errorf("map key %v is %s, not a string", k, article(celTypeWord(k.Type().TypeName())))
 			}
-			e, err := fromCEL(x.Get(k))
+			e, err := fromCEL(x.Get(k), ev)
 			if err != nil {
 				return nil, err
 			}
@@ -563,6 +571,78 @@ func fromCEL(v ref.Val) (any, error) {
 		return m, nil
 	}
 	return nil, fmt.Errorf("result of type %s cannot be stored", celTypeWord(v.Type().TypeName()))
+}
+
+// passedThrough returns the text of ev's number that CEL read as the
+// double f when f's text is not that number (readInexactly): an integer
+// beyond int64 (12345678901234567890, read as 1.2345678901234567e+19) or
+// one with more significant digits than a double holds
+// (123456789.123456789123). So a
+// derive that passes such a number through (`has(payload.x) ? payload.x :
+// dyn(null)`, an object into jsonb) stores it as sent, as a from path
+// does: SPEC §3, numbers are never round-tripped through float64 (trial:
+// a numeric column stored 12345678901234567000). It returns "" when no
+// number of ev is read inexactly as f (f computed, or read exactly), and
+// an error when two numbers of different values are: which one the result
+// is cannot be told.
+func passedThrough(ev *Event, f float64) (string, error) {
+	if ev == nil || ev.tree == nil {
+		return "", nil
+	}
+	t, text := ev.tree, ""
+	for i := range t.Nodes {
+		if t.Nodes[i].Kind != jsonstrict.NumberNode {
+			continue
+		}
+		s := t.Text(int32(i))
+		if !readInexactly(s, f) {
+			continue
+		}
+		if text != "" && !sameNumber(text, s) {
+			return "", fmt.Errorf("result %s: the event's numbers %s and %s both read as this CEL double, which holds neither exactly, so which one it is cannot be told (read the number with from, or as a string)",
+				strconv.FormatFloat(f, 'g', -1, 64), shortenValue(text), shortenValue(s))
+		}
+		if text == "" {
+			text = s
+		}
+	}
+	return text, nil
+}
+
+// readInexactly reports whether CEL reads the JSON number s as the double
+// f (numberValue: not an integer that fits int64) and f's shortest text,
+// which fromCEL writes, is not s's value: 18446744073709551616 (2⁶⁴) is a
+// double, but its text 1.8446744073709552e+19 is another number. A number
+// of at most 15 significant digits is never read inexactly: its double's
+// shortest text has its value (DBL_DIG).
+func readInexactly(s string, f float64) bool {
+	digits, leading := 0, true
+	for i := 0; i < len(s) && s[i] != 'e' && s[i] != 'E'; i++ {
+		switch c := s[i]; {
+		case c == '0' && leading:
+		case c >= '0' && c <= '9':
+			leading = false
+			digits++
+		}
+	}
+	if digits <= 15 {
+		return false
+	}
+	if _, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return false // an int
+	}
+	if g, err := strconv.ParseFloat(s, 64); err != nil || g != f {
+		return false
+	}
+	return !sameNumber(s, strconv.FormatFloat(f, 'g', -1, 64))
+}
+
+// sameNumber reports whether the JSON numbers a and b have one value
+// (1e20 and 100000000000000000000).
+func sameNumber(a, b string) bool {
+	x, okx := new(big.Rat).SetString(a)
+	y, oky := new(big.Rat).SetString(b)
+	return okx && oky && x.Cmp(y) == 0
 }
 
 // celTypeWord is a CEL type name as the docs call it: "duration" and

@@ -699,6 +699,11 @@ func TestEvalDerive(t *testing.T) {
 		"payload": map[string]any{
 			"i": json.Number("7"), "f": json.Number("2.5"), "huge": json.Number("18446744073709551616"),
 			"s": "x", "b": true, "n": nil, "l": []any{json.Number("1"), "a"},
+			// More digits than a double holds (definitions trial: a
+			// derive passing them through stored them rounded).
+			"long": json.Number("123456789.123456789123"),
+			"obj":  map[string]any{"a": json.Number("12345678901234567890"), "l": []any{json.Number("-1.00000000000000000001")}},
+			"same": json.Number("1.8446744073709551616e19"), // huge, spelt another way
 		},
 	})
 	tests := []struct {
@@ -709,7 +714,16 @@ func TestEvalDerive(t *testing.T) {
 		{"payload.i / 2", json.Number("3"), ""},
 		{"payload.f * 2.0", json.Number("5"), ""},
 		{"payload.i + payload.f", nil, "no such overload"},
-		{"payload.huge", json.Number("1.8446744073709552e+19"), ""},
+		// A number a double does not hold exactly, passed through, is
+		// written as sent; computed with, it is a double.
+		{"payload.huge", json.Number("18446744073709551616"), ""},
+		{"has(payload.huge) ? payload.huge : dyn(null)", json.Number("18446744073709551616"), ""},
+		{"payload.long", json.Number("123456789.123456789123"), ""},
+		{"payload.obj", map[string]any{"a": json.Number("12345678901234567890"), "l": []any{json.Number("-1.00000000000000000001")}}, ""},
+		{"[payload.obj.a, payload.long * 2.0]", []any{json.Number("12345678901234567890"), json.Number("2.4691357824691358e+08")}, ""},
+		{"payload.huge * 2.0", json.Number("3.6893488147419103e+19"), ""},
+		{"double(payload.i) * 2.5", json.Number("17.5"), ""},
+		{"double(event.sequenceNumber)", json.Number("9.007199254740992e+15"), ""}, // an int made a double: docs/events.md
 		{"payload.i / 0", nil, "division by zero"},
 		{"payload.missing", nil, "no such key: missing"},
 		{"payload.?missing.orValue(null)", nil, ""},

@@ -520,3 +520,56 @@ func TestDeriveErrorQuotesALongExpressionShort(t *testing.T) {
 		t.Errorf("ParseDefinitions error = %v, want the expression's start and length", err)
 	}
 }
+
+// TestDerivePassesNumbersThroughAsSent checks that a number a CEL double
+// does not hold, passed through a derive, is planned as the event sent it
+// (definitions trial: numeric, jsonb and text columns stored it rounded,
+// and a bigint's error quoted the double), as a from path plans it; and
+// that when two numbers of the event read as the one double, the pair
+// fails rather than guess.
+func TestDerivePassesNumbersThroughAsSent(t *testing.T) {
+	const payload = `{"n":12345678901234567890,"d":123456789.123456789123,"o":{"a":2e-1,"b":[18446744073709551616]},"big":9223372036854775808}`
+	tests := []struct {
+		column, want, wantErr string
+	}{
+		{`v: { type: numeric, derive: "has(payload.n) ? payload.n : dyn(null)" }`, "12345678901234567890", ""},
+		{`v: { type: numeric, derive: "payload.?d.orValue(dyn(null))" }`, "123456789.123456789123", ""},
+		{`v: { type: text, derive: "payload.n" }`, "12345678901234567890", ""},
+		{`v: { type: jsonb, derive: "payload.o" }`, `{"a":0.2,"b":[18446744073709551616]}`, ""}, // 2e-1 is a double that is its value
+		{`v: { type: jsonb, derive: "[payload.n, payload.d]" }`, `[12345678901234567890,123456789.123456789123]`, ""},
+		{`v: { type: numeric, derive: "payload.n * 2.0" }`, "2.4691357802469134e+19", ""}, // computed: a double
+		{`v: { type: bigint, derive: "payload.big" }`, "", `value "9223372036854775808" is out of range for type bigint`},
+	}
+	for _, tt := range tests {
+		p := inlineProjection(t, tt.column)
+		st, err := p.Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, payload))
+		if tt.wantErr != "" {
+			if err == nil || !strings.HasSuffix(err.Error(), tt.wantErr) {
+				t.Errorf("%s: Plan = %v, %v; want an error ending %q", tt.column, st.Args, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: Plan: %v", tt.column, err)
+			continue
+		}
+		if got := st.Args[1]; got != tt.want {
+			t.Errorf("%s: planned %v, want %q", tt.column, got, tt.want)
+		}
+	}
+
+	p := inlineProjection(t, `v: { type: numeric, derive: "payload.a" }`)
+	for _, c := range []struct{ payload, want, wantErr string }{
+		// One value spelt twice is not two numbers.
+		{`{"a":12345678901234567890,"b":1.2345678901234567890e19}`, "12345678901234567890", ""},
+		{`{"a":12345678901234567890,"b":12345678901234567891}`, "", "the event's numbers 12345678901234567890 and 12345678901234567891 both read as this CEL double"},
+	} {
+		st, err := p.Plan(tblEvent(t, "tenant_a", "E", 7, 1719331200000, c.payload))
+		switch {
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr) || !retry.IsPermanent(err)):
+			t.Errorf("%s: Plan = %v, %v; want a permanent error containing %q", c.payload, st.Args, err, c.wantErr)
+		case c.wantErr == "" && (err != nil || st.Args[1] != c.want):
+			t.Errorf("%s: Plan = %v, %v; want %q", c.payload, st.Args, err, c.want)
+		}
+	}
+}
