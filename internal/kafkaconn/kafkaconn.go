@@ -65,9 +65,14 @@ func (s *Settings) Register(fs *flagenv.Set) {
 // naming the flag to fix.
 func (s Settings) Opts() ([]kgo.Opt, error) {
 	var brokers []string
-	for _, b := range strings.Split(s.Brokers, ",") {
+	for i, b := range strings.Split(s.Brokers, ",") {
 		if b = strings.TrimSpace(b); b == "" {
 			continue
+		}
+		if strings.Contains(b, "@") {
+			// Not echoed: user:password@host (replayer trial: a Job's log
+			// kept the password).
+			return nil, flagenv.Usagef("--brokers (KAFKA_BROKERS): entry %d holds \"@\", so it is not host:port (it is not shown: it may hold a password); a user and password go in --kafka-sasl-user and KAFKA_SASL_PASSWORD", i+1)
 		}
 		_, port, err := net.SplitHostPort(b)
 		if err != nil {

@@ -118,3 +118,25 @@ func TestTLSFalseWithAServerNameIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokersWithAPasswordAreNotEchoed: a --brokers entry with "@"
+// (user:password@host:port, a URL) is refused without being shown, naming
+// its place and the SASL settings (replayer trial: the error quoted
+// alice:S3cretX@127.0.0.1:48192, and a Job's log kept it).
+func TestBrokersWithAPasswordAreNotEchoed(t *testing.T) {
+	for _, tt := range []struct{ brokers, says string }{
+		{"alice:S3cretX@127.0.0.1:9092", "entry 1 holds"},
+		{"kafka://alice:S3cretX@127.0.0.1:9092", "entry 1 holds"},
+		{"S3cretX@broker:9092", "entry 1 holds"},
+		{"k1:9092, alice:S3cretX@k2:9092", "entry 2 holds"},
+	} {
+		_, err := Settings{Brokers: tt.brokers}.Opts()
+		var ue *flagenv.UsageError
+		if err == nil || !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "--kafka-sasl-user") {
+			t.Errorf("%s: Opts error %v, want a usage error with %q naming --kafka-sasl-user", tt.brokers, err, tt.says)
+		}
+		if err != nil && strings.Contains(err.Error(), "S3cretX") {
+			t.Errorf("%s: the error shows the password: %v", tt.brokers, err)
+		}
+	}
+}
