@@ -29,9 +29,12 @@ const (
 //
 //	{"action":"replayed","at":1719331200000,"actor":"alice","runId":"5f0c…","reason":"","replayCount":1}
 //
-// keyed by the dead letter's "<dlq partition>:<dlq offset>". The ledger topic
-// is compacted, so the newest decision per dead letter is kept; a tombstone
-// (null value) removes the decision, which makes an entry replayable again.
+// keyed by the dead letter's "<dlq partition>:<dlq offset>" (SPEC §2), with
+// the header HeaderLedgerDLQTopic naming its dead-letter topic. The ledger
+// topic is compacted, so the newest decision per dead letter is kept; a
+// tombstone (null value) removes the decision, which makes an entry
+// replayable again. As the key names no topic, a ledger topic keeps the
+// decisions of one dead-letter topic (ErrLedgerOfAnotherTopic).
 type Decision struct {
 	// Entry is the dead letter decided on: the record key, not part of the
 	// JSON value.
@@ -51,6 +54,26 @@ type Decision struct {
 	ReplayCount int `json:"replayCount"`
 }
 
+// HeaderLedgerDLQTopic is the header of a ledger record naming the
+// dead-letter topic of the dead letter it decides on. Records written
+// before it was added (December 2026) have none.
+const HeaderLedgerDLQTopic = "causet.ledger.dlq-topic"
+
+// ErrLedgerOfAnotherTopic is OpenLedger's error when the ledger topic holds
+// a decision about a dead letter of another dead-letter topic than
+// LedgerConfig.DLQTopic: a decision is keyed by the dead letter's partition
+// and offset only, so the other topic's decisions would be taken for this
+// one's (replayer trial: three new dead letters of a second DLQ topic read
+// as already replayed, and were never sent), and compaction would keep one
+// topic's decision of a key and drop the other's.
+var ErrLedgerOfAnotherTopic = errors.New("the ledger topic keeps the decisions of another dead-letter topic")
+
+// anotherTopicError is ErrLedgerOfAnotherTopic with what to fix.
+type anotherTopicError struct{ text string }
+
+func (e *anotherTopicError) Error() string        { return e.text }
+func (e *anotherTopicError) Is(target error) bool { return target == ErrLedgerOfAnotherTopic }
+
 // AtTime returns At as a time.
 func (d Decision) AtTime() time.Time { return time.UnixMilli(d.At) }
 
@@ -59,6 +82,14 @@ func (d Decision) AtTime() time.Time { return time.UnixMilli(d.At) }
 type LedgerConfig struct {
 	// Topic is the ledger topic. Default DefaultLedgerTopic.
 	Topic string
+	// DLQTopic is the dead-letter topic whose decisions the ledger keeps:
+	// Record names it in each record (HeaderLedgerDLQTopic), and OpenLedger
+	// fails with ErrLedgerOfAnotherTopic when a record names another.
+	// Default "": records name none, and none is refused.
+	DLQTopic string
+	// DLQTopicSetting names where DLQTopic was set, for that error (e.g.
+	// "--dlq-topic (DLQ_TOPIC)"). Default: "the dead-letter topic".
+	DLQTopicSetting string
 	// ReadOnly opens the ledger for lookups only (dlq-replayer list and
 	// summary): a missing topic is read as an empty ledger and is not
 	// created, and Record fails. Default false: a missing topic is created,
@@ -113,6 +144,10 @@ func (c *LedgerConfig) Validate() error {
 // for concurrent use.
 type Ledger struct {
 	topic    string
+	dlqTopic string // LedgerConfig.DLQTopic
+	// foreign is the first other dead-letter topic a record named
+	// (HeaderLedgerDLQTopic), while the ledger is read.
+	foreign  string
 	readOnly bool
 	cl       *kgo.Client // producer; nil when read-only
 	release  func()      // LedgerConfig.BeforeRead's; nil when none
@@ -131,7 +166,7 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledge
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
 	log := cfg.Logger
-	l := &Ledger{topic: cfg.Topic, readOnly: cfg.ReadOnly, decisions: map[Coordinates]Decision{}}
+	l := &Ledger{topic: cfg.Topic, dlqTopic: cfg.DLQTopic, readOnly: cfg.ReadOnly, decisions: map[Coordinates]Decision{}}
 	defer func() {
 		if err != nil {
 			l.Close()
@@ -153,6 +188,17 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledge
 		err = l.read(ctx, opts, cfg.Topic, log)
 	}
 	missing := cfg.ReadOnly && errors.Is(err, ErrTopicNotFound)
+	if err == nil && l.foreign != "" {
+		ledgerSetting, dlqSetting := "the ledger topic", "the dead-letter topic"
+		if cfg.TopicSetting != "" {
+			ledgerSetting = cfg.TopicSetting
+		}
+		if cfg.DLQTopicSetting != "" {
+			dlqSetting = cfg.DLQTopicSetting
+		}
+		return nil, &anotherTopicError{fmt.Sprintf("%s %q holds decisions about the dead letters of %q, keyed by partition and offset only, so it cannot also keep those of %s %q: give each dead-letter topic a ledger topic of its own (%s)",
+			ledgerSetting, cfg.Topic, l.foreign, dlqSetting, cfg.DLQTopic, ledgerSetting)}
+	}
 	if err != nil && !missing {
 		return nil, fmt.Errorf("read ledger: %w", err)
 	}
@@ -191,6 +237,11 @@ func (l *Ledger) read(ctx context.Context, opts []kgo.Opt, topic string, log *sl
 		if err != nil {
 			log.Warn("ledger record has a bad key; ignored", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			return nil
+		}
+		for _, h := range r.Headers {
+			if h.Key == HeaderLedgerDLQTopic && l.dlqTopic != "" && string(h.Value) != l.dlqTopic && l.foreign == "" {
+				l.foreign = string(h.Value)
+			}
 		}
 		if r.Value == nil {
 			delete(l.decisions, c)
@@ -289,6 +340,9 @@ func (l *Ledger) record(ctx context.Context, decisions []Decision) []error {
 			continue
 		}
 		recs[i] = &kgo.Record{Topic: l.topic, Key: []byte(d.Entry.String()), Value: v}
+		if l.dlqTopic != "" {
+			recs[i].Headers = []kgo.RecordHeader{{Key: HeaderLedgerDLQTopic, Value: []byte(l.dlqTopic)}}
+		}
 	}
 	send := make([]*kgo.Record, 0, len(recs))
 	for _, r := range recs {

@@ -1,6 +1,8 @@
 package dlq_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -133,5 +135,44 @@ func TestLedgerConfigValidateFillsDefaults(t *testing.T) {
 	bad := dlq.LedgerConfig{ReplicationFactor: -2}
 	if err := bad.Validate(); err == nil {
 		t.Error("replication factor -2: no error")
+	}
+}
+
+// TestLedgerKeepsTheDecisionsOfOneDeadLetterTopic: a decision names its
+// dead-letter topic, and a ledger opened for another one is refused, read
+// only or not (replayer trial: a second DLQ topic on the default ledger
+// read its dead letters 0:0, 1:0, 2:0 as already replayed, from the first
+// topic's decisions, and never sent them); a ledger opened for the same
+// topic, or for none, reads the decisions.
+func TestLedgerKeepsTheDecisionsOfOneDeadLetterTopic(t *testing.T) {
+	b := kafkatest.New(t)
+	topic := kafkatest.TopicName(t, "ledger")
+	ctx := testCtx(t)
+	l, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: "dlq-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := dlq.Decision{Entry: dlq.Coordinates{Partition: 1, Offset: 0}, Action: dlq.ActionReplayed, At: 1719331200000, Actor: "alice", RunID: "r1", ReplayCount: 1}
+	err = l.Record(ctx, d)
+	l.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, readOnly := range []bool{true, false} {
+		_, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: "dlq-b", DLQTopicSetting: "--dlq-topic", TopicSetting: "--ledger-topic", ReadOnly: readOnly})
+		want := `--ledger-topic "` + topic + `" holds decisions about the dead letters of "dlq-a", keyed by partition and offset only, so it cannot also keep those of --dlq-topic "dlq-b"`
+		if !errors.Is(err, dlq.ErrLedgerOfAnotherTopic) || !strings.Contains(err.Error(), want) {
+			t.Errorf("read-only %v: OpenLedger for dlq-b: %v; want ErrLedgerOfAnotherTopic saying %q", readOnly, err, want)
+		}
+	}
+	for _, dlqTopic := range []string{"dlq-a", ""} {
+		again, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: dlqTopic, ReadOnly: true})
+		if err != nil {
+			t.Fatalf("OpenLedger for %q: %v", dlqTopic, err)
+		}
+		if got, ok := again.Lookup(d.Entry); !ok || got != d {
+			t.Errorf("OpenLedger for %q: decision %+v, %v; want %+v", dlqTopic, got, ok, d)
+		}
+		again.Close()
 	}
 }

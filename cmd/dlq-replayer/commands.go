@@ -102,7 +102,7 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if err != nil {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: true, Logger: log})
+	ledger, err := s.openLedger(ctx, opts, dlq.LedgerConfig{ReadOnly: true, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filt
 	if s.output != "table" && s.output != "json" {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: true, Logger: log})
+	ledger, err := s.openLedger(ctx, opts, dlq.LedgerConfig{ReadOnly: true, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -213,7 +213,7 @@ func (s *settings) replay(ctx context.Context, cmd string, opts []kgo.Opt, filte
 		})
 		return l.Release, nil
 	}
-	ledger, err := dlq.OpenLedger(ctx, opts, dlq.LedgerConfig{Topic: s.ledgerTopic, TopicSetting: ledgerTopicSetting, ReadOnly: s.dryRun, Logger: log, BeforeRead: lock})
+	ledger, err := s.openLedger(ctx, opts, dlq.LedgerConfig{ReadOnly: s.dryRun, Logger: log, BeforeRead: lock})
 	if err != nil {
 		return err
 	}
@@ -337,6 +337,22 @@ func (s *settings) missingTopicSetting(err error) string {
 	return ""
 }
 
-// ledgerTopicSetting names the ledger topic's flag and variable in the
-// warning of a ledger topic that does not exist.
-const ledgerTopicSetting = "--ledger-topic (LEDGER_TOPIC)"
+// openLedger opens the ledger of cfg with the topics of s: a ledger topic
+// that keeps another dead-letter topic's decisions is a usage error.
+func (s *settings) openLedger(ctx context.Context, opts []kgo.Opt, cfg dlq.LedgerConfig) (*dlq.Ledger, error) {
+	cfg.Topic, cfg.TopicSetting = s.ledgerTopic, ledgerTopicSetting
+	cfg.DLQTopic, cfg.DLQTopicSetting = s.dlqTopic, dlqTopicSetting
+	l, err := dlq.OpenLedger(ctx, opts, cfg)
+	if errors.Is(err, dlq.ErrLedgerOfAnotherTopic) {
+		return nil, flagenv.Usagef("%v", err)
+	}
+	return l, err
+}
+
+// ledgerTopicSetting and dlqTopicSetting name the topics' flags and
+// variables in the warning of a ledger topic that does not exist and in
+// the error of one that keeps another dead-letter topic's decisions.
+const (
+	ledgerTopicSetting = "--ledger-topic (LEDGER_TOPIC)"
+	dlqTopicSetting    = "--dlq-topic (DLQ_TOPIC)"
+)

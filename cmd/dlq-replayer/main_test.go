@@ -426,6 +426,34 @@ func TestSkipThenRetryAllSendsNothingForTheSkippedEntry(t *testing.T) {
 	}
 }
 
+// TestALedgerOfAnotherDeadLetterTopicIsRefused: a second dead-letter
+// topic given the first one's ledger topic is refused at once, exit 2,
+// naming both topics and --ledger-topic (replayer trial: its dead letters
+// at the offsets the first topic's replays had were listed replayed and
+// never sent, exit 0).
+func TestALedgerOfAnotherDeadLetterTopicIsRefused(t *testing.T) {
+	b := kafkatest.New(t)
+	first, second := newFixture(t, b), newFixture(t, b)
+	second.ledger = first.ledger
+	second.env["LEDGER_TOPIC"] = first.ledger
+	first.seed(t)
+	second.seed(t)
+	if r := runCmd(t, first.env, "retry", "--all"); r.code != 0 {
+		t.Fatalf("retry of the first topic: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	sent := second.eventsCount(t)
+	for _, args := range [][]string{{"retry", "--all"}, {"list", "--all"}, {"summary", "--all"}, {"skip", "--all", "--reason", "r", "--actor", "a"}} {
+		r := runCmd(t, second.env, args...)
+		want := `holds decisions about the dead letters of "` + first.dlqTopic + `", keyed by partition and offset only, so it cannot also keep those of --dlq-topic (DLQ_TOPIC) "` + second.dlqTopic + `"`
+		if r.code != 2 || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "a ledger topic of its own (--ledger-topic (LEDGER_TOPIC))") {
+			t.Errorf("%s on the second topic: exit %d, want 2 and %q\nstdout:\n%s\nstderr:\n%s", args[0], r.code, want, r.stdout, r.stderr)
+		}
+	}
+	if n := second.eventsCount(t); n != sent {
+		t.Errorf("%d events sent for the second topic, want none", n-sent)
+	}
+}
+
 // TestSkipKeepsTheLedgersEarlierDecision (new-user trial): skipping a dead
 // letter that was replayed already counts it as already-replayed and
 // leaves the ledger saying replayed; a second skip keeps the first one's
