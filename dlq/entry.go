@@ -50,8 +50,9 @@ func ParseCoordinates(s string) (Coordinates, error) {
 // The context fields (Projection, TenantSchema, ForkID, EventType,
 // Fingerprint, ErrorClass, SQLState) come from the causet.dlq.* headers;
 // when a header is missing they fall back to the message (projectionName,
-// tenantSchema), its originalEvent (forkId, eventType) or, for the
-// fingerprint, to Fingerprint recomputed from the message.
+// tenantSchema), its originalEvent (forkId, eventType, also when the
+// header holds one cut to 256 bytes) or, for the fingerprint, to
+// Fingerprint recomputed from the message.
 type Entry struct {
 	// Partition and Offset place the record in the dead-letter topic.
 	Partition int32
@@ -245,16 +246,21 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	if !hv.hasTenant {
 		e.TenantSchema = e.Message.TenantSchema
 	}
-	if (!hv.hasFork || !hv.hasEventType) && e.HasOriginalEvent() {
+	// A label the header holds cut (capLabel) is read whole from the
+	// original event when the dead letter carries it.
+	_, _, forkCut := cutLabel(hv.fork)
+	_, _, typeCut := cutLabel(hv.eventType)
+	fromEvent := func(has, cut bool) bool { return !has || cut }
+	if (fromEvent(hv.hasFork, forkCut) || fromEvent(hv.hasEventType, typeCut)) && e.HasOriginalEvent() {
 		var ev struct {
 			ForkID    json.RawMessage `json:"forkId"`
 			EventType json.RawMessage `json:"eventType"`
 		}
 		if json.Unmarshal(e.Message.OriginalEvent, &ev) == nil {
-			if !hv.hasFork {
+			if fromEvent(hv.hasFork, forkCut) {
 				e.ForkID = jsonString(ev.ForkID)
 			}
-			if !hv.hasEventType {
+			if fromEvent(hv.hasEventType, typeCut) {
 				e.EventType = jsonString(ev.EventType)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -294,5 +295,75 @@ func TestScanLogsTheFirstRecordsThatAreNotDeadLetters(t *testing.T) {
 		strings.Count(out, "more records that are not dead-letter messages") != 1 ||
 		!strings.Contains(out, "records that are not dead-letter messages were ignored") || !strings.Contains(out, "ignored=15") {
 		t.Errorf("%d lines one by one (want 10), %d undecodable (want 15); log:\n%s", n, st.Undecodable, out)
+	}
+}
+
+// TestScanFiltersByALabelTheHeaderCut: --fork-id and --event-type select
+// the dead letters of a forkId or eventType longer than a header holds
+// (cut to its first bytes and "…[truncated N bytes]"), and only those,
+// read whole from the original event (replayer trial: a 320-byte forkId's
+// dead letters matched no filter but the cut text); without the original
+// event, the cut text matches the labels it was cut from.
+func TestScanFiltersByALabelTheHeaderCut(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 4, 1)
+	fork, eventType := strings.Repeat("longfork", 40), strings.Repeat("E", 300)
+	twin := fork[:len(fork)-1] + "X" // the same first bytes and length
+	at := f.add(deadLetter{key: "k1", fork: fork, tenant: "acme_prod", eventType: eventType, projection: "artist_followers"})
+	f.add(deadLetter{key: "k2", fork: twin, tenant: "acme_prod", eventType: "E", projection: "artist_followers"})
+	f.add(deadLetter{key: "k3", fork: fork[:300], tenant: "acme_prod", eventType: "E", projection: "artist_followers"})
+	for _, tt := range []struct {
+		f    dlq.Filters
+		want []dlq.Coordinates
+	}{
+		{dlq.Filters{ForkID: fork}, []dlq.Coordinates{at}},
+		{dlq.Filters{EventType: eventType}, []dlq.Coordinates{at}},
+		{dlq.Filters{ForkID: fork, EventType: eventType}, []dlq.Coordinates{at}},
+		{dlq.Filters{ForkID: fork[:len(fork)-1]}, nil},
+		{dlq.Filters{EventType: eventType + "E"}, nil},
+	} {
+		var got []dlq.Coordinates
+		if _, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Filters: tt.f}, func(e *dlq.Entry) error {
+			if len(e.ForkID) < 300 {
+				t.Errorf("entry %s: fork %q, want it whole", e.Coordinates(), e.ForkID)
+			}
+			got = append(got, e.Coordinates())
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("fork %d bytes, event type %d bytes: selected %v, want %v", len(tt.f.ForkID), len(tt.f.EventType), got, tt.want)
+		}
+	}
+}
+
+// TestLabelMatchesACutHeader: a label's cut header text matches the
+// labels it can have been cut from, and no other.
+func TestLabelMatchesACutHeader(t *testing.T) {
+	long := strings.Repeat("ü", 160) // 320 bytes: cut on a rune boundary
+	h := dlq.CapLabel(long)
+	if !strings.HasSuffix(h, " bytes]") || len(h) > 256 {
+		t.Fatalf("CapLabel = %q", h)
+	}
+	for _, tt := range []struct {
+		want string
+		ok   bool
+	}{
+		{long, true},
+		{long[:len(long)-2] + "ab", true}, // the same kept bytes and length: the header cannot tell
+		{long[:len(long)-2], false},
+		{long + "x", false},
+		{"x" + long[1:], false},
+		{h, true},
+	} {
+		if got := dlq.LabelMatches(h, tt.want); got != tt.ok {
+			t.Errorf("LabelMatches(cut, %d bytes %q…) = %v, want %v", len(tt.want), tt.want[:4], got, tt.ok)
+		}
+	}
+	// A label of 256 bytes or fewer that ends like a cut one is itself.
+	own := "fork…[truncated 999 bytes]"
+	if dlq.LabelMatches(own, "fork"+strings.Repeat("x", 999)) || !dlq.LabelMatches(own, own) {
+		t.Errorf("a short label ending like a cut one matched what it was not")
 	}
 }

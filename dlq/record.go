@@ -387,9 +387,12 @@ func capLabel(s string) string {
 	if len(s) <= maxLabelBytes {
 		return s
 	}
-	const marker = len("…[truncated 1000000000 bytes]")
-	return truncate(s, maxLabelBytes-marker)
+	return truncate(s, labelKeep)
 }
+
+// labelKeep is the bytes capLabel keeps of a label, fewer (down to
+// labelKeep-3) to end on a rune boundary: room for the longest marker.
+const labelKeep = maxLabelBytes - len("…[truncated 1000000000 bytes]")
 
 // The parts of the source record NewRecord may leave out of a dead letter.
 const (
