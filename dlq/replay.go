@@ -323,6 +323,11 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 		now := cfg.Now().UnixMilli()
 		for _, p := range pending {
 			if err := prodErrs[p.rec]; err != nil {
+				if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+					// Not sent: the run was interrupted. Not-done, not
+					// failed (replayer trial: failed=6 for 6 never sent).
+					continue
+				}
 				reason := "produce to the events topic failed; not recorded in the ledger"
 				if errors.Is(err, kerr.MessageTooLarge) {
 					reason = fmt.Sprintf("the event (%d bytes with its key and headers, before compression) is larger than the events topic %s takes (max.message.bytes %s, compressed): raise it, then run again; not recorded in the ledger",
@@ -336,7 +341,12 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			decisions = append(decisions, Decision{Entry: p.e.Coordinates(), Action: ActionReplayed, At: now,
 				Actor: cfg.Actor, RunID: cfg.RunID, Reason: cfg.Reason, ReplayCount: p.e.ReplayCount + 1})
 		}
-		ledgerErrs := r.ledger.record(ctx, decisions)
+		// The replays Kafka acknowledged are recorded even when the run
+		// was interrupted meanwhile: unrecorded, the next run would send
+		// them again.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerWriteTimeout)
+		ledgerErrs := r.ledger.record(lctx, decisions)
+		cancel()
 		for i, p := range acked {
 			o := Outcome{Entry: p.e, Kind: OutcomeReplayed, Topic: cfg.EventsTopic, Partition: p.rec.Partition, FromHeader: p.fromHeader}
 			if err := ledgerErrs[i]; err != nil {
@@ -605,6 +615,10 @@ func (r *Replayer) restoreOmitted(ctx context.Context, e *Entry) error {
 	return nil
 }
 
+// ledgerWriteTimeout bounds the recording of the replays Kafka acknowledged
+// once the run is interrupted: the ledger client's RecordDeliveryTimeout.
+const ledgerWriteTimeout = time.Minute
+
 // restoredHeaders returns a dead letter's headers with the source record's
 // own, read again, in front: own followed by dead, own without traceparent
 // and tracestate when dead has a traceparent of its own (a tracing
@@ -648,8 +662,8 @@ func (r *Replayer) Skip(ctx context.Context) (Result, error) {
 	}
 	var pending []*Entry
 	flush := func() {
-		if len(pending) == 0 {
-			return
+		if len(pending) == 0 || ctx.Err() != nil {
+			return // interrupted: the selected ones are not-done
 		}
 		now := cfg.Now().UnixMilli()
 		ds := make([]Decision, len(pending))

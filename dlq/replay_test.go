@@ -663,6 +663,53 @@ func TestResultStringNamesWhatADryRunWouldDo(t *testing.T) {
 	}
 }
 
+// TestARetryInterruptedWithReplaysInItsBatchLeavesThemNotDone: dead
+// letters selected and waiting in the batch when the run is interrupted
+// are not sent, and are counted not-done, not failed, with no ERROR
+// (replayer trial: SIGTERM gave "failed=6", each logged "produce to the
+// events topic failed" with "context canceled", for 6 never sent); the
+// next run replays them.
+func TestARetryInterruptedWithReplaysInItsBatchLeavesThemNotDone(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 1)
+	colErr := pgErr("42703", `column "followed_at" of relation "artist_followers" does not exist`)
+	for i := range 2 {
+		f.add(deadLetter{key: fmt.Sprint("user-", i), fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED", projection: "artist_followers", err: colErr})
+	}
+	f.add(deadLetter{key: "bad", value: []byte("not json"), class: retry.Permanent, err: retry.MarkPermanent(errors.New("invalid projection event: value is not a JSON object"))})
+	f.add(deadLetter{key: "user-3", fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED", projection: "artist_followers", err: colErr})
+	var logs bytes.Buffer
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	r, err := dlq.NewReplayer(b.Opts(), f.openLedger(false), dlq.ReplayConfig{
+		EventsTopic: f.events, DLQTopic: f.dlqTopic, Rate: 40, Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+		OnOutcome: func(o dlq.Outcome) {
+			if o.Kind == dlq.OutcomeRefused { // the third: two replays wait in the batch of 4
+				cancel()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Retry(ctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("retry error = %v, want it cancelled", err)
+	}
+	if res.Failed != 0 || res.Replayed != 0 || res.Refused != 1 || res.NotDone() != 3 {
+		t.Errorf("%s; want refused=1, the two in the batch and the one after not-done, none failed", res)
+	}
+	if strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Errorf("an ERROR was logged for replays never sent:\n%s", logs.String())
+	}
+	if recs := readTopic(t, b, f.events); len(recs) != 0 {
+		t.Errorf("%d events sent, want none", len(recs))
+	}
+	if full, _ := f.retry(dlq.ReplayConfig{}); full.Replayed != 3 {
+		t.Errorf("the run after: %s; want the 3 replayed", full)
+	}
+}
+
 // TestInterruptedRetryCountsWhatItLeftNotDone: a retry stopped before the
 // end (its context cancelled, as Ctrl-C or SIGTERM cancels it) while
 // a matched dead letter waits for --rate counts that one not-done, so that
@@ -682,6 +729,12 @@ func TestInterruptedRetryCountsWhatItLeftNotDone(t *testing.T) {
 	}
 	if res.NotDone() < 1 || res.NotDone() != res.Matched-len(outs) {
 		t.Errorf("NotDone() = %d of %d matched with %d outcomes, want matched less the outcomes, at least 1", res.NotDone(), res.Matched, len(outs))
+	}
+	// Those selected and not sent are not-done, not failed (replayer
+	// trial: "failed=6 ... produce to the events topic failed" with
+	// "context canceled", for 6 never sent).
+	if res.Failed != 0 {
+		t.Errorf("%s: want no failed, the ones not sent not-done", res)
 	}
 	if want := fmt.Sprintf(" not-done=%d", res.NotDone()); !strings.HasSuffix(res.String(), want) {
 		t.Errorf("summary line %q does not end with %q", res.String(), want)
