@@ -710,6 +710,39 @@ func TestARetryInterruptedWithReplaysInItsBatchLeavesThemNotDone(t *testing.T) {
 	}
 }
 
+// TestARetryInterruptedWhileKafkaAcknowledgesRecordsTheReplays: replays
+// Kafka acknowledges after the run was interrupted are recorded in the
+// ledger, so that the next run does not send them again (the cancelled
+// context failed their ledger write: "republished, but the ledger write
+// failed", and the next run sent each event twice).
+func TestARetryInterruptedWhileKafkaAcknowledgesRecordsTheReplays(t *testing.T) {
+	b := kafkatest.Fake(t)
+	f := newFixture(t, b, 3, 1)
+	for i := range 2 {
+		f.add(deadLetter{key: fmt.Sprint("user-", i), fork: "production", tenant: "acme_prod", eventType: "ARTIST_FOLLOWED", projection: "artist_followers"})
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	b.RefuseProduce(t, f.events, 0, func(int64) bool {
+		cancel() // interrupted while the produce request is at the broker, which stores it
+		return false
+	})
+	r, err := dlq.NewReplayer(b.Opts(), f.openLedger(false), dlq.ReplayConfig{EventsTopic: f.events, DLQTopic: f.dlqTopic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := r.Retry(ctx)
+	if res.Replayed != 2 || res.Failed != 0 {
+		t.Errorf("%s; want the 2 acknowledged replays recorded", res)
+	}
+	if again, _ := f.retry(dlq.ReplayConfig{}); again.AlreadyReplayed != 2 || again.Replayed != 0 {
+		t.Errorf("the run after: %s; want both already-replayed", again)
+	}
+	if recs := readTopic(t, b, f.events); len(recs) != 2 {
+		t.Errorf("%d events sent, want 2", len(recs))
+	}
+}
+
 // TestInterruptedRetryCountsWhatItLeftNotDone: a retry stopped before the
 // end (its context cancelled, as Ctrl-C or SIGTERM cancels it) while
 // a matched dead letter waits for --rate counts that one not-done, so that
