@@ -520,10 +520,17 @@ func parseTimeText(k colKind, s string) (tm time.Time, infinite bool, err error)
 			tm = tm.Truncate(time.Second).Add(time.Second) // the instant PostgreSQL reads
 		}
 	}
-	if err != nil && k == kindDate {
+	if err != nil && k == kindDate && !fieldOutOfRange(err) {
 		tm, err = time.Parse(time.DateOnly, t)
 	}
 	return tm, false, err
+}
+
+// fieldOutOfRange reports whether err is time.Parse's for a field beyond
+// its range in a well-formed text: day 30 of February, hour 25, second 61.
+func fieldOutOfRange(err error) bool {
+	var pe *time.ParseError
+	return errors.As(err, &pe) && strings.HasSuffix(pe.Message, " out of range")
 }
 
 // checkTimeText checks a string for a timestamptz or date column: an RFC
@@ -535,6 +542,11 @@ func checkTimeText(k colKind, typ, s string) string {
 	tm, infinite, err := parseTimeText(k, s)
 	if infinite {
 		return ""
+	}
+	if err != nil && fieldOutOfRange(err) {
+		// RFC 3339, of a time that does not exist: PostgreSQL's words
+		// (definitions trial: 2024-02-30T00:00:00Z was told to be RFC 3339).
+		return "date/time field value out of range: " + quoteValue(s)
 	}
 	if err != nil {
 		want := " (want RFC 3339, such as 2024-06-25T16:00:00Z)"
