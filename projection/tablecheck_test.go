@@ -576,3 +576,32 @@ func TestDerivePassesNumbersThroughAsSent(t *testing.T) {
 		}
 	}
 }
+
+// TestFromPathIndexesAreDecimal: a from path's segment reads an array's
+// element only when it is a decimal index as JSON writes an integer: 0,
+// 1, 12, not +1, 01 or -0 (definitions trial: payload.arr.+1 and
+// payload.arr.01 read element 1); an object's member of that name is
+// still read.
+func TestFromPathIndexesAreDecimal(t *testing.T) {
+	ev := tblEvent(t, "tenant_a", "E", 7, 1719331200000, `{"arr":["a","b","c"],"obj":{"01":"x","+1":"y"}}`)
+	for _, tt := range []struct {
+		path string
+		want any
+	}{
+		{"payload.arr.0", "a"},
+		{"payload.arr.1", "b"},
+		{"payload.arr.+1", nil},
+		{"payload.arr.01", nil},
+		{"payload.arr.-0", nil},
+		{"payload.arr.1e0", nil},
+		{"payload.arr.3", nil},
+		{"payload.obj.01", "x"},
+		{"payload.obj.+1", "y"},
+	} {
+		p := inlineProjection(t, `v: { type: text, from: "`+tt.path+`" }`)
+		st, err := p.Plan(ev)
+		if err != nil || st.Args[1] != tt.want {
+			t.Errorf("%s: Plan = %v, %v; want %v", tt.path, st.Args, err, tt.want)
+		}
+	}
+}

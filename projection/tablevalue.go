@@ -45,8 +45,8 @@ func payloadNode(ev *Event, path []string) (*jsonstrict.Tree, int32, bool) {
 		case jsonstrict.ObjectNode:
 			i, ok = t.Member(i, seg)
 		case jsonstrict.ArrayNode:
-			e, err := strconv.Atoi(seg)
-			if err != nil {
+			e, isIndex := arrayIndex(seg)
+			if !isIndex {
 				return nil, 0, false
 			}
 			i, ok = t.Element(i, e)
@@ -56,6 +56,23 @@ func payloadNode(ev *Event, path []string) (*jsonstrict.Tree, int32, bool) {
 		}
 	}
 	return t, i, true
+}
+
+// arrayIndex returns the array index a path segment names: a decimal
+// number as JSON writes an integer, 0 or without leading zeros and sign
+// (definitions trial: payload.arr.+1 and payload.arr.01 read element 1;
+// docs/definitions.md says decimal indexes).
+func arrayIndex(seg string) (int, bool) {
+	if seg == "" || seg[0] == '0' && len(seg) > 1 {
+		return 0, false
+	}
+	for i := 0; i < len(seg); i++ {
+		if seg[i] < '0' || seg[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.Atoi(seg)
+	return n, err == nil
 }
 
 // jsonbRaw returns the object or array at c's from path, a payload path,
