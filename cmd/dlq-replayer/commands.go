@@ -308,7 +308,11 @@ func noMatchText(st dlq.ScanStats) string {
 	case letters == 0:
 		return fmt.Sprintf("no dead letter: %d records scanned, none of them a dead letter (is --dlq-topic the dead-letter topic?)", st.Scanned)
 	default:
-		return fmt.Sprintf("%s (%d dead letters scanned, and %d records that are not dead letters)", noMatch, letters, st.Undecodable)
+		records := "records that are not dead letters"
+		if st.Undecodable == 1 {
+			records = "record that is not a dead letter" // replayer trial: "1 records"
+		}
+		return fmt.Sprintf("%s (%d dead letters scanned, and %d %s)", noMatch, letters, st.Undecodable, records)
 	}
 }
 

@@ -361,3 +361,20 @@ func TestListJSONIsOneLinePerDeadLetter(t *testing.T) {
 		}
 	}
 }
+
+// TestNoMatchTextCountsInTheSingular: one record that is not a dead letter
+// is said in the singular (replayer trial: "and 1 records that are not
+// dead letters").
+func TestNoMatchTextCountsInTheSingular(t *testing.T) {
+	for _, tt := range []struct {
+		st   dlq.ScanStats
+		want string
+	}{
+		{dlq.ScanStats{Scanned: 4, Undecodable: 1}, "(3 dead letters scanned, and 1 record that is not a dead letter)"},
+		{dlq.ScanStats{Scanned: 5, Undecodable: 2}, "(3 dead letters scanned, and 2 records that are not dead letters)"},
+	} {
+		if got := noMatchText(tt.st); !strings.HasSuffix(got, tt.want) {
+			t.Errorf("noMatchText(%+v) = %q, want it to end %q", tt.st, got, tt.want)
+		}
+	}
+}

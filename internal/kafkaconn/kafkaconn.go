@@ -184,7 +184,7 @@ func Explain(err error) string {
 	case err != nil && strings.Contains(err.Error(), "plaintext connection speaking to a tls endpoint"):
 		// franz-go's text when a TLS listener answers a plaintext
 		// request with an alert (operator trial: no flag named).
-		return "the broker's listener speaks TLS (SSL or SASL_SSL) and the worker connected without it: set --kafka-tls (with --kafka-tls-ca for a private CA), and the SASL flags for a SASL_SSL listener"
+		return "the broker's listener speaks TLS (SSL or SASL_SSL) and the connection was made without it: set --kafka-tls (with --kafka-tls-ca for a private CA), and the SASL flags for a SASL_SSL listener"
 	case errors.As(err, &recordHdr):
 		return "Kafka TLS handshake failed: the broker does not speak TLS on this port (check --brokers and --kafka-tls)"
 	case errors.As(err, &tlsAlert):
