@@ -367,3 +367,38 @@ func TestLabelMatchesACutHeader(t *testing.T) {
 		t.Errorf("a short label ending like a cut one matched what it was not")
 	}
 }
+
+// TestScanRecomputesAFingerprintHeaderThatIsNotOne: a causet.dlq.fingerprint
+// header that is not 16 hex digits is replaced by the fingerprint
+// recomputed from the message, which selects the dead letter (replayer
+// trial: summary showed NOTHEX, which --fingerprint refuses).
+func TestScanRecomputesAFingerprintHeaderThatIsNotOne(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 1)
+	good := f.add(deadLetter{key: "k1", fork: "production", tenant: "acme_prod", eventType: "E", projection: "artist_followers"})
+	var want string
+	if _, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(e *dlq.Entry) error {
+		want = e.Fingerprint
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d := deadLetter{key: "k2", fork: "production", tenant: "acme_prod", eventType: "E", projection: "artist_followers"}
+	rec := f.record(d)
+	for i, h := range rec.Headers {
+		if h.Key == dlq.HeaderFingerprint {
+			rec.Headers[i].Value = []byte("NOTHEX")
+		}
+	}
+	bad := f.produce(rec)
+	var got []dlq.Coordinates
+	if _, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic, Filters: dlq.Filters{Fingerprint: want}}, func(e *dlq.Entry) error {
+		got = append(got, e.Coordinates())
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []dlq.Coordinates{good, bad}) {
+		t.Errorf("fingerprint %s selected %v, want %v", want, got, []dlq.Coordinates{good, bad})
+	}
+}

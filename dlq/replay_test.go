@@ -93,6 +93,12 @@ func pgErr(code, msg string) error {
 // dlq.NewRecord, as the worker does) and returns where it landed.
 func (f *fixture) add(d deadLetter) dlq.Coordinates {
 	f.t.Helper()
+	return f.produce(f.record(d))
+}
+
+// record returns the dead letter d as the worker writes it.
+func (f *fixture) record(d deadLetter) *kgo.Record {
+	f.t.Helper()
 	var key []byte
 	if d.key != "" {
 		key = []byte(d.key)
@@ -127,7 +133,7 @@ func (f *fixture) add(d deadLetter) dlq.Coordinates {
 	if d.strip {
 		rec.Headers = slices.DeleteFunc(rec.Headers, func(h kgo.RecordHeader) bool { return strings.HasPrefix(h.Key, "causet.dlq.") })
 	}
-	return f.produce(rec)
+	return rec
 }
 
 func (f *fixture) produce(rec *kgo.Record) dlq.Coordinates {
