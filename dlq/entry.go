@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -102,6 +103,12 @@ type Entry struct {
 	// causet.dlq.original-key-omitted, with the original topic, partition
 	// and offset headers); nil when the dead letter carries it.
 	OmittedKey *OmittedKey
+	// HeaderError says which header locating a part left out for size
+	// (causet.dlq.original-omitted, -headers-omitted, -key-omitted, or the
+	// original topic, partition and offset they need) is malformed; nil
+	// when none is. Such a dead letter is listed and summarised, and never
+	// replayed: where its left-out part is cannot be known.
+	HeaderError error
 }
 
 // Coordinates returns the entry's place in the dead-letter topic.
@@ -240,22 +247,25 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	malformed := func(header, v string) error {
 		return fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed", e.Coordinates(), header, v)
 	}
+	// A malformed one keeps the dead letter an entry, not replayable
+	// (replayer trial: it was ignored as "not a dead-letter message", and
+	// counted as a dead letter by a filter that read only its headers).
 	if hv.omitted != "" {
 		e.Omitted = &OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}
 		if !placed || !parseOmitted(hv.omitted, e.Omitted) {
-			return nil, malformed(HeaderOriginalOmitted, hv.omitted)
+			e.Omitted, e.HeaderError = nil, malformed(HeaderOriginalOmitted, hv.omitted)
 		}
 	}
 	if hv.omittedKey != "" {
 		e.OmittedKey = &OmittedKey{OmittedOriginal{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}}
 		if !placed || !parseOmitted(hv.omittedKey, &e.OmittedKey.OmittedOriginal) {
-			return nil, malformed(HeaderOriginalKeyOmitted, hv.omittedKey)
+			e.OmittedKey, e.HeaderError = nil, cmp.Or(e.HeaderError, malformed(HeaderOriginalKeyOmitted, hv.omittedKey))
 		}
 	}
 	if hv.omittedHeaders != "" {
 		e.OmittedHeaders = &OmittedHeaders{Topic: hv.originalTopic, Partition: hv.originalPartition, Offset: off}
 		if !placed || !parseOmittedHeaders(hv.omittedHeaders, e.OmittedHeaders) {
-			return nil, malformed(HeaderOriginalHeadersOmitted, hv.omittedHeaders)
+			e.OmittedHeaders, e.HeaderError = nil, cmp.Or(e.HeaderError, malformed(HeaderOriginalHeadersOmitted, hv.omittedHeaders))
 		}
 	}
 	if !hv.hasProjection {

@@ -121,6 +121,9 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 			return nil
 		}
 		st.Matched++
+		if e.HeaderError != nil {
+			log.Warn("dead letter with a malformed header: listed, never replayed", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", e.HeaderError)
+		}
 		return fn(e)
 	})
 	st.Partitions = parts

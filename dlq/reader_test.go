@@ -402,3 +402,35 @@ func TestScanRecomputesAFingerprintHeaderThatIsNotOne(t *testing.T) {
 		t.Errorf("fingerprint %s selected %v, want %v", want, got, []dlq.Coordinates{good, bad})
 	}
 }
+
+// TestADeadLetterWithAMalformedOmittedHeaderIsListedNotReplayed: a dead
+// letter whose causet.dlq.original-omitted header is malformed is an entry
+// (listed, counted, matched by --all as by any filter) that retry refuses
+// with the header named, not a record ignored as "not a dead-letter
+// message" (replayer trial: summary --all left it out while a filter on
+// its headers counted it as a dead letter).
+func TestADeadLetterWithAMalformedOmittedHeaderIsListedNotReplayed(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 1)
+	rec := f.record(deadLetter{key: "k1", fork: "production", tenant: "acme_prod", eventType: "E", projection: "artist_followers"})
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: dlq.HeaderOriginalOmitted, Value: []byte("whatever")})
+	at := f.produce(rec)
+	var got []*dlq.Entry
+	st, err := dlq.Scan(testCtx(t), b.Opts(), dlq.ScanConfig{Topic: f.dlqTopic}, func(e *dlq.Entry) error {
+		got = append(got, e)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Undecodable != 0 || len(got) != 1 || got[0].HeaderError == nil || !strings.Contains(got[0].HeaderError.Error(), `header causet.dlq.original-omitted "whatever"`) {
+		t.Fatalf("scan: %+v, entries %d; want the dead letter as an entry with its header error", st, len(got))
+	}
+	res, outs := f.retry(dlq.ReplayConfig{})
+	if res.Refused != 1 || len(outs) != 1 || outs[0].Entry.Coordinates() != at || !strings.Contains(outs[0].Reason, "cannot be replayed; skip it") {
+		t.Errorf("retry: %s %+v; want it refused, naming the header", res, outs)
+	}
+	if recs := readTopic(t, b, f.events); len(recs) != 0 {
+		t.Errorf("%d events sent, want none", len(recs))
+	}
+}
