@@ -105,9 +105,11 @@ type Entry struct {
 	OmittedKey *OmittedKey
 	// HeaderError says which header locating a part left out for size
 	// (causet.dlq.original-omitted, -headers-omitted, -key-omitted, or the
-	// original topic, partition and offset they need) is malformed; nil
-	// when none is. Such a dead letter is listed and summarised, and never
-	// replayed: where its left-out part is cannot be known.
+	// original topic, partition and offset they need) is malformed, or
+	// which of causet.dlq.projection and causet.dlq.tenant-schema
+	// disagrees with the message (projectionName, tenantSchema); nil when
+	// none. Such a dead letter is listed and summarised, and never
+	// replayed.
 	HeaderError error
 }
 
@@ -245,7 +247,7 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 		e.OriginalOffset = off
 	}
 	malformed := func(header, v string) error {
-		return fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed", e.Coordinates(), header, v)
+		return fmt.Errorf("dead letter at %s: header %s %q or the original topic, partition and offset headers are malformed, so where the part left out for size is cannot be known", e.Coordinates(), header, v)
 	}
 	// A malformed one keeps the dead letter an entry, not replayable
 	// (replayer trial: it was ignored as "not a dead-letter message", and
@@ -273,6 +275,20 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	}
 	if !hv.hasTenant {
 		e.TenantSchema = e.Message.TenantSchema
+	}
+	// The headers select, the message is what a replay sends: when they
+	// disagree (a dead letter made by hand), neither is trusted (replayer
+	// trial: selected as user_follows by its header, it would have been
+	// replayed as artist_followers, its projectionName).
+	disagree := func(header, h, field, m string) error {
+		return fmt.Errorf("dead letter at %s: header %s %q and the message's %s %q disagree", e.Coordinates(), header, h, field, m)
+	}
+	switch m := &e.Message; {
+	case e.HeaderError != nil:
+	case m.ProjectionName != "" && e.Projection != m.ProjectionName:
+		e.HeaderError = disagree(HeaderProjection, e.Projection, "projectionName", m.ProjectionName)
+	case m.TenantSchema != "" && e.TenantSchema != m.TenantSchema:
+		e.HeaderError = disagree(HeaderTenantSchema, e.TenantSchema, "tenantSchema", m.TenantSchema)
 	}
 	// A label the header holds cut (capLabel) is read whole from the
 	// original event when the dead letter carries it.

@@ -122,7 +122,7 @@ func Scan(ctx context.Context, opts []kgo.Opt, cfg ScanConfig, fn func(*Entry) e
 		}
 		st.Matched++
 		if e.HeaderError != nil {
-			log.Warn("dead letter with a malformed header: listed, never replayed", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", e.HeaderError)
+			log.Warn("dead letter with a malformed header, or headers the message contradicts: listed, never replayed", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", e.HeaderError)
 		}
 		return fn(e)
 	})

@@ -434,3 +434,39 @@ func TestADeadLetterWithAMalformedOmittedHeaderIsListedNotReplayed(t *testing.T)
 		t.Errorf("%d events sent, want none", len(recs))
 	}
 }
+
+// TestADeadLetterWhoseHeadersTheMessageContradictsIsNotReplayed: a dead
+// letter made by hand whose causet.dlq.projection or tenant-schema header
+// says another projection or tenant than its message is listed, and retry
+// refuses it (replayer trial: selected as user_follows by its header, it
+// would have been replayed as artist_followers); the worker's own dead
+// letters agree, and are replayed.
+func TestADeadLetterWhoseHeadersTheMessageContradictsIsNotReplayed(t *testing.T) {
+	b := kafkatest.New(t)
+	f := newFixture(t, b, 3, 1)
+	f.add(deadLetter{key: "k0", fork: "production", tenant: "acme_prod", eventType: "E", projection: "artist_followers"})
+	for _, h := range []struct{ key, value string }{{dlq.HeaderProjection, "user_follows"}, {dlq.HeaderTenantSchema, "tenant_zzz"}} {
+		rec := f.record(deadLetter{key: "k-" + h.value, fork: "production", tenant: "acme_prod", eventType: "E", projection: "artist_followers"})
+		for i := range rec.Headers {
+			if rec.Headers[i].Key == h.key {
+				rec.Headers[i].Value = []byte(h.value)
+			}
+		}
+		f.produce(rec)
+	}
+	res, outs := f.retry(dlq.ReplayConfig{Filters: dlq.Filters{ForkID: "production"}})
+	if res.Replayed != 1 || res.Refused != 2 {
+		t.Fatalf("retry: %s; want the worker's dead letter replayed, the two contradicted refused", res)
+	}
+	var reasons []string
+	for _, o := range outs {
+		if o.Kind == dlq.OutcomeRefused {
+			reasons = append(reasons, o.Reason)
+		}
+	}
+	for i, want := range []string{`header causet.dlq.projection "user_follows" and the message's projectionName "artist_followers" disagree`, `header causet.dlq.tenant-schema "tenant_zzz" and the message's tenantSchema "acme_prod" disagree`} {
+		if !strings.Contains(reasons[i], want) {
+			t.Errorf("refusal %d: %q, want it to say %q", i, reasons[i], want)
+		}
+	}
+}

@@ -397,7 +397,7 @@ func (r *Replayer) Retry(ctx context.Context) (Result, error) {
 			o.Kind = OutcomeAlreadyReplayed
 			o.Reason = fmt.Sprintf("replayed at %s by %s (run %s)", d.AtTime().UTC().Format(time.RFC3339), d.Actor, d.RunID)
 		case e.HeaderError != nil:
-			o.Kind, o.Reason = OutcomeRefused, e.HeaderError.Error()+": where the part left out for size is cannot be known, so it cannot be replayed; skip it"
+			o.Kind, o.Reason = OutcomeRefused, e.HeaderError.Error()+": it cannot be replayed; skip it"
 		case omittedErr != nil:
 			o.Kind, o.Reason = OutcomeRefused, omittedErr.Error()
 		case !e.HasOriginalEvent():
