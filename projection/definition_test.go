@@ -290,6 +290,11 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"empty path segment", head + "    columns:\n      id: {type: text, from: payload..id}\n", []string{
 			`d.yaml: projection "p": columns.id: from: "payload..id" has an empty path segment (line 8)`,
 		}},
+		// A typo far likelier than a key so spelt (definitions trial).
+		{"path segment with white space", head + "    columns:\n      id: {type: text, from: entityId}\n      v: {type: text, from: \"payload.v \"}\n      w: {type: text, from: \"payload.\\tw\"}\n", []string{
+			`d.yaml: projection "p": columns.v: from: "payload.v ": segment "v " starts or ends with white space; to read a key spelt so, use derive (payload["v "]) (line 9)`,
+			`d.yaml: projection "p": columns.w: from: "payload.\tw": segment "\tw" starts or ends with white space; to read a key spelt so, use derive (payload["\tw"]) (line 10)`,
+		}},
 		{"reserved column", head + "    columns:\n      id: {type: text, from: entityId}\n      _causet_seq: {type: bigint, from: sequenceNumber}\n", []string{
 			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet" (line 9)`,
 		}},

@@ -290,6 +290,13 @@ func checkFromPath(path string) error {
 	if slices.Contains(segs, "") {
 		return fmt.Errorf("%q has an empty path segment", path)
 	}
+	for _, seg := range segs {
+		if strings.TrimSpace(seg) != seg {
+			// A typo far likelier than a key so spelt (definitions trial:
+			// "payload.v " passed, and every row got NULL).
+			return fmt.Errorf("%q: segment %q starts or ends with white space; to read a key spelt so, use derive (payload[%q])", path, seg, seg)
+		}
+	}
 	if !slices.Contains(eventFields, segs[0]) {
 		return fmt.Errorf("%q does not start with an event field (want one of %s)", path, strings.Join(eventFields, ", "))
 	}
