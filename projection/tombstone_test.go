@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/causet/projection-worker/internal/jsonstrict"
 	"github.com/causet/projection-worker/internal/pgtest"
 	"github.com/causet/projection-worker/retry"
@@ -95,6 +97,19 @@ func TestTombstoneEntrySizeIsPostgreSQLs(t *testing.T) {
 					}
 					if retry.SQLState(delErr) != "54000" {
 						t.Errorf("key of %d bytes in the last column: delete's error %v, want PostgreSQL's 54000 (the size is one byte over)", fits+1, delErr)
+					}
+					// The size said is PostgreSQL's (definitions trial:
+					// 2708 bytes for its "index row size 2712").
+					var pgSize, ourSize int
+					var pgErr *pgconn.PgError
+					if errors.As(delErr, &pgErr) {
+						fmt.Sscanf(pgErr.Message, "index row size %d", &pgSize)
+					}
+					if _, after, ok := strings.Cut(fmt.Sprint(planErr), "tombstone: "); ok {
+						fmt.Sscanf(after, "%d bytes", &ourSize)
+					}
+					if pgSize == 0 || ourSize != pgSize {
+						t.Errorf("key of %d bytes: the error says %d bytes, PostgreSQL %d (%v)", fits+1, ourSize, pgSize, delErr)
 					}
 				}
 			})
