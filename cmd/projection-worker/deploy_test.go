@@ -376,8 +376,9 @@ func promqlMetrics(expr string) []string {
 }
 
 // externalMetrics are metrics an alert may use that another exporter
-// serves: kube-state-metrics for pod readiness.
-var externalMetrics = []string{"kube_pod_status_ready"}
+// serves: kube-state-metrics for pod readiness and creation time, and
+// Prometheus itself for a target's scrapes (up).
+var externalMetrics = []string{"kube_pod_status_ready", "kube_pod_created", "up"}
 
 // targetLabels are labels Prometheus adds to every scraped series (the
 // PodMonitor's target labels), not served by the worker.
