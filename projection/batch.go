@@ -476,11 +476,13 @@ func (w *Worker) batchFailure(ctx context.Context, p pair, err error) pairFailur
 func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err error) {
 	start := time.Now()
 	ctx, done := w.batchTx(ctx, start, "apply batch", len(seg), slices.Values(seg))
-	defer func() { done(err, len(seg)) }()
+	began := false
+	defer func() { done(err, len(seg), began) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return -1, err
 	}
+	began = true
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	b := &pgx.Batch{}
 	for _, p := range seg {
@@ -518,15 +520,18 @@ func (w *Worker) execBatch(ctx context.Context, seg []pair) (failed int, err err
 // transaction's error and, for a committed one, the pairs it applied (of
 // the n: a COPY transaction leaves refused rows and upserts for
 // statements), and records a rolled-back transaction in the batch metrics
-// (a committed one is recorded with its outcomes by the caller).
-func (w *Worker) batchTx(ctx context.Context, start time.Time, name string, n int, pairs iter.Seq[pair]) (context.Context, func(err error, applied int)) {
+// when it began (a committed one is recorded with its outcomes by the
+// caller; an attempt whose BEGIN failed, the database down, is no
+// transaction: metrics trial, 67 rolled back in an outage where none
+// began).
+func (w *Worker) batchTx(ctx context.Context, start time.Time, name string, n int, pairs iter.Seq[pair]) (context.Context, func(err error, applied int, began bool)) {
 	ctx, span := w.tr.startBatch(ctx, name, n, pairs)
-	return ctx, func(err error, applied int) {
+	return ctx, func(err error, applied int, began bool) {
 		if err == nil {
 			batchApplied(span, n, applied)
 		}
 		endBatch(span, err)
-		if err != nil {
+		if err != nil && began {
 			w.cfg.Metrics.observeBatch(ctx, n, time.Since(start), false)
 		}
 	}

@@ -390,12 +390,13 @@ func (pc *partition) execCopy(ctx context.Context, groups []*copyGroup) (left []
 	sortGroupsForLocks(groups)
 	start := time.Now()
 	ctx, done := w.batchTx(ctx, start, "copy batch", groupsSize(groups), groupPairs(groups))
-	applied := 0
-	defer func() { done(err, applied) }()
+	applied, began := 0, false
+	defer func() { done(err, applied, began) }()
 	tx, err := w.begin.Begin(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
+	began = true
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	results := make([]copyResult, 0, len(groups))
 	refused := map[*copyGroup]bool{} // the isolated and checked groups: whether a row was refused

@@ -26,7 +26,7 @@ import (
 //   - causet.projection.apply.duration, s [projection, tenant_schema]: an attempt that
 //     applied a pair, or a retry (a failed first attempt is not timed)
 //   - causet.projection.batch.duration, s: one batch transaction
-//   - causet.projection.batch.size, {statement}: statements in one batch transaction
+//   - causet.projection.batch.size, {pair}: (event, projection) pairs in one batch transaction
 //   - causet.projection.consumer.lag, {record} [group, topic, partition]: high watermark − offset of
 //     the next record to finish (so it grows while a partition is held)
 //   - causet.projection.partitions.paused, {partition}: partitions waiting for the database
@@ -129,8 +129,8 @@ func NewMetrics(meter metric.Meter, cfg MetricsConfig) (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.batchSize, err = meter.Int64Histogram("causet.projection.batch.size", metric.WithUnit("{statement}"),
-		metric.WithDescription("Statements applied in one batch transaction."),
+	m.batchSize, err = meter.Int64Histogram("causet.projection.batch.size", metric.WithUnit("{pair}"),
+		metric.WithDescription("(Event, projection) pairs in one batch transaction."),
 		metric.WithExplicitBucketBoundaries(1, 10, 50, 100, 250, 500, 1000, 2500))
 	if err != nil {
 		return nil, err

@@ -860,6 +860,52 @@ func TestWorkerDatabaseOutagePausesWithoutDeadLetters(t *testing.T) {
 	r.waitAppliedWithoutDeadLetters(rn, 4)
 }
 
+// TestWorkerOutageCountsNoRolledBackTransactions: attempts that cannot
+// begin a transaction (the database down) are not batch transactions:
+// causet_projection_batch_size and _duration count none rolled back, only
+// the one committed after the outage (metrics trial: 67 "rolled_back"
+// during a 40 s outage in which no transaction began).
+func TestWorkerOutageCountsNoRolledBackTransactions(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartOwn(t)
+	r := newRig(t, rigOptions{db: db})
+	metrics, reader := testMetrics(t)
+	rn := r.start(func(c *projection.Config) { c.Metrics = metrics })
+	if err := db.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		r.produce(fmt.Sprintf("user-%d", i), []byte(r.follow(fmt.Sprintf("user-%d", i), "artist-1", 1)))
+	}
+	deadline := time.Now().Add(testTimeout)
+	for rn.w.Ready() == nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // several attempts to begin
+	if err := db.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.waitAppliedWithoutDeadLetters(rn, 3)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	batches := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, md := range sm.Metrics {
+			if h, ok := md.Data.(metricdata.Histogram[int64]); ok && md.Name == "causet.projection.batch.size" {
+				for _, p := range h.DataPoints {
+					o, _ := p.Attributes.Value("outcome")
+					batches[o.AsString()] += p.Count
+				}
+			}
+		}
+	}
+	if batches["rolled_back"] != 0 || batches["committed"] == 0 {
+		t.Errorf("batch transactions %v; want none rolled back (none began during the outage), and the committed ones", batches)
+	}
+}
+
 // TestWorkerSaysWhenItStartsShuttingDown: a shutdown is logged when it
 // starts, with its grace, not only by what fails at its end (new-user
 // trial: nothing for 25 s after a SIGTERM during a group join).
