@@ -886,21 +886,7 @@ func TestWorkerOutageCountsNoRolledBackTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitAppliedWithoutDeadLetters(rn, 3)
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	batches := map[string]uint64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, md := range sm.Metrics {
-			if h, ok := md.Data.(metricdata.Histogram[int64]); ok && md.Name == "causet.projection.batch.size" {
-				for _, p := range h.DataPoints {
-					o, _ := p.Attributes.Value("outcome")
-					batches[o.AsString()] += p.Count
-				}
-			}
-		}
-	}
+	batches := metrictest.SumBy(t, reader, "causet.projection.batch.size", "outcome")
 	if batches["rolled_back"] != 0 || batches["committed"] == 0 {
 		t.Errorf("batch transactions %v; want none rolled back (none began during the outage), and the committed ones", batches)
 	}

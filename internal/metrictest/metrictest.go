@@ -11,9 +11,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// SumBy collects r and returns the int64 sum metric name's values added up
-// by the value of attribute key of each data point ("" where a point has
-// none). It fails t when the collection fails.
+// SumBy collects r and returns the int64 sum metric name's values, or the
+// int64 histogram name's counts, added up by the value of attribute key of
+// each data point ("" where a point has none). It fails t when the
+// collection fails.
 func SumBy(t testing.TB, r sdkmetric.Reader, name, key string) map[string]int64 {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
@@ -23,10 +24,19 @@ func SumBy(t testing.TB, r sdkmetric.Reader, name, key string) map[string]int64 
 	sums := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, md := range sm.Metrics {
-			if d, ok := md.Data.(metricdata.Sum[int64]); ok && md.Name == name {
+			if md.Name != name {
+				continue
+			}
+			switch d := md.Data.(type) {
+			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
 					v, _ := p.Attributes.Value(attribute.Key(key))
 					sums[v.AsString()] += p.Value
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					v, _ := p.Attributes.Value(attribute.Key(key))
+					sums[v.AsString()] += int64(p.Count)
 				}
 			}
 		}
