@@ -349,8 +349,12 @@ func (m *Metrics) observeWorker(w *Worker) error {
 			defer w.mu.Unlock()
 			for p, pc := range w.partitions {
 				pc.mu.Lock()
-				lag := pc.highWatermark - pc.next
-				known := pc.next >= 0
+				from := pc.next
+				if from < 0 {
+					from = pc.lagFrom // no record taken yet
+				}
+				lag := pc.highWatermark - from
+				known := from >= 0
 				pc.mu.Unlock()
 				if known {
 					o.Observe(lag, metric.WithAttributes(attribute.String("group", w.cfg.Group),

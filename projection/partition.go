@@ -36,6 +36,11 @@ type partition struct {
 	stuck         error // a dead letter that cannot be written, nil when none
 	next          int64 // the watermark: offset of the next record to finish; −1 unknown
 	highWatermark int64
+	// lagFrom is where the consumer lag counts from while next is
+	// unknown (no record taken yet): the group's committed offset, or
+	// without one the log start offset (refreshHighWatermarks); −1
+	// unknown.
+	lagFrom       int64
 	retryingPairs int      // retries.waiting(), for Ready and metrics
 	received      *handoff // left by the previous owner (handoff.go)
 

@@ -338,6 +338,7 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 			w.log.Error("topics deleted and created again: restart the worker", "topics", recreated,
 				"error", recreatedTopicsError(recreated))
 		}
+		var unread []*partition // assigned, no record taken yet
 		ends.Each(func(o kadm.ListedOffset) {
 			if o.Topic != w.cfg.Topic {
 				return
@@ -345,15 +346,53 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 			if pc := held[o.Partition]; pc != nil && o.Err == nil {
 				pc.mu.Lock()
 				pc.highWatermark = max(pc.highWatermark, o.Offset)
+				if pc.next < 0 {
+					unread = append(unread, pc)
+				}
 				pc.mu.Unlock()
 			}
 		})
+		w.setLagFrom(lctx, adm, unread)
 	}
 	// At once, so that the IDs are the ones the client started with
 	// (operator trial: a topic deleted and created again within 15 s of
 	// the start was taken for the one the worker had read).
 	check()
 	every(ctx, time.Duration(highWatermarkEvery.Load()), check)
+}
+
+// setLagFrom sets where the consumer lag of partitions that have taken no
+// record yet counts from: the group's committed offset, or the log start
+// offset (the client's reset: the start) without one. Their lag is then
+// served too (metrics trial: with small fetch caps and a partition waiting
+// for the database, partitions never fetched had no lag series, and the
+// lag alert saw a quarter of the backlog).
+func (w *Worker) setLagFrom(ctx context.Context, adm *kadm.Client, unread []*partition) {
+	if len(unread) == 0 {
+		return
+	}
+	committed := w.cl.CommittedOffsets()[w.cfg.Topic]
+	var starts kadm.ListedOffsets
+	for _, pc := range unread {
+		from := int64(-1)
+		if c, ok := committed[pc.partition]; ok && c.Offset >= 0 {
+			from = c.Offset
+		} else {
+			if starts == nil {
+				var err error
+				if starts, err = adm.ListStartOffsets(ctx, w.cfg.Topic); err != nil {
+					w.log.Debug("start offsets for the consumer lag", "topic", w.cfg.Topic, "error", err)
+					starts = kadm.ListedOffsets{}
+				}
+			}
+			if o, ok := starts.Lookup(w.cfg.Topic, pc.partition); ok && o.Err == nil {
+				from = o.Offset
+			}
+		}
+		pc.mu.Lock()
+		pc.lagFrom = from
+		pc.mu.Unlock()
+	}
 }
 
 // topicID returns the ID topic had when the worker first listed it (zero
@@ -566,6 +605,7 @@ func (w *Worker) partition(p int32) *partition {
 		wake:      make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		next:      -1,
+		lagFrom:   -1,
 	}
 	pc.attempt = pc.attemptChain()
 	pc.spanAttrs = w.tr.partitionAttrs(p)

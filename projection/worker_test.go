@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -56,6 +58,7 @@ type rig struct {
 	producer  *kgo.Client
 	batcher   *kgo.Client // produceAll's: one record batch per partition
 	produced  int64
+	kopts     []kgo.Opt // rigOptions.kopts
 }
 
 type rigOptions struct {
@@ -63,6 +66,7 @@ type rigOptions struct {
 	db         *pgtest.Server // own database server (outage tests); default shared
 	fake       bool           // needs kfake fault injection
 	brokers    int            // kfake brokers (default 1); the real broker is one
+	kopts      []kgo.Opt      // more client options of the worker (fetch caps)
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -96,6 +100,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		group:    kafkatest.TopicName(t, "group"),
 		pool:     pool,
 		tenant:   pgtest.NewSchemaName(t),
+		kopts:    o.kopts,
 	}
 	b.CreateTopic(t, r.topic, o.partitions, nil)
 	b.CreateTopic(t, r.dlqTopic, o.partitions, nil)
@@ -181,7 +186,7 @@ func (r *rig) start(mod func(*projection.Config), handlers ...projection.Handler
 	if r.db != nil {
 		db = r.db
 	}
-	w, err := projection.NewWorker(cfg, handlers, db, writer, r.broker.Opts()...)
+	w, err := projection.NewWorker(cfg, handlers, db, writer, append(r.broker.Opts(), r.kopts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -890,6 +895,55 @@ func TestWorkerOutageCountsNoRolledBackTransactions(t *testing.T) {
 	if batches["rolled_back"] != 0 || batches["committed"] == 0 {
 		t.Errorf("batch transactions %v; want none rolled back (none began during the outage), and the committed ones", batches)
 	}
+}
+
+// TestWorkerServesTheLagOfPartitionsItHasNotRead: every assigned partition
+// has a consumer-lag series once the broker's end offsets are read, also
+// one that has taken no record yet: its records are counted from the
+// group's committed offset, or the log start without one (metrics trial:
+// with small fetch caps and the database down, the worker stopped polling
+// with 2 of 8 partitions fetched, the others had no series, and the lag
+// alert summed a quarter of the backlog). Here the broker leaves one
+// partition out of every fetch, as a worker that stopped polling never
+// gets its records.
+func TestWorkerServesTheLagOfPartitionsItHasNotRead(t *testing.T) {
+	t.Parallel()
+	restore := projection.SetHighWatermarkEvery(100 * time.Millisecond)
+	defer restore()
+	const partitions, perPartition, unread = 4, 50, int32(3)
+	r := newRig(t, rigOptions{fake: true, partitions: partitions})
+	metrics, reader := testMetrics(t)
+	prod := r.broker.Client(t, kgo.DefaultProduceTopic(r.topic), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0))
+	var recs []*kgo.Record
+	for p := range int32(partitions) {
+		for i := range perPartition {
+			user := fmt.Sprintf("user-%d-%d", p, i)
+			recs = append(recs, &kgo.Record{Partition: p, Key: []byte(user), Value: []byte(r.follow(user, "artist-1", 1))})
+		}
+	}
+	if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	r.produced += int64(len(recs))
+	r.broker.Fake.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r.broker.Fake.KeepControl()
+		for i := range req.(*kmsg.FetchRequest).Topics {
+			ft := &req.(*kmsg.FetchRequest).Topics[i]
+			ft.Partitions = slices.DeleteFunc(ft.Partitions, func(p kmsg.FetchRequestTopicPartition) bool { return p.Partition == unread })
+		}
+		return nil, nil, false // served without it
+	})
+	r.start(func(c *projection.Config) { c.Metrics = metrics })
+	want := map[string]int64{"0": 0, "1": 0, "2": 0, "3": perPartition}
+	var lag map[string]int64
+	deadline := time.Now().Add(testTimeout)
+	for time.Now().Before(deadline) {
+		if lag = metrictest.SumBy(t, reader, "causet.projection.consumer.lag", "partition"); maps.Equal(lag, want) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("consumer lag by partition %v, want %v", lag, want)
 }
 
 // TestWorkerSaysWhenItStartsShuttingDown: a shutdown is logged when it

@@ -11,9 +11,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// SumBy collects r and returns the int64 sum metric name's values, or the
-// int64 histogram name's counts, added up by the value of attribute key of
-// each data point ("" where a point has none). It fails t when the
+// SumBy collects r and returns the int64 sum or gauge metric name's
+// values, or the int64 histogram name's counts, added up by the value of
+// attribute key of each data point ("" where a point has none). It fails t when the
 // collection fails.
 func SumBy(t testing.TB, r sdkmetric.Reader, name, key string) map[string]int64 {
 	t.Helper()
@@ -31,12 +31,17 @@ func SumBy(t testing.TB, r sdkmetric.Reader, name, key string) map[string]int64 
 			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
 					v, _ := p.Attributes.Value(attribute.Key(key))
-					sums[v.AsString()] += p.Value
+					sums[v.Emit()] += p.Value
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					v, _ := p.Attributes.Value(attribute.Key(key))
+					sums[v.Emit()] += p.Value
 				}
 			case metricdata.Histogram[int64]:
 				for _, p := range d.DataPoints {
 					v, _ := p.Attributes.Value(attribute.Key(key))
-					sums[v.AsString()] += int64(p.Count)
+					sums[v.Emit()] += int64(p.Count)
 				}
 			}
 		}
