@@ -28,6 +28,9 @@ func TestMaskLiterals(t *testing.T) {
 		{"double quoted value", `invalid input syntax for type integer: "abc"`, `invalid input syntax for type integer: "<str>"`},
 		{"double quoted with escape", `bad "a\"b" here`, `bad "<str>" here`},
 		{"identifiers kept", `column "followed_at" of relation "artist_followers" does not exist`, `column "followed_at" of relation "artist_followers" does not exist`},
+		// A schema is a tenant's: data (pathological-stream trial).
+		{"schema qualifier masked", `relation "t_300.artist_followers" does not exist`, `relation "<schema>.artist_followers" does not exist`},
+		{"schema masked", `schema "t_300" does not exist`, `schema "<str>" does not exist`},
 		{"constraint kept", `duplicate key value violates unique constraint "artist_followers_pkey"`, `duplicate key value violates unique constraint "artist_followers_pkey"`},
 		{"field kept", `field "eventType" must be a non-empty string`, `field "eventType" must be a non-empty string`},
 		{"unterminated quote kept", `bad "abc`, `bad "abc`},
@@ -55,6 +58,8 @@ func TestFingerprintGroupsTheSameBugWhateverTheData(t *testing.T) {
 		{"different uuids", "no row for 3f2b8c1e-9d4a-4b7e-8f00-0123456789ab", "no row for 00000000-0000-0000-0000-000000000000"},
 		{"different decimals and signs", "value 7.5 exceeds -3", "value 1200.25 exceeds -99"},
 		{"different single quoted", "key 'user-1' unknown", "key 'artist-456' unknown"},
+		{"different tenants not migrated", `ERROR: relation "t_300.artist_followers" does not exist (SQLSTATE 42P01)`, `ERROR: relation "acme_prod.artist_followers" does not exist (SQLSTATE 42P01)`},
+		{"different tenants without a schema", `ERROR: schema "t_300" does not exist (SQLSTATE 3F000)`, `ERROR: schema "acme_prod" does not exist (SQLSTATE 3F000)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

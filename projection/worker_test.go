@@ -897,6 +897,42 @@ func TestWorkerOutageCountsNoRolledBackTransactions(t *testing.T) {
 	}
 }
 
+// TestWorkerTenantsNotMigratedShareOneFingerprint: the dead letters of
+// tenants never migrated (PostgreSQL's relation "<tenant>.<table>" does not
+// exist) share one fingerprint per projection, whatever the tenant, so one
+// breaker opens for them (pathological-stream trial: 100 tenants made 200
+// fingerprints and 200 breakers, each after a full retry schedule).
+func TestWorkerTenantsNotMigratedShareOneFingerprint(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	r.start(nil)
+	for i := range 4 {
+		tenant := fmt.Sprintf("gone_%d_%d", i, time.Now().UnixNano()%1e9) // never migrated
+		user := fmt.Sprintf("user-%d", i)
+		v := strings.Replace(r.follow(user, "artist-1", 1), `"tenantSchema":"`+r.tenant+`"`, `"tenantSchema":"`+tenant+`"`, 1)
+		r.produce(user, []byte(v))
+	}
+	r.waitCommitted(testTimeout)
+	byProjection := map[string]map[string]bool{} // projection → fingerprints
+	tenants := map[string]bool{}
+	for _, d := range r.deadLetters() {
+		p := d.headers["causet.dlq.projection"]
+		if byProjection[p] == nil {
+			byProjection[p] = map[string]bool{}
+		}
+		byProjection[p][d.headers["causet.dlq.fingerprint"]] = true
+		tenants[d.headers["causet.dlq.tenant-schema"]] = true
+	}
+	if len(tenants) != 4 || len(byProjection) == 0 {
+		t.Fatalf("dead letters of tenants %v, projections %v; want the 4 tenants' dead letters", tenants, byProjection)
+	}
+	for p, fps := range byProjection {
+		if len(fps) != 1 {
+			t.Errorf("projection %s: %d fingerprints for 4 tenants not migrated, want 1: %v", p, len(fps), fps)
+		}
+	}
+}
+
 // TestWorkerServesTheLagOfPartitionsItHasNotRead: every assigned partition
 // has a consumer-lag series once the broker's end offsets are read, also
 // one that has taken no record yet: its records are counted from the
