@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/causet/projection-worker/internal/logfold"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -84,6 +87,29 @@ type Writer struct {
 	log            *slog.Logger
 	attemptTimeout time.Duration // <= 0: none
 	tr             *sendTracer   // nil: no spans
+
+	mu    sync.Mutex
+	folds map[string]*logfold.Line // the retry lines, by source topic and partition
+}
+
+// retryLineDue reports whether the retry line of a write of source's
+// failing with text is written now, and the repeats left out since
+// (logfold: once a minute while unchanged; pathological-stream trial: a
+// dead-letter topic that refused every write gave 4 lines per partition
+// every 15-20 s, for as long as it refused).
+func (w *Writer) retryLineDue(src *kgo.Record, text string) (int, bool) {
+	key := src.Topic + "/" + strconv.Itoa(int(src.Partition))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.folds == nil {
+		w.folds = map[string]*logfold.Line{}
+	}
+	l := w.folds[key]
+	if l == nil {
+		l = &logfold.Line{}
+		w.folds[key] = l
+	}
+	return l.Due(text, time.Now())
 }
 
 // NewWriter returns a Writer producing through client, which the caller
@@ -209,7 +235,8 @@ func (w *Writer) Topic() string { return w.cfg.Topic }
 // Kafka refuses the record, or when AttemptTimeout (default 10 s) passes
 // without an answer (ErrAttemptTimeout). A failed attempt is logged at WARN
 // (keys topic, partition, offset, projection, tenant_schema of the source
-// record, plus dlq_topic, attempt, wait and error) and retried after a
+// record, plus dlq_topic, attempt, wait and error; the same error for the
+// same source partition once a minute, with repeats) and retried after a
 // backoff wait: the same record (same FailedAt and timestamp) until Kafka
 // acknowledges it, ctx is done, or MaxAttempts (default 5) attempts have
 // failed; then it returns the last produce error, and the caller, which must
@@ -256,7 +283,11 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) (err error) {
 		}
 		return perr
 	}, func(perr error, n int, wait time.Duration) {
-		w.log.LogAttrs(ctx, slog.LevelWarn, "dead-letter write failed, retrying",
+		repeats, due := w.retryLineDue(src, MaskLiterals(perr.Error())) // sizes in the text vary
+		if !due {
+			return
+		}
+		attrs := []slog.Attr{
 			slog.String("topic", src.Topic),
 			slog.Int("partition", int(src.Partition)),
 			slog.Int64("offset", src.Offset),
@@ -266,7 +297,11 @@ func (w *Writer) Write(ctx context.Context, dl DeadLetter) (err error) {
 			slog.Int("attempt", n), // the attempt that failed
 			slog.Duration("wait", wait),
 			slog.Any("error", perr),
-		)
+		}
+		if repeats > 0 {
+			attrs = append(attrs, slog.Int("repeats", repeats))
+		}
+		w.log.LogAttrs(ctx, slog.LevelWarn, "dead-letter write failed, retrying", attrs...)
 	})
 	switch {
 	case err == nil:

@@ -233,8 +233,10 @@ func TestWriterRetriesUntilTheProduceIsAcknowledged(t *testing.T) {
 				}
 				return
 			}
-			if len(lines) != failures {
-				t.Fatalf("logged %d lines, want %d: %v", len(lines), failures, lines)
+			// The first attempt's failure: the others repeat it, folded
+			// (TestWriterFoldsItsRetryLines).
+			if len(lines) != 1 {
+				t.Fatalf("logged %d lines, want 1: %v", len(lines), lines)
 			}
 			for i, l := range lines {
 				want := map[string]any{
@@ -391,6 +393,35 @@ func TestWriterGivesUpAfterMaxAttempts(t *testing.T) {
 	}
 	if n := recordsOn(t, cl, topic); n != 0 {
 		t.Errorf("dead-letter topic holds %d records, want none", n)
+	}
+}
+
+// TestWriterFoldsItsRetryLines: a dead letter the topic keeps refusing
+// with the same error gets one WARN "dead-letter write failed, retrying"
+// for its source partition, then one a minute with repeats, over Writes
+// and attempts (pathological-stream trial: 4 lines every cycle of every
+// stuck partition, for as long as the topic refused); another error is
+// written at once.
+func TestWriterFoldsItsRetryLines(t *testing.T) {
+	b, topic := newBroker(t, true)
+	cl := newClient(t, b)
+	var logs bytes.Buffer
+	w, err := NewWriter(cl, WriterConfig{RecordConfig: RecordConfig{Topic: topic}, Backoff: testBackoff, MaxAttempts: 3,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var second atomic.Bool // the second error from the third Write on
+	b.RefuseProduce(t, "", kerr.TopicAuthorizationFailed.Code, func(int64) bool { return !second.Load() })
+	b.RefuseProduce(t, "", kerr.PolicyViolation.Code, func(int64) bool { return second.Load() })
+	for i := range 3 {
+		second.Store(i == 2)
+		if err := w.Write(context.Background(), testDeadLetter([]byte(testEvent))); err == nil {
+			t.Fatal("Write succeeded against a refusing topic")
+		}
+	}
+	if n := strings.Count(logs.String(), `"msg":"dead-letter write failed, retrying"`); n != 2 {
+		t.Errorf("%d retry lines over 3 Writes of 3 attempts, 2 errors; want 2:\n%s", n, logs.String())
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/logfold"
 	"github.com/causet/projection-worker/retry"
 )
 
@@ -566,6 +567,9 @@ func (pc *partition) unacknowledged(dl dlq.DeadLetter, err error) {
 // error only when ctx is done first.
 func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 	b := pc.w.cfg.InfraRetry.NewBackOff()
+	// Folded: once a minute while the cause is unchanged (pathological-
+	// stream trial: a line every 6 s per stuck partition, without end).
+	var line logfold.Line
 	for {
 		wctx, done := pc.writeContext(ctx)
 		err := pc.w.dead.Write(wctx, dl)
@@ -581,6 +585,11 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 		pc.setStuck(err)
 		hint := "the dead-letter topic refuses writes: check it exists and accepts this worker's records"
 		switch {
+		case errors.Is(err, kerr.MessageTooLarge):
+			// The broker's refusal: the topic takes less than when the
+			// worker read its limit (pathological-stream trial: the
+			// hint said only "refuses writes").
+			hint = "the dead-letter topic's max.message.bytes is below this dead letter (lowered since the worker started? it reads the limit at start, and then leaves out of a dead letter what does not fit): raise it back, or restart the worker"
 		case errors.Is(err, dlq.ErrTooLarge):
 			hint = "raise the dead-letter topic's max.message.bytes (or --dlq-max-bytes) and restart the worker: the limit is read at start"
 		case errors.Is(err, dlq.ErrInvalidDeadLetter):
@@ -593,9 +602,14 @@ func (pc *partition) deadLetter(ctx context.Context, dl dlq.DeadLetter) error {
 			// topic deleted while the worker ran, the line blamed time).
 			hint = "the dead-letter topic " + topic + " does not exist (deleted?): create it (projection-worker topics); the partition waits, so nothing is lost"
 		}
-		pc.w.log.ErrorContext(logContext(dl), "dead letter not written; the partition waits and tries again",
-			"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
-			"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "fix", hint, "error", err)
+		if repeats, due := line.Due(hint+"\x00"+dlq.MaskLiterals(err.Error()), time.Now()); due { // sizes and counts in the text vary
+			args := []any{"topic", dl.Source.Topic, "partition", dl.Source.Partition, "offset", dl.Source.Offset,
+				"projection", dl.Projection, "tenant_schema", dl.TenantSchema, "retry_in", wait, "fix", hint, "error", err}
+			if repeats > 0 {
+				args = append(args, "repeats", repeats)
+			}
+			pc.w.log.ErrorContext(logContext(dl), "dead letter not written; the partition waits and tries again", args...)
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

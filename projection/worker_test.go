@@ -1186,6 +1186,43 @@ func TestWorkerDeadLetterProduceFailureKeepsOffset(t *testing.T) {
 	}
 }
 
+// TestWorkerStuckDeadLetterSaysWhyOnceAMinute: a dead-letter topic that
+// refuses a dead letter as too large (its max.message.bytes lowered after
+// the start) gets one ERROR line naming that limit, then one a minute, not
+// one per try (pathological-stream trial: a line every 6 s per stuck
+// partition without end, and a fix that said only "refuses writes").
+func TestWorkerStuckDeadLetterSaysWhyOnceAMinute(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{fake: true})
+	var failing atomic.Bool
+	failing.Store(true)
+	refused := r.broker.RefuseProduce(t, r.dlqTopic, kerr.MessageTooLarge.Code, func(int64) bool { return failing.Load() })
+	logs := &logCounter{msgs: map[string][]slog.Record{}}
+	r.start(func(c *projection.Config) { c.Logger = slog.New(logs) })
+	r.produce("poison", []byte("not json"))
+	deadline := time.Now().Add(testTimeout)
+	const msg = "dead letter not written; the partition waits and tries again"
+	for (refused.Load() < 15 || len(logs.records(msg)) == 0) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	failing.Store(false)
+	r.waitCommitted(testTimeout)
+	recs := logs.records(msg)
+	if refused.Load() < 15 || len(recs) != 1 {
+		t.Fatalf("%d ERROR lines %q over %d refused writes, want 1 (folded): %s", len(recs), msg, refused.Load(), logs.describe(msg))
+	}
+	var fix string
+	recs[0].Attrs(func(a slog.Attr) bool {
+		if a.Key == "fix" {
+			fix = a.Value.String()
+		}
+		return true
+	})
+	if !strings.Contains(fix, "max.message.bytes is below this dead letter") {
+		t.Errorf("fix %q, want it to name the topic's max.message.bytes", fix)
+	}
+}
+
 // panicky is a Go projection that panics: a projection error, retried and
 // dead-lettered with the panic's stack.
 type panicky struct{}
