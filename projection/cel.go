@@ -497,15 +497,15 @@ func evalDerive(prg *derivePrg, vars *deriveActivation) (any, error) {
 		}
 		return nil, err
 	}
-	return fromCEL(out, vars.ev)
+	return fromCEL(out, &inexactNumbers{ev: vars.ev})
 }
 
-// fromCEL converts a CEL result of a derive over ev (nil: one that reads
-// no event field) to an event tree value. A double is written as its
-// shortest text, or, when it is the double CEL read an event's number as
-// and that number is not the double exactly, as that number's text
-// (passedThrough).
-func fromCEL(v ref.Val, ev *Event) (any, error) {
+// fromCEL converts a CEL result of a derive to an event tree value. A
+// double is written as its shortest text, or, when it is the double CEL
+// read a number of the derive's event as and that text is not the number,
+// as that number's text (inexactNumbers; nil for a derive that reads no
+// event field).
+func fromCEL(v ref.Val, ev *inexactNumbers) (any, error) {
 	switch x := v.(type) {
 	case *types.Err: // an element of a list or map: a number beyond range
 		return nil, x
@@ -534,7 +534,7 @@ func fromCEL(v ref.Val, ev *Event) (any, error) {
 		case math.IsInf(f, -1):
 			return "-Infinity", nil
 		}
-		if n, err := passedThrough(ev, f); n != "" || err != nil {
+		if n, err := ev.text(f); n != "" || err != nil {
 			return json.Number(n), err
 		}
 		return json.Number(strconv.FormatFloat(f, 'g', -1, 64)), nil
@@ -573,49 +573,66 @@ func fromCEL(v ref.Val, ev *Event) (any, error) {
 	return nil, fmt.Errorf("result of type %s cannot be stored", celTypeWord(v.Type().TypeName()))
 }
 
-// passedThrough returns the text of ev's number that CEL read as the
-// double f when f's text is not that number (readInexactly): an integer
-// beyond int64 (12345678901234567890, read as 1.2345678901234567e+19) or
-// one with more significant digits than a double holds
-// (123456789.123456789123). So a
-// derive that passes such a number through (`has(payload.x) ? payload.x :
-// dyn(null)`, an object into jsonb) stores it as sent, as a from path
-// does: SPEC §3, numbers are never round-tripped through float64 (trial:
-// a numeric column stored 12345678901234567000). It returns "" when no
-// number of ev is read inexactly as f (f computed, or read exactly), and
-// an error when two numbers of different values are: which one the result
-// is cannot be told.
-func passedThrough(ev *Event, f float64) (string, error) {
-	if ev == nil || ev.tree == nil {
-		return "", nil
-	}
-	t, text := ev.tree, ""
-	for i := range t.Nodes {
-		if t.Nodes[i].Kind != jsonstrict.NumberNode {
-			continue
-		}
-		s := t.Text(int32(i))
-		if !readInexactly(s, f) {
-			continue
-		}
-		if text != "" && !sameNumber(text, s) {
-			return "", fmt.Errorf("result %s: the event's numbers %s and %s both read as this CEL double, which holds neither exactly, so which one it is cannot be told (read the number with from, or as a string)",
-				strconv.FormatFloat(f, 'g', -1, 64), shortenValue(text), shortenValue(s))
-		}
-		if text == "" {
-			text = s
-		}
-	}
-	return text, nil
+// inexactNumbers are the numbers of a derive's event that CEL reads as a
+// double whose text is not the number (readInexactly): an integer beyond
+// int64 (12345678901234567890, read as 1.2345678901234567e+19) or one with
+// more significant digits than a double holds (123456789.123456789123).
+// They are read from the event's tree once, at the first double of the
+// derive's result.
+type inexactNumbers struct {
+	ev      *Event
+	read    bool
+	byValue map[float64][]string // the texts of the numbers read as each double
 }
 
-// readInexactly reports whether CEL reads the JSON number s as the double
-// f (numberValue: not an integer that fits int64) and f's shortest text,
+// text returns the text of the event's number that CEL read as the double
+// f without f's text being it, so that a derive that passes such a number
+// through (`has(payload.x) ? payload.x : dyn(null)`, an object into jsonb)
+// stores it as sent, as a from path does: SPEC §3, numbers are never
+// round-tripped through float64 (definitions trial: a numeric column
+// stored 12345678901234567000). It returns "" when no number of the event
+// is read so as f (f computed, or read exactly), and an error when two
+// numbers of different values are: which one the result is cannot be told.
+func (x *inexactNumbers) text(f float64) (string, error) {
+	if x == nil || x.ev == nil || x.ev.tree == nil {
+		return "", nil
+	}
+	if !x.read {
+		x.read = true
+		t := x.ev.tree
+		for i := range t.Nodes {
+			if t.Nodes[i].Kind != jsonstrict.NumberNode {
+				continue
+			}
+			if s := t.Text(int32(i)); readInexactly(s) {
+				g, _ := strconv.ParseFloat(s, 64)
+				if x.byValue == nil {
+					x.byValue = map[float64][]string{}
+				}
+				x.byValue[g] = append(x.byValue[g], s)
+			}
+		}
+	}
+	texts := x.byValue[f]
+	for _, s := range texts[min(1, len(texts)):] {
+		if !sameNumber(texts[0], s) {
+			return "", fmt.Errorf("result %s: the event's numbers %s and %s both read as this CEL double, which holds neither exactly, so which one it is cannot be told (read the number with from, or as a string)",
+				strconv.FormatFloat(f, 'g', -1, 64), shortenValue(texts[0]), shortenValue(s))
+		}
+	}
+	if len(texts) == 0 {
+		return "", nil
+	}
+	return texts[0], nil
+}
+
+// readInexactly reports whether CEL reads the JSON number s as a double
+// (numberValue: not an integer that fits int64) whose shortest text,
 // which fromCEL writes, is not s's value: 18446744073709551616 (2⁶⁴) is a
 // double, but its text 1.8446744073709552e+19 is another number. A number
 // of at most 15 significant digits is never read inexactly: its double's
 // shortest text has its value (DBL_DIG).
-func readInexactly(s string, f float64) bool {
+func readInexactly(s string) bool {
 	digits, leading := 0, true
 	for i := 0; i < len(s) && s[i] != 'e' && s[i] != 'E'; i++ {
 		switch c := s[i]; {
@@ -631,10 +648,8 @@ func readInexactly(s string, f float64) bool {
 	if _, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return false // an int
 	}
-	if g, err := strconv.ParseFloat(s, 64); err != nil || g != f {
-		return false
-	}
-	return !sameNumber(s, strconv.FormatFloat(f, 'g', -1, 64))
+	f, err := strconv.ParseFloat(s, 64)
+	return err == nil && !sameNumber(s, strconv.FormatFloat(f, 'g', -1, 64))
 }
 
 // sameNumber reports whether the JSON numbers a and b have one value
