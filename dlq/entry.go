@@ -294,17 +294,17 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	// original event when the dead letter carries it.
 	_, _, forkCut := cutLabel(hv.fork)
 	_, _, typeCut := cutLabel(hv.eventType)
-	fromEvent := func(has, cut bool) bool { return !has || cut }
-	if (fromEvent(hv.hasFork, forkCut) || fromEvent(hv.hasEventType, typeCut)) && e.HasOriginalEvent() {
+	forkFromEvent, typeFromEvent := !hv.hasFork || forkCut, !hv.hasEventType || typeCut
+	if (forkFromEvent || typeFromEvent) && e.HasOriginalEvent() {
 		var ev struct {
 			ForkID    json.RawMessage `json:"forkId"`
 			EventType json.RawMessage `json:"eventType"`
 		}
 		if json.Unmarshal(e.Message.OriginalEvent, &ev) == nil {
-			if fromEvent(hv.hasFork, forkCut) {
+			if forkFromEvent {
 				e.ForkID = jsonString(ev.ForkID)
 			}
-			if fromEvent(hv.hasEventType, typeCut) {
+			if typeFromEvent {
 				e.EventType = jsonString(ev.EventType)
 			}
 		}
