@@ -83,6 +83,10 @@ func TestUsageErrors(t *testing.T) {
 		{"max replays 0", noKafka, []string{"retry", "--all", "--max-replays", "0"}, "--max-replays"},
 		{"negative rate", noKafka, []string{"retry", "--all", "--rate", "-5"}, "--rate"},
 		{"rate NaN", noKafka, []string{"retry", "--all", "--rate", "NaN"}, "--rate"},
+		// Named with its variable and the form wanted (fresh-user trial:
+		// `invalid value "abc" for flag -rate: parse error`).
+		{"rate not a number", noKafka, []string{"retry", "--all", "--rate", "abc"}, `--rate (DLQ_RATE) "abc": not a number: write it in decimal, e.g. 50 or 0.5`},
+		{"rate infinite", noKafka, []string{"retry", "--all", "--rate", "Inf"}, `--rate (DLQ_RATE) "Inf": not a number`},
 		{"skip without reason", noKafka, []string{"skip", "--all", "--actor", "alice"}, "--reason"},
 		{"skip without actor", noKafka, []string{"skip", "--all", "--reason", "bad data"}, "--actor"},
 		{"bad env value", env{"KAFKA_BROKERS": "127.0.0.1:1", "DLQ_LIMIT": "many"}, []string{"list", "--all"}, "DLQ_LIMIT (flag --limit)"},
