@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,5 +119,21 @@ func TestKafkaStartBackOffDoubles(t *testing.T) {
 				t.Fatalf("wait %d = %s, want %s ±50 %%", i+1, got, base)
 			}
 		}
+	}
+}
+
+// TestTopicsErrorSaysWhatNoAnswerCanBe: the topic requests' deadline with
+// no answer (a TLS client on a plaintext listener, which takes the
+// connection and never answers) names what can cause it and the flags
+// (fresh-user trial: `topics --kafka-tls` said "context deadline exceeded"
+// alone after 30 s); a refused dial is said as it is.
+func TestTopicsErrorSaysWhatNoAnswerCanBe(t *testing.T) {
+	err := topicsError(fmt.Errorf("ensure topics: list topics: %w", context.DeadlineExceeded))
+	if !strings.Contains(err.Error(), "no answer in time") || !strings.Contains(err.Error(), "--kafka-tls") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("topicsError = %v, want the no-answer hint naming --kafka-tls, wrapping the deadline", err)
+	}
+	refused := topicsError(fmt.Errorf("list topics: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}))
+	if strings.Contains(refused.Error(), "no answer in time") {
+		t.Errorf("topicsError of a refused dial = %v, want no no-answer hint", refused)
 	}
 }

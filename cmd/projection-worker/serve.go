@@ -465,9 +465,16 @@ func watchDatabase(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, ev
 
 // topicsError is err, an error of the first requests about the topics,
 // with the cause Kafka's answer gives in terms of the flags, when it gives
-// one (kafkaconn.Explain, kafkaconn.ClosedHint): "topics: <cause>: <err>".
+// one (kafkaconn.Explain, kafkaconn.ClosedHint), or, when no answer came
+// in time, what can cause that (kafkaconn.NoAnswerHint; fresh-user trial:
+// `topics --kafka-tls` against a plaintext listener said "context
+// deadline exceeded" alone after 30 s): "topics: <cause>: <err>".
 func topicsError(err error) error {
-	if reason := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err)); reason != "" {
+	reason := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err))
+	if reason == "" && errors.Is(err, context.DeadlineExceeded) && !kafkaconn.DialError(err) {
+		reason = kafkaconn.NoAnswerHint
+	}
+	if reason != "" {
 		return fmt.Errorf("topics: %s: %w", reason, err)
 	}
 	return fmt.Errorf("topics: %w", err)
