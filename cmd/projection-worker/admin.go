@@ -84,6 +84,14 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		// As run says it (fresh-user trial: migrate gave the driver's
+		// error alone, run named --database-url).
+		if refused := refusedConnection(err); refused != nil {
+			return refused
+		}
+		return fmt.Errorf("the database does not answer: check --database-url (DATABASE_URL) and the database; the driver's error: %w", err)
+	}
 	if s.grantRole != "" {
 		// Before any schema is migrated: a role that does not exist would
 		// leave them migrated and not granted.

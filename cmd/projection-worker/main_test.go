@@ -231,6 +231,9 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{`--create-topics (CREATE_TOPICS) "maybe": not true or false`}},
 		{name: "migrate bad tenant schema", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", `bad"name`},
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `bad\"name`, "^[a-z_][a-z0-9_]{0,62}$"}},
+		// As run says it (fresh-user trial: the driver's error alone).
+		{name: "migrate database down", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "acme_c"},
+			wantCode: 1, wantStderr: []string{"the database does not answer: check --database-url (DATABASE_URL)"}},
 		{name: "migrate public", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "public"},
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `"public"`, "not one of PostgreSQL's own schemas"}},
 		{name: "migrate pg_catalog", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t1", "--tenant-schema", "pg_catalog"},
