@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -206,10 +207,16 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 		status = d.Action
 	}
 	if lw.json {
-		var key *string
+		var key, keyBase64 *string
 		if e.Key != nil {
 			k := string(e.Key)
 			key = &k
+			if !utf8.Valid(e.Key) {
+				// JSON text would replace its bytes with U+FFFD (fresh-user
+				// trial: a key ff fe 6b 65 79 read "\ufffd\ufffdkey").
+				b := base64.StdEncoding.EncodeToString(e.Key)
+				keyBase64 = &b
+			}
 		}
 		// Message has its own MarshalJSON (which keeps originalEvent byte
 		// for byte); the list fields are written first and the message's
@@ -232,6 +239,7 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 			DLQPartition      int32         `json:"dlqPartition"`
 			DLQOffset         int64         `json:"dlqOffset"`
 			Key               *string       `json:"key"`
+			KeyBase64         *string       `json:"keyBase64,omitempty"`
 			ForkID            string        `json:"forkId"`
 			EventType         string        `json:"eventType"`
 			Fingerprint       string        `json:"fingerprint"`
@@ -241,7 +249,7 @@ func (lw *listWriter) write(e *dlq.Entry, d *dlq.Decision) error {
 			ReplayCount       int           `json:"replayCount"`
 			LedgerStatus      string        `json:"ledgerStatus"`
 			Ledger            *dlq.Decision `json:"ledger"`
-		}{e.Partition, e.Offset, key, e.ForkID, e.EventType, e.Fingerprint, e.ErrorClass, e.SQLState,
+		}{e.Partition, e.Offset, key, keyBase64, e.ForkID, e.EventType, e.Fingerprint, e.ErrorClass, e.SQLState,
 			e.OriginalPartition, e.ReplayCount, status, d})
 		if err != nil {
 			return err

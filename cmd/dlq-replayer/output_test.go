@@ -2,15 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/causet/projection-worker/dlq"
+	"github.com/causet/projection-worker/internal/kafkatest"
+	"github.com/causet/projection-worker/retry"
 )
 
 func TestSummaryTableAlignsGroupsLargestFirst(t *testing.T) {
@@ -376,5 +382,49 @@ func TestNoMatchTextCountsInTheSingular(t *testing.T) {
 		if got := noMatchText(tt.st); !strings.HasSuffix(got, tt.want) {
 			t.Errorf("noMatchText(%+v) = %q, want it to end %q", tt.st, got, tt.want)
 		}
+	}
+}
+
+// TestListJSONKeepsAKeyThatIsNotUTF8: list --output json gives a record key
+// that is not UTF-8 in keyBase64 too, its bytes whole ("every value
+// whole"; fresh-user trial: key ff fe 6b 65 79 read "\ufffd\ufffdkey" with
+// nothing else holding it); a UTF-8 key has no keyBase64.
+func TestListJSONKeepsAKeyThatIsNotUTF8(t *testing.T) {
+	f := newFixture(t, kafkatest.New(t))
+	f.add(t, "user-1", "production", "acme_prod", "artist_followers", columnErr, t0)
+	key := []byte{0xff, 0xfe, 'k', 'e', 'y'}
+	rec, err := dlq.NewRecord(dlq.DeadLetter{
+		Source: &kgo.Record{Topic: f.events, Partition: 2, Offset: 99, Key: key,
+			Value: []byte(`{"eventType":"ARTIST_FOLLOWED","entityId":"e","forkId":"production","tenantSchema":"acme_prod","irVersion":"v42","sequenceNumber":1,"ts":1719331200000,"payload":{"user_id":"u","artist_id":"a-1"}}`)},
+		Projection: "artist_followers", TenantSchema: "acme_prod", ForkID: "production", EventType: "ARTIST_FOLLOWED",
+		Class: retry.Classify(columnErr), Err: columnErr, Retries: 5,
+	}, dlq.RecordConfig{Topic: f.dlqTopic}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cl.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	r := runCmd(t, f.env, "list", "--all", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("list: exit %d\n%s", r.code, r.stderr)
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var v struct {
+			Key       *string `json:"key"`
+			KeyBase64 *string `json:"keyBase64"`
+		}
+		if err := json.Unmarshal([]byte(l), &v); err != nil {
+			t.Fatalf("json line %q: %v", l, err)
+		}
+		b64 := "-"
+		if v.KeyBase64 != nil {
+			b64 = *v.KeyBase64
+		}
+		got = append(got, b64)
+	}
+	if want := []string{"-", base64.StdEncoding.EncodeToString(key)}; !slices.Equal(got, want) {
+		t.Errorf("keyBase64 of the two lines %q, want %q", got, want)
 	}
 }
