@@ -295,6 +295,10 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: projection "p": columns.v: from: "payload.v ": segment "v " starts or ends with white space; to read a key spelt so, use derive (payload["v "]) (line 9)`,
 			`d.yaml: projection "p": columns.w: from: "payload.\tw": segment "\tw" starts or ends with white space; to read a key spelt so, use derive (payload["\tw"]) (line 10)`,
 		}},
+		// The event field: no derive reads it so (final fresh-user check).
+		{"event field with white space", head + "    columns:\n      id: {type: text, from: entityId}\n      v: {type: text, from: \" payload.v\"}\n", []string{
+			`d.yaml: projection "p": columns.v: from: " payload.v": segment " payload" starts or ends with white space: remove it (line 9)`,
+		}},
 		{"reserved column", head + "    columns:\n      id: {type: text, from: entityId}\n      _causet_seq: {type: bigint, from: sequenceNumber}\n", []string{
 			`d.yaml: projection "p": columns._causet_seq: "_causet_seq" starts with the reserved prefix "_causet" (line 9)`,
 		}},

@@ -290,8 +290,12 @@ func checkFromPath(path string) error {
 	if slices.Contains(segs, "") {
 		return fmt.Errorf("%q has an empty path segment", path)
 	}
-	for _, seg := range segs {
-		if strings.TrimSpace(seg) != seg {
+	for i, seg := range segs {
+		switch {
+		case strings.TrimSpace(seg) == seg:
+		case i == 0: // an event field: no key of the payload
+			return fmt.Errorf("%q: segment %q starts or ends with white space: remove it", path, seg)
+		default:
 			// A typo far likelier than a key so spelt (definitions trial:
 			// "payload.v " passed, and every row got NULL).
 			return fmt.Errorf("%q: segment %q starts or ends with white space; to read a key spelt so, use derive (payload[%q])", path, seg, seg)

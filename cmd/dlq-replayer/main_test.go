@@ -87,6 +87,7 @@ func TestUsageErrors(t *testing.T) {
 		// `invalid value "abc" for flag -rate: parse error`).
 		{"rate not a number", noKafka, []string{"retry", "--all", "--rate", "abc"}, `--rate (DLQ_RATE) "abc": not a number: write it in decimal, e.g. 50 or 0.5`},
 		{"rate infinite", noKafka, []string{"retry", "--all", "--rate", "Inf"}, `--rate (DLQ_RATE) "Inf": not a number`},
+		{"rate beyond a double", noKafka, []string{"retry", "--all", "--rate", "1e400"}, `--rate (DLQ_RATE) "1e400": out of range for a number`},
 		{"skip without reason", noKafka, []string{"skip", "--all", "--actor", "alice"}, "--reason"},
 		{"skip without actor", noKafka, []string{"skip", "--all", "--reason", "bad data"}, "--actor"},
 		{"bad env value", env{"KAFKA_BROKERS": "127.0.0.1:1", "DLQ_LIMIT": "many"}, []string{"list", "--all"}, "DLQ_LIMIT (flag --limit)"},

@@ -173,7 +173,10 @@ func (s *Set) Float64(p *float64, name, env string, def float64, usage string) {
 // parseFloat reads a finite decimal number (2, 0.5, 1e3).
 func parseFloat(in string) (float64, error) {
 	f, err := strconv.ParseFloat(in, 64)
-	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) || strings.HasPrefix(strings.ToLower(strings.TrimLeft(in, "+-")), "0x") {
+	switch {
+	case errors.Is(err, strconv.ErrRange) && math.IsInf(f, 0):
+		return 0, errors.New("out of range for a number") // 1e400
+	case err != nil || math.IsInf(f, 0) || math.IsNaN(f) || strings.HasPrefix(strings.ToLower(strings.TrimLeft(in, "+-")), "0x"):
 		return 0, errors.New("not a number: write it in decimal, e.g. 50 or 0.5")
 	}
 	return f, nil
