@@ -60,6 +60,16 @@ func (s *Settings) Register(fs *flagenv.Set) {
 	fs.String(&s.SASLPassword, "kafka-sasl-password", "KAFKA_SASL_PASSWORD", "", "SASL password (prefer the environment variable)")
 }
 
+// notShown says why an entry of --brokers is quoted only up to its first
+// ':': what follows may be a password (user:password, fresh-user trial:
+// `alice:S3cret` was echoed whole, as "not host:port").
+const notShown = " (what follows the first ':' is not shown: it may be a password)"
+
+// shownUpToColon quotes b up to and with its first ':', then "…".
+func shownUpToColon(b string) string {
+	return strconv.Quote(b[:strings.IndexByte(b, ':')+1] + "…")
+}
+
 // Opts validates the settings and returns the franz-go options for them:
 // seed brokers, TLS dialer and SASL mechanism. Errors are *flagenv.UsageError
 // naming the flag to fix.
@@ -74,12 +84,19 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 			// kept the password).
 			return nil, flagenv.Usagef("--brokers (KAFKA_BROKERS): entry %d holds \"@\", so it is not host:port (it is not shown: it may hold a password); a user and password go in --kafka-sasl-user and KAFKA_SASL_PASSWORD", i+1)
 		}
-		_, port, err := net.SplitHostPort(b)
+		host, port, err := net.SplitHostPort(b)
 		if err != nil {
-			return nil, flagenv.Usagef("--brokers: %q is not host:port", b)
+			if !strings.Contains(b, ":") {
+				return nil, flagenv.Usagef("--brokers: %q is not host:port (it has no port)", b)
+			}
+			return nil, flagenv.Usagef("--brokers: entry %d (%s) is not host:port%s", i+1, shownUpToColon(b), notShown)
 		}
 		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return nil, flagenv.Usagef("--brokers: %q: the port must be a number from 1 to 65535", b)
+			if _, err := strconv.ParseUint(port, 10, 64); err == nil {
+				// A number out of range hides nothing.
+				return nil, flagenv.Usagef("--brokers: %q: the port must be a number from 1 to 65535", b)
+			}
+			return nil, flagenv.Usagef("--brokers: entry %d (%q): the port must be a number from 1 to 65535%s", i+1, host+":…", notShown)
 		}
 		brokers = append(brokers, b)
 	}

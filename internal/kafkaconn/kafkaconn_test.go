@@ -140,3 +140,28 @@ func TestBrokersWithAPasswordAreNotEchoed(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokersNotHostPortShowNothingAfterAColon: an entry that is not
+// host:port is quoted up to its first ':' only, since what follows may be
+// a password (fresh-user trial: `alice:S3cretX` was echoed whole as "not
+// host:port"); an entry with no ':' and a port number out of range hide
+// nothing and are quoted whole.
+func TestBrokersNotHostPortShowNothingAfterAColon(t *testing.T) {
+	for _, tt := range []struct{ brokers, says string }{
+		{"alice:S3cretX", `entry 1 ("alice:…"): the port must be a number from 1 to 65535`},
+		{"k1:9092,alice:S3cretX:k2:9092", `entry 2 ("alice:…") is not host:port`},
+		{"kafka:S3cretX1", `entry 1 ("kafka:…"): the port`},
+		{"kafka-1", `"kafka-1" is not host:port (it has no port)`},
+		{"kafka-1:99999", `"kafka-1:99999": the port must be a number from 1 to 65535`},
+		{"kafka-1:0", `"kafka-1:0": the port must be a number from 1 to 65535`},
+	} {
+		_, err := Settings{Brokers: tt.brokers}.Opts()
+		var ue *flagenv.UsageError
+		if err == nil || !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.says) {
+			t.Errorf("%s: Opts error %v, want a usage error with %q", tt.brokers, err, tt.says)
+		}
+		if err != nil && strings.Contains(err.Error(), "S3cretX") {
+			t.Errorf("%s: the error shows the password: %v", tt.brokers, err)
+		}
+	}
+}
