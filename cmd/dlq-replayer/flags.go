@@ -121,11 +121,14 @@ var filterFlags = []string{"fork-id", "projection", "tenant-schema", "event-type
 
 // envFilters returns the filters fs took from the environment, not the
 // command line, as "VARIABLE=value": a variable left set from an earlier
-// run narrows even --all (second new-user trial), so execute says so.
+// run narrows even --all (second new-user trial), so execute says so; and
+// DLQ_ALL, which selects every dead letter where the command line gives no
+// filter (docs trial: DLQ_ALL=true left in a Job's environment turned a
+// retry without filters into a retry of everything, without a word).
 func envFilters(fs *flagenv.Set) []string {
 	env := fs.Env()
 	var out []string
-	for _, name := range filterFlags {
+	for _, name := range append(filterFlags[:len(filterFlags):len(filterFlags)], "all") {
 		if fs.FromEnv(name) {
 			out = append(out, env[name]+"="+fs.Lookup(name).Value.String())
 		}

@@ -95,6 +95,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	switch cmd {
 	case "list", "summary", "retry", "skip":
 	case "-h", "-help", "--help", "help", "version", "--version":
+		if len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+			// `version -h` asks for help, as every command's -h does
+			// (exit 0; docs trial: it was refused as an argument).
+			fmt.Fprint(stdout, usage)
+			return 0
+		}
 		if len(args) > 1 {
 			// Takes no flag or argument, as projection-worker's (new-user
 			// trial: "version extra --json" printed the version).

@@ -135,10 +135,18 @@ func TestVersionPrintsOneLine(t *testing.T) {
 // are usage errors (exit 2), not the version or the usage as if the rest
 // were read (new-user trial).
 func TestVersionAndHelpTakeNoArguments(t *testing.T) {
-	for _, args := range [][]string{{"version", "extra", "--json"}, {"help", "retry"}} {
+	for _, args := range [][]string{{"version", "extra", "--json"}, {"help", "retry"}, {"version", "-h", "x"}} {
 		r := runCmd(t, env{}, args...)
 		if r.code != 2 || !strings.Contains(r.stderr, args[0]+" takes no arguments") || r.stdout != "" {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2 saying it takes no arguments", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	// -h after version or help asks for help: the usage, exit 0 (docs
+	// trial: `version -h` was refused, exit 2).
+	for _, args := range [][]string{{"version", "-h"}, {"help", "--help"}, {"version", "-help"}} {
+		r := runCmd(t, env{}, args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "Commands:") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 0 and the usage", args, r.code, r.stdout, r.stderr)
 		}
 	}
 }
@@ -258,6 +266,16 @@ func TestAFilterFromTheEnvironmentIsSaid(t *testing.T) {
 	r = runCmd(t, f.env, "list", "--fingerprint", "537b419c1e06d9c6", "--log-format", "text")
 	if r.code != 0 || strings.Contains(r.stderr, "filters set in the environment") {
 		t.Errorf("list --fingerprint: exit %d, want 0 and no environment WARN\n%s", r.code, r.stderr)
+	}
+	// DLQ_ALL selects everything where the command line gives no filter
+	// (docs trial: a retry so selected every dead letter without a word).
+	e = env{"DLQ_ALL": "true"}
+	for k, v := range f.env {
+		e[k] = v
+	}
+	r = runCmd(t, e, "retry", "--dry-run", "--log-format", "text")
+	if r.code != 0 || !strings.Contains(r.stderr, "filters set in the environment apply") || !strings.Contains(r.stderr, "DLQ_ALL=true") {
+		t.Errorf("retry --dry-run with DLQ_ALL=true: exit %d, want 0 and a WARN naming DLQ_ALL\n%s", r.code, r.stderr)
 	}
 }
 

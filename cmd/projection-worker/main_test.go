@@ -261,6 +261,11 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "topics bad log format", args: []string{"topics", "--log-format", "xml"}, wantCode: 2, wantStderr: []string{"--log-format"}},
 		{name: "version with arguments", args: []string{"version", "extra", "--json"}, wantCode: 2, wantStderr: []string{"version takes no arguments", `"extra"`}},
 		{name: "help with arguments", args: []string{"help", "run"}, wantCode: 2, wantStderr: []string{"help takes no arguments"}},
+		// -h after version or help asks for help, exit 0 (docs trial:
+		// `version -h` was refused, exit 2).
+		{name: "version -h", args: []string{"version", "-h"}, wantCode: 0, wantStdout: []string{"Commands:"}},
+		{name: "help --help", args: []string{"help", "--help"}, wantCode: 0, wantStdout: []string{"Commands:"}},
+		{name: "version -h extra", args: []string{"version", "-h", "x"}, wantCode: 2, wantStderr: []string{"version takes no arguments"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
