@@ -38,7 +38,7 @@ func ParsePostgres(connString string) (*pgxpool.Config, error) {
 			reason = strings.TrimPrefix(blank.Error(), "cannot parse ``: ")
 		}
 		secrets := PostgresSecrets(connString)
-		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(secrets...).String(maskQuotedParts(reason, secrets)))
+		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(secrets...).String(maskQuotedParts(reason)))
 	}
 	if isURL(connString) {
 		if unencodedAfterHost(connString) {
@@ -57,20 +57,19 @@ func ParsePostgres(connString string) (*pgxpool.Config, error) {
 // URL parser quotes the part it refuses as it is).
 var quotedPart = regexp.MustCompile(`"[^"]*"`)
 
-// maskQuotedParts returns reason with every double-quoted part that holds
-// one of secrets masked whole: a parse error quotes a piece of the string
-// (`unexpected spaces found in "abc def@127.0.0.1"`), which can hold the
-// part of a password after an unencoded '@', whatever its length (third
-// new-user trial: a piece of 7 bytes was printed, short secrets not being
-// masked by their text).
-func maskQuotedParts(reason string, secrets []string) string {
+// maskQuotedParts returns reason with every double-quoted part masked
+// whole, but for a bit of punctuation (`"="`, `"&"`): a parse error quotes
+// a piece of the string (`unexpected spaces found in "abc def@127.0.0.1"`),
+// which can hold any part of a password, whatever its length (third
+// new-user trial: a piece of 7 bytes after an unencoded '@'; security
+// trial: the part after an unencoded '?' or '&', which holds no whole
+// secret, so that masking the pieces that hold one missed it).
+func maskQuotedParts(reason string) string {
 	return quotedPart.ReplaceAllStringFunc(reason, func(q string) string {
-		for _, s := range secrets {
-			if s != "" && strings.Contains(q, s) {
-				return `"` + Mask + `"`
-			}
+		if len(q) <= 2+3 && strings.Trim(q, `"=&@:/?#;,`) == "" {
+			return q
 		}
-		return q
+		return `"` + Mask + `"`
 	})
 }
 

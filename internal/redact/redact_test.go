@@ -49,6 +49,12 @@ var badConnStrings = []struct {
 		[]string{"vault-pw", "Zx9q7Lm2"}},
 	{"URL, unencoded '@', '/', ':', '#' and '?' in the password", "postgres://wk:W0rkerS3cretP@ss/wd:#?@127.0.0.1:47311/wdb",
 		[]string{"W0rkerS3cretP", "ss/wd"}},
+	// Security trial: the URL parser quoted the part of the password after
+	// an unencoded '?' or '&', which names no whole secret.
+	{"URL, unencoded '@', ':', '/', '?' and '#' in the password", "postgres://trial52a_role:S3cr3t@p:a/s?s#W0rd@127.0.0.1:55432/trial52a_db",
+		[]string{"S3cr3t", "s#W0rd", "W0rd"}},
+	{"URL, unencoded '&' in a query password", "postgres://wk@127.0.0.1:47020/wkdb?password=S3cr&W0rdXyz",
+		[]string{"W0rdXyz"}},
 }
 
 // TestParsePostgresNeverPrintsThePassword: whatever is wrong with a
