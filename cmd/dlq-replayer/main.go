@@ -125,8 +125,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	if err == nil {
 		err = aliases.apply()
 	}
-	if err == nil && fs.NArg() > 0 {
-		err = flagenv.Usagef("unexpected argument %q (flags start with --)", fs.Arg(0))
+	if err == nil {
+		err = fs.NoArguments()
 	}
 	if err == nil {
 		// A filter given twice would keep its last value only, where "this

@@ -349,10 +349,7 @@ func parseFlags(fs *flagenv.Set, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return flagenv.Usagef("unexpected argument %q (flags start with --)", fs.Arg(0))
-	}
-	return nil
+	return fs.NoArguments()
 }
 
 // topicConfig returns the topic settings, or a usage error naming the flag.

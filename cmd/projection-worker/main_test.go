@@ -190,6 +190,9 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "topics unknown flag", args: []string{"topics", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "validate unknown flag", args: []string{"validate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "run positional argument", args: runArgs("extra"), wantCode: 2, wantStderr: []string{`unexpected argument "extra"`}},
+		// Security trial: the URL was printed as an unexpected argument.
+		{name: "run flag without its value before a secret", args: []string{"run", "--projections", exampleProjections, "--group", "--database-url", "postgres://u:S3cretPw@h/db"},
+			wantCode: 2, wantStderr: []string{"--group needs a value, and was given the flag --database-url as one"}},
 		{name: "run without database url", args: []string{"run", "--brokers", noKafka, "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"--database-url", "DATABASE_URL"}},
 		{name: "run without projections", args: []string{"run", "--brokers", noKafka, "--database-url", noDB},

@@ -360,6 +360,9 @@ func (s *Set) Parse(args []string) error {
 	if err := s.checkBoolValue(args); err != nil {
 		return err
 	}
+	if err := s.checkValueIsFlag(args); err != nil {
+		return err
+	}
 	given := map[string]bool{}
 	s.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	names := make([]string, 0, len(s.env))
@@ -460,5 +463,59 @@ func (s *Set) checkBoolValue(args []string) error {
 	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
 		return nil
 	}
-	return Usagef("unexpected argument %q after --%s: a bool flag takes its value after =, e.g. --%s=false", args[i], name, name)
+	return Usagef("unexpected argument %s after --%s: a bool flag takes its value after =, e.g. --%s=false", shownArgument(args[i]), name, name)
+}
+
+// checkValueIsFlag refuses "--name --other" for a flag that takes a value,
+// where --other is a flag of s: the flag package reads --other as --name's
+// value, and what was meant as --other's value as an argument, which
+// could be a password (security trial: `--group --database-url URL`
+// printed the URL as an unexpected argument, and `--kafka-sasl-user
+// --kafka-sasl-password P` the password). Only the other flag's name is
+// shown, not a value given with it after '='.
+func (s *Set) checkValueIsFlag(args []string) error {
+	flags := args[:len(args)-s.NArg()]
+	for i := 0; i < len(flags); i++ {
+		a := flags[i]
+		if a == "--" {
+			break
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := s.Lookup(name)
+		if f == nil || hasValue {
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		i++ // its value
+		if i >= len(flags) || !strings.HasPrefix(flags[i], "-") {
+			continue
+		}
+		other, _, _ := strings.Cut(strings.TrimLeft(flags[i], "-"), "=")
+		if other != "" && s.Lookup(other) != nil {
+			return Usagef("--%s needs a value, and was given the flag --%s as one: give --%s its value before --%s (--%s=VALUE for a value that starts with -)", name, other, name, other, name)
+		}
+	}
+	return nil
+}
+
+// NoArguments returns a usage error when Parse left arguments that are
+// not flags, quoting the first one unless it may hold a password (a URL
+// with a user, a "password" key: an unquoted key=value connection
+// string's words; security trial); nil when there is none.
+func (s *Set) NoArguments() error {
+	if s.NArg() == 0 {
+		return nil
+	}
+	return Usagef("unexpected argument %s (flags start with --)", shownArgument(s.Arg(0)))
+}
+
+// shownArgument quotes an argument for an error, or says it is not shown
+// when it may hold a password.
+func shownArgument(a string) string {
+	if l := strings.ToLower(a); strings.Contains(l, "password") || strings.Contains(l, "://") && strings.Contains(l, "@") {
+		return "(not shown: it may hold a password)"
+	}
+	return strconv.Quote(a)
 }

@@ -193,7 +193,6 @@ func TestRepeatedFindsAFlagGivenTwice(t *testing.T) {
 		{[]string{"--brokers", "a:1", "--brokers=b:1"}, "--brokers is given 2 times"},
 		{[]string{"-brokers", "a:1", "--create-topics", "--brokers", "b:1"}, "--brokers is given 2 times"},
 		{[]string{"--brokers", "a:1", "--max-retries", "3"}, ""},
-		{[]string{"--brokers", "--brokers", "--max-retries", "3"}, ""}, // the second is the first's value
 		{[]string{"--brokers", "a:1", "--", "--brokers", "b:1"}, ""},
 		{[]string{"--tenant-schema", "a", "--tenant-schema", "b", "--brokers", "a:1"}, ""}, // not asked about
 	} {
@@ -214,5 +213,52 @@ func TestRepeatedFindsAFlagGivenTwice(t *testing.T) {
 		case tt.want != "" && (err == nil || !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%q: Repeated = %v, want a usage error with %q", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestAFlagGivenAFlagAsItsValueIsRefused: "--name --other" (a flag that
+// lacks its value) is refused naming both flags, and shows no value given
+// with --other; an argument that is not a flag is quoted unless it may
+// hold a password (security trial: `--group --database-url URL` and
+// `--kafka-sasl-user --kafka-sasl-password P` printed the URL and P as
+// unexpected arguments, `--database-url $DSN` unquoted a DSN's
+// password=... word).
+func TestAFlagGivenAFlagAsItsValueIsRefused(t *testing.T) {
+	for _, tt := range []struct {
+		args        []string
+		want, never string
+	}{
+		{[]string{"--brokers", "--max-retries", "S3cretPw"}, "--brokers needs a value, and was given the flag --max-retries as one", "S3cretPw"},
+		{[]string{"--brokers", "--max-retries=S3cretPw"}, "given the flag --max-retries as one", "S3cretPw"},
+		{[]string{"-brokers", "-shutdown-grace", "5s"}, "--brokers needs a value", ""},
+		{[]string{"--brokers", "a:1", "user=wk", "password=S3cretPw"}, "unexpected argument \"user=wk\"", ""},
+		{[]string{"--brokers", "a:1", "password=S3cretPw"}, "unexpected argument (not shown: it may hold a password)", "S3cretPw"},
+		{[]string{"--brokers", "a:1", "postgres://u:S3cretPw@h/db"}, "unexpected argument (not shown: it may hold a password)", "S3cretPw"},
+		{[]string{"--create-topics", "password=S3cretPw"}, "unexpected argument (not shown: it may hold a password) after --create-topics", "S3cretPw"},
+	} {
+		var s settings
+		fs := New("test", io.Discard).WithLookup(func(string) (string, bool) { return "", false })
+		fs.String(&s.brokers, "brokers", "KAFKA_BROKERS", "127.0.0.1:9092", "brokers")
+		fs.Int(&s.retries, "max-retries", "MAX_RETRIES", 5, "retries")
+		fs.Duration(&s.grace, "shutdown-grace", "SHUTDOWN_GRACE", 25*time.Second, "grace")
+		fs.Bool(&s.create, "create-topics", "CREATE_TOPICS", true, "create")
+		err := fs.Parse(tt.args)
+		if err == nil {
+			err = fs.NoArguments()
+		}
+		var ue *UsageError
+		if err == nil || !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: error %v, want a usage error with %q", tt.args, err, tt.want)
+		}
+		if err != nil && tt.never != "" && strings.Contains(err.Error(), tt.never) {
+			t.Errorf("%q: error %v shows %q", tt.args, err, tt.never)
+		}
+	}
+	// A value that starts with '-' but is no flag is a value.
+	var s settings
+	fs := New("test", io.Discard).WithLookup(func(string) (string, bool) { return "", false })
+	fs.Int(&s.retries, "max-retries", "MAX_RETRIES", 5, "retries")
+	if err := fs.Parse([]string{"--max-retries", "-1"}); err != nil || s.retries != -1 || fs.NoArguments() != nil {
+		t.Errorf("--max-retries -1: %v, retries %d; want -1", err, s.retries)
 	}
 }
