@@ -429,6 +429,17 @@ func (s *Set) Repeated(args []string, names ...string) error {
 // argument unless given with "=".
 func (s *Set) Counts(args []string) map[string]int {
 	count := map[string]int{}
+	s.eachFlag(args, func(name string, _ int) bool { count[name]++; return true })
+	return count
+}
+
+// eachFlag calls f for each flag of s in args, which Parse has parsed,
+// read as the flag package did: up to the first argument that is not a
+// flag, a value of a non-bool flag in the next argument unless given with
+// "=". f gets the flag's name and the index in args of its value in the
+// next argument (-1: given with "=", or a bool flag), and returns false to
+// stop.
+func (s *Set) eachFlag(args []string, f func(name string, value int) bool) {
 	flags := args[:len(args)-s.NArg()]
 	for i := 0; i < len(flags); i++ {
 		a := flags[i]
@@ -436,16 +447,19 @@ func (s *Set) Counts(args []string) map[string]int {
 			break
 		}
 		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		f := s.Lookup(name)
-		if f == nil {
+		fl := s.Lookup(name)
+		if fl == nil {
 			continue
 		}
-		count[name]++
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
+		value := -1
+		if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
 			i++ // its value
+			value = i
+		}
+		if !f(name, value) {
+			return
 		}
 	}
-	return count
 }
 
 // checkBoolValue refuses "--name value" for a bool flag, which the flag
@@ -474,30 +488,19 @@ func (s *Set) checkBoolValue(args []string) error {
 // --kafka-sasl-password P` the password). Only the other flag's name is
 // shown, not a value given with it after '='.
 func (s *Set) checkValueIsFlag(args []string) error {
-	flags := args[:len(args)-s.NArg()]
-	for i := 0; i < len(flags); i++ {
-		a := flags[i]
-		if a == "--" {
-			break
+	var err error
+	s.eachFlag(args, func(name string, value int) bool {
+		if value < 0 || value >= len(args) || !strings.HasPrefix(args[value], "-") {
+			return true
 		}
-		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		f := s.Lookup(name)
-		if f == nil || hasValue {
-			continue
-		}
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			continue
-		}
-		i++ // its value
-		if i >= len(flags) || !strings.HasPrefix(flags[i], "-") {
-			continue
-		}
-		other, _, _ := strings.Cut(strings.TrimLeft(flags[i], "-"), "=")
+		other, _, _ := strings.Cut(strings.TrimLeft(args[value], "-"), "=")
 		if other != "" && s.Lookup(other) != nil {
-			return Usagef("--%s needs a value, and was given the flag --%s as one: give --%s its value before --%s (--%s=VALUE for a value that starts with -)", name, other, name, other, name)
+			err = Usagef("--%s needs a value, and was given the flag --%s as one: give --%s its value before --%s (--%s=VALUE for a value that starts with -)", name, other, name, other, name)
+			return false
 		}
-	}
-	return nil
+		return true
+	})
+	return err
 }
 
 // NoArguments returns a usage error when Parse left arguments that are
