@@ -290,7 +290,7 @@ func newEntry(r *kgo.Record, hv *headerValues) (*Entry, error) {
 	case m.TenantSchema != "" && e.TenantSchema != m.TenantSchema:
 		e.HeaderError = disagree(HeaderTenantSchema, e.TenantSchema, "tenantSchema", m.TenantSchema)
 	}
-	// A label the header holds cut (capLabel) is read whole from the
+	// A label the header holds cut (CapLabel) is read whole from the
 	// original event when the dead letter carries it.
 	_, _, forkCut := cutLabel(hv.fork)
 	_, _, typeCut := cutLabel(hv.eventType)

@@ -180,7 +180,7 @@ func (s *selector) entry(r *kgo.Record) (*Entry, error) {
 }
 
 // labelMatches reports whether the forkId or eventType h of a dead letter
-// is want: equal, or, when h is a header's text cut by capLabel (its first
+// is want: equal, or, when h is a header's text cut by CapLabel (its first
 // bytes and "…[truncated N bytes]") and the dead letter carries no
 // original event to read it whole from (newEntry), cut from it (replayer
 // trial: --fork-id with a 320-byte forkId matched none of its dead
@@ -193,7 +193,7 @@ func labelMatches(h, want string) bool {
 	return ok && len(want) == len(kept)+n && strings.HasPrefix(want, kept)
 }
 
-// cutLabel returns the bytes capLabel kept of a label, and how many it
+// cutLabel returns the bytes CapLabel kept of a label, and how many it
 // cut, when h is its text for a label longer than maxLabelBytes.
 func cutLabel(h string) (kept string, n int, ok bool) {
 	const open, end = "…[truncated ", " bytes]"

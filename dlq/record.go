@@ -279,9 +279,9 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 		{HeaderOriginalOffset, strconv.FormatInt(src.Offset, 10)},
 		{HeaderOriginalTimestamp, strconv.FormatInt(ts, 10)},
 		{HeaderProjection, dl.Projection},
-		{HeaderForkID, capLabel(dl.ForkID)},
+		{HeaderForkID, CapLabel(dl.ForkID)},
 		{HeaderTenantSchema, tenant},
-		{HeaderEventType, capLabel(dl.EventType)},
+		{HeaderEventType, CapLabel(dl.EventType)},
 		{HeaderErrorClass, dl.Class.String()},
 		{HeaderSQLState, sqlstate},
 		{HeaderFingerprint, dl.Fingerprint()},
@@ -380,17 +380,19 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 // whatever they hold.
 const maxLabelBytes = 256
 
-// capLabel returns s, or, when it is longer than maxLabelBytes, its first
-// bytes (on a rune boundary) followed by "…[truncated N bytes]", within
-// maxLabelBytes.
-func capLabel(s string) string {
+// CapLabel returns s, or, when it is longer than maxLabelBytes (256), its
+// first bytes (on a rune boundary) followed by "…[truncated N bytes]",
+// within maxLabelBytes: for the labels of a dead letter that come from the
+// wire (forkId, eventType, the causet.replay.projection header), so that
+// the dead letter fits whatever they hold.
+func CapLabel(s string) string {
 	if len(s) <= maxLabelBytes {
 		return s
 	}
 	return truncate(s, labelKeep)
 }
 
-// labelKeep is the bytes capLabel keeps of a label, fewer (down to
+// labelKeep is the bytes CapLabel keeps of a label, fewer (down to
 // labelKeep-3) to end on a rune boundary: room for the longest marker.
 const labelKeep = maxLabelBytes - len("…[truncated 1000000000 bytes]")
 

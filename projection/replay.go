@@ -22,7 +22,13 @@ func readReplayInfo(rec *kgo.Record) replayInfo {
 	for _, h := range rec.Headers {
 		switch h.Key {
 		case dlq.HeaderReplayProjection:
-			ri.projection = string(h.Value)
+			// Cut as the dead letter's other labels from the wire are
+			// (security trial: a 600 KB name, copied into the dead
+			// letter's header, projectionName and error, made a dead
+			// letter no DLQ topic of 1 MB takes, and stuck its
+			// partition). A projection's name is 63 bytes at most, so a
+			// cut one names none.
+			ri.projection = dlq.CapLabel(string(h.Value))
 		case dlq.HeaderReplayCountOut:
 			ri.count, _ = dlq.ParseReplayCount(h.Value) // unreadable: a first failure
 		case dlq.HeaderReplayFirstFailedAt:
