@@ -32,7 +32,7 @@ const (
 	DefaultMaxBatchRecords = 2000
 	DefaultShutdownGrace   = 25 * time.Second
 	DefaultMaxRetrying     = DefaultMaxBatchRecords
-	DefaultMaxRetryingByte = 16 << 20
+	DefaultMaxRetryingByte = 32 << 20
 )
 
 // DefaultFetchMaxBytes (16 MiB) and DefaultFetchMaxPartitionBytes (256 KiB)
@@ -119,8 +119,10 @@ type Config struct {
 	// 2000, none.
 	MaxRetrying int
 	// MaxRetryingBytes bounds the record bytes (key, value, headers) held by
-	// one partition's waiting pairs, as MaxRetrying bounds their number.
-	// Default 16 MiB.
+	// the pairs waiting for a retry, all partitions together: a partition
+	// that holds some takes no new records while they reach it (a partition
+	// holding none goes on). Their dead letters, when a breaker opens, are
+	// encoded about as many bytes again. Default 32 MiB.
 	MaxRetryingBytes int
 	// Breaker configures the fingerprint breaker: see BreakerConfig.
 	Breaker BreakerConfig

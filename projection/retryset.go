@@ -1,26 +1,37 @@
 package projection
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // retrySet holds a partition's pairs that failed with a retriable error and
 // wait for their next attempt, each on its own backoff, while the
 // partition's later records go on (non-blocking retries). It is bounded by
-// Config.MaxRetrying pairs and Config.MaxRetryingBytes; when full, the
-// partition takes no new records and its fetching pauses (backpressure,
-// never loss). It belongs to the partition's goroutine.
+// Config.MaxRetrying pairs, and by Config.MaxRetryingBytes for all the
+// partitions' sets together; when full, the partition takes no new records
+// and its fetching pauses (backpressure, never loss). It belongs to the
+// partition's goroutine.
 type retrySet struct {
 	pairs []*retryPair
 	bytes int // record bytes of the waiting pairs
 	// flying and flyingBytes count the pairs of the round of retries in
 	// flight (retryRound), taken from pairs but still held.
 	flying, flyingBytes int
+	// total is the record bytes held by every partition's set (waiting and
+	// in flight), the worker's; nil: this set's alone.
+	total *atomic.Int64
+}
+
+// held adds n record bytes to what the worker's sets hold (total).
+func (s *retrySet) held(n int) {
+	if s.total != nil {
+		s.total.Add(int64(n))
+	}
 }
 
 // retryPair is a pair waiting in a retrySet.
@@ -50,8 +61,24 @@ type retryPair struct {
 	follow bool
 }
 
+// hasRoom reports whether the partition may take new records: its set
+// holds fewer than cfg.MaxRetrying pairs, and the worker's sets fewer than
+// cfg.MaxRetryingBytes record bytes, unless this one holds none (a
+// partition without retries never waits for another's; what its next
+// batch adds is within the fetch caps). The bytes were bounded per
+// partition before, so that 12 partitions of a tenant not migrated held
+// 12 × 16 MiB of 50 KB records, and their dead letters as many again when
+// the breaker opened: 675 MiB in a pod limited to 512 MiB (deployment
+// trial).
 func (s *retrySet) hasRoom(cfg Config) bool {
-	return len(s.pairs)+s.flying < cfg.MaxRetrying && s.bytes+s.flyingBytes < cfg.MaxRetryingBytes
+	if len(s.pairs)+s.flying >= cfg.MaxRetrying {
+		return false
+	}
+	own := s.bytes + s.flyingBytes
+	if s.total == nil {
+		return own < cfg.MaxRetryingBytes
+	}
+	return own == 0 || s.total.Load() < int64(cfg.MaxRetryingBytes)
 }
 
 // waiting returns the pairs held: waiting in the set or in the round in
@@ -64,12 +91,14 @@ func (s *retrySet) fly(ps []*retryPair, sign int) {
 	for _, p := range ps {
 		s.flying += sign
 		s.flyingBytes += sign * recordBytes(p.d.rec)
+		s.held(sign * recordBytes(p.d.rec))
 	}
 }
 
 func (s *retrySet) add(p *retryPair) {
 	s.pairs = append(s.pairs, p)
 	s.bytes += recordBytes(p.d.rec)
+	s.held(recordBytes(p.d.rec))
 }
 
 // breakerSeen holds the breaker's counts (openings, releases) a partition
@@ -151,6 +180,7 @@ func (s *retrySet) takeDue(now time.Time, only func(*retryPair) bool) []*retryPa
 		}
 		due = append(due, p)
 		s.bytes -= recordBytes(p.d.rec)
+		s.held(-recordBytes(p.d.rec))
 	}
 	clear(s.pairs[len(kept):])
 	s.pairs = kept
@@ -174,6 +204,7 @@ func (s *retrySet) cancel(b *breaker) {
 	for _, p := range s.pairs {
 		b.left(p)
 	}
+	s.held(-s.bytes)
 	s.pairs, s.bytes = nil, 0
 }
 
@@ -188,6 +219,7 @@ func (s *retrySet) dropFrom(from int64, b *breaker) {
 			continue
 		}
 		s.bytes -= recordBytes(p.d.rec)
+		s.held(-recordBytes(p.d.rec))
 		b.left(p)
 	}
 	clear(s.pairs[len(kept):])

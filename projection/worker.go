@@ -76,6 +76,9 @@ type Worker struct {
 	unhandledTypes map[string]bool
 
 	queued atomic.Int64 // record bytes queued in all partitions
+	// retrying is the record bytes that every partition's pairs waiting
+	// for a retry hold (retrySet.total; Config.MaxRetryingBytes).
+	retrying atomic.Int64
 	// processing is the budget of record bytes being processed, all
 	// partitions together (Config.MaxQueuedBytes): processing memory is a
 	// multiple of the bytes processed, so one partition's huge records do
@@ -607,6 +610,7 @@ func (w *Worker) partition(p int32) *partition {
 		next:      -1,
 		lagFrom:   -1,
 	}
+	pc.retries.total = &w.retrying
 	pc.attempt = pc.attemptChain()
 	pc.spanAttrs = w.tr.partitionAttrs(p)
 	w.partitions[p] = pc

@@ -3,8 +3,10 @@ package bench
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -47,10 +49,69 @@ func BenchmarkLargeRecords(b *testing.B) {
 	if want := large / 2; len(dls) != want {
 		b.Fatalf("%d dead letters, want %d (one per non-JSON large record)", len(dls), want)
 	}
+	// Failing records (deployment trial): BENCH_FAILING_RECORDS (default
+	// 4000) events of BENCH_FAILING_KB KB (default 50) for a tenant schema
+	// never migrated, over the partitions: each pair is retried, held as a
+	// copy while it waits, and dead-lettered when the breaker opens.
+	failing, kbs := 4000, 50
+	if v := os.Getenv("BENCH_FAILING_RECORDS"); v != "" {
+		failing, _ = strconv.Atoi(v)
+	}
+	if v := os.Getenv("BENCH_FAILING_KB"); v != "" {
+		kbs, _ = strconv.Atoi(v)
+	}
+	f := e.newScenario("failing", &dataset{})
+	e.produceFailing(f, failing, kbs<<10)
+	wf := e.runWorker(f)
+	if dls := e.deadLetterRecords(f.dlq); len(dls) != failing {
+		b.Fatalf("%d dead letters, want %d (one per record for the tenant not migrated)", len(dls), failing)
+	}
 	b.StopTimer()
 	fmt.Printf("large records: %d × %d MiB over %d partitions after %d events: peak RSS %.0f MiB; the same %d events alone: %.0f MiB (+%.0f MiB)\n",
 		large, mibs, numPartitions, small, mib(w.peakRSS), small, mib(wBase.peakRSS), mib(w.peakRSS)-mib(wBase.peakRSS))
+	fmt.Printf("failing records: %d × %d KB for a tenant not migrated over %d partitions (retried, then dead-lettered): peak RSS %.0f MiB\n",
+		failing, kbs, numPartitions, mib(wf.peakRSS))
 	b.ReportMetric(mib(w.peakRSS), "peak_MiB")
+	b.ReportMetric(mib(wf.peakRSS), "failing_peak_MiB")
+}
+
+// produceFailing appends n ARTIST_RATED events of about size bytes for s's
+// tenant schema that is never migrated (s.absent) to s's topic, over the
+// partitions, and counts them in s.data as poisoned pairs.
+func (e *env) produceFailing(s *scenario, n, size int) {
+	e.b.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		e.b.Fatal(err)
+	}
+	defer cl.Close()
+	var failed atomic.Pointer[error]
+	// Random letters, as the trial sent: text that compresses 100:1 would
+	// measure the fetch caps instead (README, Operations, memory).
+	rng := rand.New(rand.NewPCG(uint64(n), uint64(size)))
+	for i := range n {
+		pad := make([]byte, max(size-300, 1))
+		for j := range pad {
+			pad[j] = byte('a' + rng.IntN(26))
+		}
+		user := fmt.Sprintf("failing-user-%d", i)
+		v := fmt.Appendf(nil, `{"eventType":"ARTIST_RATED","entityId":%q,"forkId":"production","tenantSchema":%q,"irVersion":"v42","sequenceNumber":1,"ts":1719331200000,"payload":{"user_id":%q,"artist_id":"a","stars":3,"attachment":"%s"}}`,
+			user, s.absent, user, pad)
+		cl.Produce(e.ctx, &kgo.Record{Topic: s.topic, Partition: int32(i % numPartitions), Key: []byte(user), Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				failed.CompareAndSwap(nil, &err)
+			}
+		})
+		s.data.pairs++
+		s.data.poisoned++
+		s.data.events = append(s.data.events, event{})
+	}
+	if err := cl.Flush(e.ctx); err != nil {
+		e.b.Fatalf("produce failing records: %v", err)
+	}
+	if err := failed.Load(); err != nil {
+		e.b.Fatalf("produce failing records: %v", *err)
+	}
 }
 
 // allowLargeRecords sets topic's max.message.bytes to n.
