@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/causet/projection-worker/dlq"
 	"github.com/causet/projection-worker/internal/flagenv"
 	"github.com/causet/projection-worker/internal/kafkaconn"
+	"github.com/causet/projection-worker/internal/memlimitenv"
 	"github.com/causet/projection-worker/projection"
 )
 
@@ -31,6 +33,12 @@ func (s *settings) execute(ctx context.Context, cmd string, stdout, stderr io.Wr
 		return err
 	}
 	progress.log = log
+	// As run does: a Job's container limit (256 MiB in deploy/) makes the
+	// GC work harder before the OOM killer comes (deployment trial: the
+	// replayer took no limit from its container).
+	if err := memlimitenv.Set(log, memlimit.FromCgroup); err != nil {
+		return err
+	}
 	if !s.wide {
 		s.width = tableWidth(stdout)
 	}

@@ -1,8 +1,8 @@
-package main
+package memlimitenv
 
 import (
 	"bytes"
-	"io"
+	"errors"
 	"log/slog"
 	"os"
 	"runtime/debug"
@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
+
+	"github.com/causet/projection-worker/internal/flagenv"
 )
 
 // TestSetMemoryLimitLeavesAnExplicitSetting: with GOMEMLIMIT or
@@ -23,7 +25,7 @@ func TestSetMemoryLimitLeavesAnExplicitSetting(t *testing.T) {
 			before := debug.SetMemoryLimit(-1)
 			defer debug.SetMemoryLimit(before)
 			var buf bytes.Buffer
-			if err := setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30)); err != nil {
+			if err := Set(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30)); err != nil {
 				t.Fatal(err)
 			}
 			if after := debug.SetMemoryLimit(-1); after != before {
@@ -55,7 +57,7 @@ func TestSetMemoryLimitTakesNinetyPercentOfTheContainers(t *testing.T) {
 			before := debug.SetMemoryLimit(-1)
 			defer debug.SetMemoryLimit(before)
 			var buf bytes.Buffer
-			if err := setMemoryLimit(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30)); err != nil {
+			if err := Set(slog.New(slog.NewTextHandler(&buf, nil)), memlimit.Limit(1<<30)); err != nil {
 				t.Fatal(err)
 			}
 			if got := debug.SetMemoryLimit(-1); got != tt.want {
@@ -69,7 +71,7 @@ func TestSetMemoryLimitTakesNinetyPercentOfTheContainers(t *testing.T) {
 }
 
 // TestSetMemoryLimitRefusesAnUnreadableAutomemlimit: an AUTOMEMLIMIT that
-// is neither off nor a ratio in (0, 1] stops run with a usage error naming
+// is neither off nor a ratio in (0, 1] stops the command with a usage error naming
 // it, the limit untouched (new-user trial: 2, -1 and abc were logged at
 // DEBUG and the container's limit silently not applied).
 func TestSetMemoryLimitRefusesAnUnreadableAutomemlimit(t *testing.T) {
@@ -80,9 +82,10 @@ func TestSetMemoryLimitRefusesAnUnreadableAutomemlimit(t *testing.T) {
 			t.Setenv("AUTOMEMLIMIT", v)
 			before := debug.SetMemoryLimit(-1)
 			defer debug.SetMemoryLimit(before)
-			err := setMemoryLimit(slog.New(slog.DiscardHandler), memlimit.Limit(1<<30))
-			if err == nil || !strings.Contains(err.Error(), "AUTOMEMLIMIT=") || exitCode(err, io.Discard) != 2 {
-				t.Errorf("AUTOMEMLIMIT=%q: %v (exit %d), want a usage error naming it (exit 2)", v, err, exitCode(err, io.Discard))
+			err := Set(slog.New(slog.DiscardHandler), memlimit.Limit(1<<30))
+			var ue *flagenv.UsageError
+			if err == nil || !strings.Contains(err.Error(), "AUTOMEMLIMIT=") || !errors.As(err, &ue) {
+				t.Errorf("AUTOMEMLIMIT=%q: %v, want a usage error naming it (exit 2)", v, err)
 			}
 			if got := debug.SetMemoryLimit(-1); got != before {
 				t.Errorf("AUTOMEMLIMIT=%q: memory limit %d, want it left at %d", v, got, before)
