@@ -219,7 +219,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 	if err != nil {
 		return fmt.Errorf("database pool: %w", err)
 	}
-	defer pool.Close()
+	defer closePool(pool, poolCloseWait, log)
 	canStage, reached, err := checkDatabase(ctx, pool, projection.InfraMode(s.onInfraError), log)
 	if err != nil {
 		return err
@@ -654,6 +654,32 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// poolCloseWait is how long run waits at exit for the database pool's
+// connections to be given back (closePool).
+const poolCloseWait = 5 * time.Second
+
+// closePool closes pool, waiting at most wait for the connections still
+// in use: statements of batches a shutdown abandoned (a lock another
+// session holds, a database that does not answer) give theirs back only
+// when PostgreSQL answers their cancellation, and pgxpool.Close waits
+// for every one (deployment trial: 5-8 s after "projection worker
+// stopped", unbounded in principle). Those left are closed by the
+// process's exit: PostgreSQL then rolls their transactions back, and
+// their records, never committed, are processed again by the next owner.
+func closePool(pool *pgxpool.Pool, wait time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(wait):
+		log.Warn("database connections still in use at exit, left to the process's exit (statements of abandoned batches waiting for a lock or for the database)",
+			"connections", pool.Stat().AcquiredConns(), "waited", wait)
+	}
 }
 
 // pingError is /readyz's reason for a failed ping of the pool: the
