@@ -325,7 +325,7 @@ func serve(ctx context.Context, s *settings, log *slog.Logger, started func(*pro
 
 	var srv *http.Server
 	if ln != nil {
-		srv = &http.Server{Handler: httpHandler(w, pool, tel, red, watch, s.pprof), ReadHeaderTimeout: 5 * time.Second}
+		srv = newHTTPServer(httpHandler(w, pool, tel, red, watch, s.pprof))
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("http server", "error", err)
@@ -654,6 +654,25 @@ func httpHandler(w *projection.Worker, pool *pgxpool.Pool, tel *telemetry, red *
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// Timeouts of the HTTP server (variables for the tests): a request's
+// headers must come within httpReadHeaderTimeout and the whole request
+// within httpReadTimeout (every request here is a GET); a kept-alive
+// connection idle for httpIdleTimeout is closed (security trial: 3 000
+// connections that each sent one GET were all still open 32 s later,
+// holding the descriptors Kafka and PostgreSQL need).
+var (
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	httpIdleTimeout       = 30 * time.Second
+)
+
+// newHTTPServer returns the server of /healthz, /readyz, /metrics (and
+// pprof) with h, and its timeouts. It sets no write timeout: a pprof
+// profile is written for as long as it was asked to run.
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout, IdleTimeout: httpIdleTimeout}
 }
 
 // poolCloseWait is how long run waits at exit for the database pool's
