@@ -179,7 +179,7 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 			}
 			pd.Columns = map[string]ColumnDef{}
 			p.eachPair(where+": columns", v, func(k, cv *yaml.Node) {
-				pd.Columns[k.Value] = p.column(where+": columns."+k.Value, cv)
+				pd.Columns[k.Value] = p.column(where+": "+memberPath("columns", k.Value), cv)
 				pd.ColumnNames = append(pd.ColumnNames, k.Value)
 			})
 		},
@@ -196,11 +196,24 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 					p.fail(where+": events", k, "key %s is YAML's %s, not an event type name: quote it (\"%s\") if an event type is spelt so", k.Value, strings.TrimPrefix(k.Tag, "!!"), k.Value)
 					return
 				}
-				pd.Events[k.Value] = Op(p.str(where+": events."+k.Value, ov))
+				pd.Events[k.Value] = Op(p.str(where+": "+memberPath("events", k.Value), ov))
 			})
 		},
 	})
 	return pd
+}
+
+// memberPath returns the path of key in the mapping prefix, as errors name
+// it: "prefix.key", or `prefix["key"]` (Go-quoted) when key holds a
+// character Go quotes (a control character, invalid UTF-8), so that a
+// path in an error can carry no terminal escape sequence or new line
+// (security trial: a column key "v\x1b[2J..." cleared the screen of
+// whoever read validate's error, "E\nX" forged a line).
+func memberPath(prefix, key string) string {
+	if q := strconv.Quote(key); q[1:len(q)-1] != key {
+		return prefix + "[" + q + "]"
+	}
+	return prefix + "." + key
 }
 
 func (p *defParser) column(where string, n *yaml.Node) ColumnDef {

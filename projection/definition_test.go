@@ -395,6 +395,14 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		{"empty event type", head[:len(head)-len("    events: {E: upsert}\n")] + "    events: {'': upsert}\n    columns: {id: {type: text, from: entityId}}\n", []string{
 			`d.yaml: projection "p": events: empty event type (line 6)`,
 		}},
+		// Security trial: a key holding control characters reached the
+		// error raw, a terminal's escape sequence clearing the screen and a
+		// new line forging a line; such a key's path is Go-quoted.
+		{"control characters in keys", head[:len(head)-len("    events: {E: upsert}\n")] +
+			"    events: {\"E\\nX\": upsert2}\n    columns: {id: {type: text, from: entityId}, \"v\\e[2J\\rOK\": {type: text, from: entityId}}\n", []string{
+			`d.yaml: projection "p": columns["v\x1b[2J\rOK"]: "v\x1b[2J\rOK" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 7)`,
+			`d.yaml: projection "p": events["E\nX"]: unknown operation "upsert2" (want upsert or delete) (line 6)`,
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

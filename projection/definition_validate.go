@@ -93,7 +93,7 @@ func (d *Definitions) Validate() error {
 			case et == "":
 				pfail("events", "empty event type")
 			case op != OpUpsert && op != OpDelete:
-				pfail("events."+et, "unknown operation %q (want upsert or delete)", string(op))
+				pfail(memberPath("events", et), "unknown operation %q (want upsert or delete)", string(op))
 			}
 		}
 	}
@@ -124,7 +124,7 @@ func (d *Definitions) validateColumns(pd *ProjectionDef, label string, pfail fun
 	}
 	for _, name := range sortedKeys(pd.Columns) {
 		col := pd.Columns[name]
-		field := "columns." + name
+		field := memberPath("columns", name)
 		// cfail reports a problem of the column (sub "") or of its key sub.
 		cfail := func(sub, format string, args ...any) {
 			if sub != "" {
