@@ -115,3 +115,37 @@ func TestReadmeNamesTheFlagAliases(t *testing.T) {
 		}
 	})
 }
+
+// TestReadmeVariableRuleHolds: the README's rule for the replayer's
+// variables, DLQ_ and the flag's name in capitals, holds for every flag
+// of every command but the topics', logging and Kafka settings, which are
+// the worker's variables (docs trial: DLQ_DRY_RUN, DLQ_RATE and others
+// were in -h only).
+func TestReadmeVariableRuleHolds(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(string(b)), " "), "`DLQ_` and the flag's name in capitals (`--dry-run` is `DLQ_DRY_RUN`") {
+		t.Fatal("README does not state the rule this test checks")
+	}
+	workers := map[string]bool{"DLQ_TOPIC": true, "EVENTS_TOPIC": true, "LEDGER_TOPIC": true, "LOG_LEVEL": true, "LOG_FORMAT": true}
+	checked := 0
+	for _, c := range commands {
+		var s settings
+		fs := flagenv.New("dlq-replayer "+c, io.Discard)
+		s.register(fs, c, func(string) (string, bool) { return "", false })
+		for name, env := range fs.Env() {
+			if workers[env] || strings.HasPrefix(env, "KAFKA_") {
+				continue
+			}
+			checked++
+			if want := "DLQ_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_")); env != want {
+				t.Errorf("%s --%s: variable %s, the README's rule says %s", c, name, env, want)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("%d flags checked, want the filters and the commands' own (20 or more)", checked)
+	}
+}
