@@ -209,15 +209,14 @@ func readToEnd(ctx context.Context, opts []kgo.Opt, topic string, log *slog.Logg
 		return 0, nil
 	}
 
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, opts...),
+	// One fetch of 16 MiB (the client's default is 50 MiB), as the
+	// worker's: what a scan holds at once, decompressed, besides the
+	// entries its command keeps. Before opts, which may lower it.
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.FetchMaxBytes(16 << 20)}, opts...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: consume}),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // records deleted meanwhile: go on from the new start
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxPartitionBytes(8<<20),
-		// One fetch of 16 MiB (the client's default is 50 MiB), as the
-		// worker's: what a scan holds at once, decompressed, besides the
-		// entries its command keeps.
-		kgo.FetchMaxBytes(16<<20),
 	)...)
 	if err != nil {
 		return 0, fmt.Errorf("kafka client: %w", err)
