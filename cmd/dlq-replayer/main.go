@@ -130,8 +130,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	}
 	if err == nil {
 		// A filter given twice would keep its last value only, where "this
-		// or that" may have been meant (second new-user trial).
-		err = fs.Repeated(args[1:], filterFlags...)
+		// or that" may have been meant (second new-user trial); any flag
+		// given twice would (fresh-user trial: a second --dlq-topic or
+		// --topic was taken without a word).
+		err = fs.Repeated(args[1:], fs.Singles()...)
 	}
 	if err == nil {
 		s.envFilters = envFilters(fs)

@@ -159,6 +159,11 @@ func TestAFilterGivenTwiceIsRefused(t *testing.T) {
 		{"retry", "--dry-run", "--fingerprint", "537b419c1e06d9c6", "--fingerprint", "469990fb616fb6db"},
 		{"list", "--tenant-schema=acme_a", "--tenant-schema", "acme_b"},
 		{"skip", "--since", "1h", "--actor", "a", "--reason", "r", "--since=2h"},
+		// Any flag (fresh-user trial: the second --dlq-topic, --topic was
+		// taken without a word).
+		{"retry", "--dry-run", "--all", "--dlq-topic", "a.dlq", "--dlq-topic", "b.dlq"},
+		{"retry", "--all", "--topic", "a", "--force", "--topic", "b"},
+		{"summary", "--all", "--by", "projection", "--by", "tenant-schema"},
 	} {
 		r := runCmd(t, env{"KAFKA_BROKERS": "127.0.0.1:1"}, args...)
 		if r.code != 2 || !strings.Contains(r.stderr, "is given 2 times") {

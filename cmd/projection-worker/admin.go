@@ -29,8 +29,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return err
 	}
 	// --grant takes one role: a second one used to drop the first without
-	// a word, the role then failing on privileges at run (new-user trial).
-	if err := fs.Repeated(args, "grant"); err != nil {
+	// a word, the role then failing on privileges at run (new-user trial);
+	// so does every flag of one value (fresh-user trial: a second
+	// --database-url or --projections was taken without a word).
+	if err := fs.Repeated(args, fs.Singles()...); err != nil {
 		return err
 	}
 	// PostgreSQL reserves pg_ role names for its built-in roles, which are
@@ -180,6 +182,9 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := topicsFlags(&s, stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if err := fs.Repeated(args, fs.Singles()...); err != nil {
+		return err // as migrate: a command that changes things takes no guess
 	}
 	if _, err := s.logger(io.Discard); err != nil {
 		return err // checked as run checks it (second new-user trial: "verbose" taken)

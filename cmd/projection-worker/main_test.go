@@ -187,6 +187,12 @@ func TestCommandLineContract(t *testing.T) {
 		{name: "migrate unknown flag", args: []string{"migrate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "migrate grant given twice", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t", "--grant", "a", "--grant", "b"},
 			wantCode: 2, wantStderr: []string{"--grant is given 2 times"}},
+		// Fresh-user trial: a second --database-url or --projections was
+		// taken without a word.
+		{name: "migrate database url given twice", args: []string{"migrate", "--database-url", noDB, "--projections", exampleProjections, "--tenant-schema", "t", "--tenant-schema", "u", "--database-url", noDB},
+			wantCode: 2, wantStderr: []string{"--database-url is given 2 times"}},
+		{name: "topics partitions given twice", args: []string{"topics", "--brokers", noKafka, "--partitions", "3", "--partitions", "12"},
+			wantCode: 2, wantStderr: []string{"--partitions is given 2 times"}},
 		{name: "topics unknown flag", args: []string{"topics", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "validate unknown flag", args: []string{"validate", "--frobnicate"}, wantCode: 2, wantStderr: []string{"-frobnicate"}},
 		{name: "run positional argument", args: runArgs("extra"), wantCode: 2, wantStderr: []string{`unexpected argument "extra"`}},

@@ -344,6 +344,12 @@ func (s *Set) Parse(args []string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
+		// A number or duration flag given another flag as its value
+		// fails here ("--max-retries "--retry-initial": not an
+		// integer"): said as for a text flag (fresh-user trial).
+		if ferr := s.checkValueIsFlag(args); ferr != nil {
+			return ferr
+		}
 		if s.invalid != nil {
 			err = s.invalid
 		} else if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
@@ -360,7 +366,7 @@ func (s *Set) Parse(args []string) error {
 	if err := s.checkBoolValue(args); err != nil {
 		return err
 	}
-	if err := s.checkValueIsFlag(args); err != nil {
+	if err := s.checkValueIsFlag(args[:len(args)-s.NArg()]); err != nil {
 		return err
 	}
 	given := map[string]bool{}
@@ -423,24 +429,35 @@ func (s *Set) Repeated(args []string, names ...string) error {
 	return nil
 }
 
+// Singles returns the names of s's flags that take one value (every flag
+// but those registered with Strings, which a repeat adds to), for
+// Repeated.
+func (s *Set) Singles() []string {
+	var names []string
+	s.VisitAll(func(f *flag.Flag) {
+		if _, list := f.Value.(*stringList); !list {
+			names = append(names, f.Name)
+		}
+	})
+	return names
+}
+
 // Counts returns how many times each flag of s is given in args, which
 // Parse has parsed. It reads args as the flag package did: up to the first
 // argument that is not a flag, a value of a non-bool flag in the next
 // argument unless given with "=".
 func (s *Set) Counts(args []string) map[string]int {
 	count := map[string]int{}
-	s.eachFlag(args, func(name string, _ int) bool { count[name]++; return true })
+	s.eachFlag(args[:len(args)-s.NArg()], func(name string, _ int) bool { count[name]++; return true })
 	return count
 }
 
-// eachFlag calls f for each flag of s in args, which Parse has parsed,
-// read as the flag package did: up to the first argument that is not a
-// flag, a value of a non-bool flag in the next argument unless given with
-// "=". f gets the flag's name and the index in args of its value in the
-// next argument (-1: given with "=", or a bool flag), and returns false to
-// stop.
-func (s *Set) eachFlag(args []string, f func(name string, value int) bool) {
-	flags := args[:len(args)-s.NArg()]
+// eachFlag calls f for each flag of s in flags (the arguments that Parse
+// read as flags), read as the flag package does: a value of a non-bool
+// flag in the next argument unless given with "=". f gets the flag's name
+// and the index in flags of its value in the next argument (-1: given
+// with "=", or a bool flag), and returns false to stop.
+func (s *Set) eachFlag(flags []string, f func(name string, value int) bool) {
 	for i := 0; i < len(flags); i++ {
 		a := flags[i]
 		if a == "--" {

@@ -231,6 +231,10 @@ func TestAFlagGivenAFlagAsItsValueIsRefused(t *testing.T) {
 		{[]string{"--brokers", "--max-retries", "S3cretPw"}, "--brokers needs a value, and was given the flag --max-retries as one", "S3cretPw"},
 		{[]string{"--brokers", "--max-retries=S3cretPw"}, "given the flag --max-retries as one", "S3cretPw"},
 		{[]string{"-brokers", "-shutdown-grace", "5s"}, "--brokers needs a value", ""},
+		// A number or a duration fails to parse first (fresh-user trial:
+		// `--max-retries "--shutdown-grace": not an integer`).
+		{[]string{"--max-retries", "--shutdown-grace", "5s"}, "--max-retries needs a value, and was given the flag --shutdown-grace as one", ""},
+		{[]string{"--shutdown-grace", "--max-retries", "3"}, "--shutdown-grace needs a value, and was given the flag --max-retries as one", ""},
 		{[]string{"--brokers", "a:1", "user=wk", "password=S3cretPw"}, "unexpected argument \"user=wk\"", ""},
 		{[]string{"--brokers", "a:1", "password=S3cretPw"}, "unexpected argument (not shown: it may hold a password)", "S3cretPw"},
 		{[]string{"--brokers", "a:1", "postgres://u:S3cretPw@h/db"}, "unexpected argument (not shown: it may hold a password)", "S3cretPw"},
