@@ -64,12 +64,12 @@ func outcomeLine(o dlq.Outcome) string {
 // with a newline and an ANSI escape broke the line and coloured the
 // terminal).
 func escapeControls(s string) string {
-	if !strings.ContainsFunc(s, unicode.IsControl) {
+	if !strings.ContainsFunc(s, isControlOrBidi) {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if unicode.IsControl(r) {
+		if isControlOrBidi(r) {
 			q := strconv.QuoteRune(r) // '\n'
 			b.WriteString(q[1 : len(q)-1])
 			continue
@@ -78,6 +78,12 @@ func escapeControls(s string) string {
 	}
 	return b.String()
 }
+
+// isControlOrBidi reports whether r is a control character or a
+// bidirectional formatting one (U+202E RIGHT-TO-LEFT OVERRIDE reverses how
+// the rest of a terminal line shows; fresh-user trial: a record key's came
+// through a table cell raw).
+func isControlOrBidi(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }
 
 // maxKeyText is the most of a record key an outcome line quotes.
 const maxKeyText = 120
@@ -466,11 +472,12 @@ func (t *table) write(w io.Writer) error {
 	return bw.Flush()
 }
 
-// cell makes s fit a table cell: no tabs or control characters, at most n
-// runes (an ellipsis marks a cut).
+// cell makes s fit a table cell: no tabs, control characters or
+// bidirectional formatting ones (isControlOrBidi), at most n runes (an
+// ellipsis marks a cut).
 func cell(s string, n int) string {
 	s = strings.Map(func(r rune) rune {
-		if r < ' ' || r == 0x7f {
+		if isControlOrBidi(r) {
 			return ' '
 		}
 		return r

@@ -161,6 +161,9 @@ func TestCellCutsLongAndControlCharacters(t *testing.T) {
 		{"short", 10, "short"},
 		{"a\tb\nc", 10, "a b c"},
 		{"ümlautsüber", 5, "ümla…"},
+		// Fresh-user trial: U+202E (right-to-left override) from a record
+		// key reversed the rest of the terminal line; C1 controls too.
+		{"esc\x1b[2J\u202eevil\u2066x\u0085y", 20, "esc [2J evil x y"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -168,6 +171,9 @@ func TestCellCutsLongAndControlCharacters(t *testing.T) {
 				t.Errorf("cell(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
 			}
 		})
+	}
+	if got, want := escapeControls("RED\u202eevil\n"), `RED\u202eevil\n`; got != want {
+		t.Errorf("escapeControls = %q, want %q", got, want)
 	}
 }
 
