@@ -213,6 +213,10 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
 		{name: "run database url of another database", args: []string{"run", "--brokers", noKafka, "--database-url", "mysql://u:p@h/db", "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL", `scheme "mysql" is not PostgreSQL's`}},
+		// White space around the string is ignored (fresh-user trial: a
+		// leading space made the URL read as key=value).
+		{name: "run database url with white space around", args: []string{"run", "--brokers", noKafka, "--database-url", " mysql://u:p@h/db\n", "--projections", exampleProjections},
+			wantCode: 2, wantStderr: []string{"DATABASE_URL", `scheme "mysql" is not PostgreSQL's`}},
 		{name: "run database url password redacted", args: []string{"run", "--brokers", noKafka, "--database-url", "postgres://u:s3cretpw@h:notaport/db", "--projections", exampleProjections},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL", "invalid port"}},
 		{name: "run brokers without port", args: runArgs("--brokers", "nohostport"), wantCode: 2, wantStderr: []string{"--brokers", `"nohostport" is not host:port (it has no port)`}},

@@ -98,6 +98,7 @@ func loadProjections(path string) (*projection.Definitions, []projection.Handler
 // error naming DATABASE_URL that holds no part of the string's password
 // (redact.ParsePostgres).
 func poolConfig(url string, maxConns int32) (*pgxpool.Config, error) {
+	url = strings.TrimSpace(url) // as ParsePostgres: a Secret's file ends in a newline
 	// A URL of another database (mysql://...) would be read as a
 	// key=value string and refused as such, which does not say why.
 	if scheme, _, ok := strings.Cut(url, "://"); ok && scheme != "postgres" && scheme != "postgresql" && !strings.ContainsAny(scheme, " =") {

@@ -27,7 +27,12 @@ import (
 //     early, and the rest of the password becomes the host, the database
 //     name or a fragment (new-user trial: postgres://wk:Tr0ub4dor@vault-pw/
 //     Zx9q7Lm2@127.0.0.1/wdb printed host=vault-pw database=Zx9q7Lm2@...).
+//
+// White space around connString is ignored: a Kubernetes Secret made from
+// a file ends in a newline, which pgx read into the database name
+// (fresh-user trial: `database "db\n" does not exist` over two lines).
 func ParsePostgres(connString string) (*pgxpool.Config, error) {
+	connString = strings.TrimSpace(connString)
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		reason := err.Error()

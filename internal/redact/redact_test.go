@@ -77,6 +77,20 @@ func TestParsePostgresNeverPrintsThePassword(t *testing.T) {
 	}
 }
 
+// TestParsePostgresIgnoresWhiteSpaceAround: a connection string with a
+// newline after it (a Secret made from a file) or white space before it
+// parses as without (fresh-user trial: the newline became part of the
+// database name, a leading space made the URL read as key=value).
+func TestParsePostgresIgnoresWhiteSpaceAround(t *testing.T) {
+	for _, s := range []string{"postgres://u:pw@127.0.0.1:5432/db\n", " postgres://u:pw@127.0.0.1:5432/db", "\thost=127.0.0.1 user=u dbname=db\r\n"} {
+		cfg, err := ParsePostgres(s)
+		if err != nil || cfg.ConnConfig.Database != "db" || cfg.ConnConfig.Host != "127.0.0.1" {
+			t.Errorf("ParsePostgres(%q): %v; want host 127.0.0.1, database db", s, err)
+			continue
+		}
+	}
+}
+
 // TestParsePostgresAcceptsEveryForm: the forms pgx accepts still parse,
 // and PostgresSecrets names their password.
 func TestParsePostgresAcceptsEveryForm(t *testing.T) {
