@@ -43,15 +43,22 @@ func ParsePostgres(connString string) (*pgxpool.Config, error) {
 			reason = strings.TrimPrefix(blank.Error(), "cannot parse ``: ")
 		}
 		secrets := PostgresSecrets(connString)
-		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), New(secrets...).String(maskQuotedParts(reason)))
+		reason = New(secrets...).String(maskQuotedParts(reason))
+		if isURL(connString) && (strings.Count(connString, "@") > 1 || strings.Contains(connString, "#")) {
+			// The parse failed on a piece of the password (final
+			// fresh-user check: `missing key/value separator "=" in URI
+			// query parameter` alone, or `invalid port`).
+			reason += ": " + encodingHint
+		}
+		return nil, fmt.Errorf("cannot parse the %s connection string: %s", form(connString), reason)
 	}
 	if isURL(connString) {
 		if unencodedAfterHost(connString) {
-			return nil, errors.New("the URL has an '@' after its host or a '#': an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@', %2F for '/', %23 for '#')")
+			return nil, errors.New("the URL has an '@' after its host or a '#': " + encodingHint)
 		}
 		for _, h := range hosts(cfg.ConnConfig.Config) {
 			if strings.Contains(h, "@") && !strings.HasPrefix(h, "/") {
-				return nil, errors.New("the URL's host holds an '@': an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@')")
+				return nil, errors.New("the URL's host holds an '@': " + encodingHint)
 			}
 		}
 	}
@@ -93,20 +100,35 @@ func hosts(cfg pgconn.Config) []string {
 }
 
 // unencodedAfterHost reports whether the URL s has a raw '@' in its path
-// (the database name) or a fragment ('#'), which a connection URL never
-// needs: the signs of a password whose '/' or '#' was not percent-encoded.
+// (the database name), a fragment ('#'), or, when its userinfo holds a
+// password, a raw '@' in its query, which a connection URL never needs:
+// the signs of a password whose '/', '?' or '#' was not percent-encoded
+// (final fresh-user check: in u:S3cr3t@p/s?application_name=W0rd@h/x the
+// rest of the password became application_name). A query's '@' without a
+// password before the host is left alone: ?user=name@server is a user.
 func unencodedAfterHost(s string) bool {
 	_, rest, _ := strings.Cut(s, "://")
 	if strings.Contains(rest, "#") {
 		return true
 	}
 	i := strings.IndexAny(rest, "/?")
-	if i < 0 || rest[i] == '?' {
+	if i < 0 {
 		return false
 	}
-	path, _, _ := strings.Cut(rest[i:], "?")
-	return strings.Contains(path, "@")
+	path, query, _ := strings.Cut(rest[i:], "?")
+	if rest[i] == '?' {
+		path, query = "", rest[i+1:]
+	}
+	if strings.Contains(path, "@") {
+		return true
+	}
+	userinfo, _, hasUser := strings.Cut(rest[:i], "@")
+	return hasUser && strings.Contains(userinfo, ":") && strings.Contains(query, "@")
 }
+
+// encodingHint is said of a URL that does not parse and holds a sign of a
+// password not percent-encoded (more than one '@', or a '#').
+const encodingHint = "an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@', %2F for '/', %3F for '?', %23 for '#', %3A for ':')"
 
 func isURL(s string) bool {
 	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")

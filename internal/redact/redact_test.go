@@ -91,6 +91,38 @@ func TestParsePostgresIgnoresWhiteSpaceAround(t *testing.T) {
 	}
 }
 
+// TestParsePostgresSaysToPercentEncode: a URL whose password holds an
+// unencoded '@', '/', '?' or '#' is refused with the hint to
+// percent-encode, whether pgx parses it or not, and a query's '@' after a
+// password is such a sign; a query's '@' without a password is a value
+// (final fresh-user check: the first two said only `missing key/value
+// separator "=" ...: "xxxxx"` and `invalid port`, the third was taken,
+// the rest of its password becoming application_name).
+func TestParsePostgresSaysToPercentEncode(t *testing.T) {
+	for _, s := range []string{
+		"postgres://u:S3cr3t@p:a/s?s#W0rd@127.0.0.1:55432/x",
+		"postgres://u:S3cr3t@p:a/s@127.0.0.1:55432/x",
+		"postgres://u:S3cr3t@p/s?application_name=W0rd@127.0.0.1:55432/x",
+		"postgres://u:S3cr3t@p?application_name=W0rd@127.0.0.1:55432/x",
+	} {
+		_, err := ParsePostgres(s)
+		if err == nil || !strings.Contains(err.Error(), "must be percent-encoded (%40 for '@'") {
+			t.Errorf("ParsePostgres(%q) = %v, want the hint to percent-encode", s, err)
+		}
+		if err != nil && (strings.Contains(err.Error(), "S3cr3t") || strings.Contains(err.Error(), "W0rd")) {
+			t.Errorf("ParsePostgres(%q): %v shows the password", s, err)
+		}
+	}
+	if _, err := ParsePostgres("postgres://127.0.0.1/db?user=me@server"); err != nil {
+		t.Errorf("a user with '@' in the query and no password before the host: %v, want it taken", err)
+	}
+	// With a password before the host, a query's '@' cannot be told from
+	// the rest of that password: refused, to be percent-encoded (%40).
+	if _, err := ParsePostgres("postgres://me%40server:pw@127.0.0.1/db?application_name=a@b"); err == nil {
+		t.Error("a password before the host and '@' in the query: taken, want the hint to percent-encode")
+	}
+}
+
 // TestParsePostgresAcceptsEveryForm: the forms pgx accepts still parse,
 // and PostgresSecrets names their password.
 func TestParsePostgresAcceptsEveryForm(t *testing.T) {
