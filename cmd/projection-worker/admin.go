@@ -196,7 +196,7 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	kopts, err := s.kafka.Opts()
 	if err != nil {
-		return err
+		return fs.WithEnv(err) // named as run names it (final fresh-user check)
 	}
 	cl, err := kgo.NewClient(kopts...)
 	if err != nil {

@@ -268,7 +268,7 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1,t2"`, "repeat the flag for several"}},
 		{name: "migrate without database url", args: []string{"migrate", "--projections", exampleProjections, "--tenant-schema", "t1"},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
-		{name: "topics brokers without port", args: []string{"topics", "--brokers", "nohostport"}, wantCode: 2, wantStderr: []string{"--brokers"}},
+		{name: "topics brokers without port", args: []string{"topics", "--brokers", "nohostport"}, wantCode: 2, wantStderr: []string{"--brokers (KAFKA_BROKERS)"}},
 		{name: "version", args: []string{"version"}, wantCode: 0},
 		{name: "migrate bad log level", args: []string{"migrate", "--log-level", "verbose"}, wantCode: 2, wantStderr: []string{"--log-level (LOG_LEVEL)", `"verbose"`}},
 		{name: "topics bad log format", args: []string{"topics", "--log-format", "xml"}, wantCode: 2, wantStderr: []string{"--log-format"}},
