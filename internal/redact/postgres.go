@@ -115,10 +115,7 @@ func unencodedAfterHost(s string) bool {
 	if i < 0 {
 		return false
 	}
-	path, query, _ := strings.Cut(rest[i:], "?")
-	if rest[i] == '?' {
-		path, query = "", rest[i+1:]
-	}
+	path, query, _ := strings.Cut(rest[i:], "?") // path "" when the query comes first
 	if strings.Contains(path, "@") {
 		return true
 	}
@@ -126,8 +123,9 @@ func unencodedAfterHost(s string) bool {
 	return hasUser && strings.Contains(userinfo, ":") && strings.Contains(query, "@")
 }
 
-// encodingHint is said of a URL that does not parse and holds a sign of a
-// password not percent-encoded (more than one '@', or a '#').
+// encodingHint is said of a URL with a sign of a user name or password not
+// percent-encoded: an '@' after the host or in it, a '#', or, when the URL
+// does not parse, more than one '@'.
 const encodingHint = "an '@', '/', '?', '#' or ':' in the user name or password must be percent-encoded (%40 for '@', %2F for '/', %3F for '?', %23 for '#', %3A for ':')"
 
 func isURL(s string) bool {
