@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv
 	switch cmd {
 	case "list", "summary", "retry", "skip":
 	case "-h", "-help", "--help", "help", "version", "--version":
-		if len(args) == 2 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+		if len(args) == 2 && flagenv.IsHelp(args[1]) {
 			// `version -h` asks for help, as every command's -h does
 			// (exit 0; docs trial: it was refused as an argument).
 			fmt.Fprint(stdout, usage)

@@ -80,7 +80,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "dev":
 		err = runDev(ctx, rest, stdout, stderr)
 	case "version", "--version", "help", "-h", "--help":
-		if len(rest) == 1 && isHelpFlag(rest[0]) {
+		if len(rest) == 1 && flagenv.IsHelp(rest[0]) {
 			// `version -h` asks for help, as every command's -h does
 			// (exit 0; docs trial: it was refused as an argument).
 			fmt.Fprint(stdout, usage)
@@ -103,9 +103,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	return exitCode(err, stderr)
 }
-
-// isHelpFlag reports whether arg is -h, -help or --help (flag's spellings).
-func isHelpFlag(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
 
 // exitCode prints err and returns the exit status of the package doc's
 // rule: 2 for a *flagenv.UsageError, exitKafkaUnreachable (4) for a

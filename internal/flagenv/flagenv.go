@@ -520,6 +520,10 @@ func (s *Set) checkValueIsFlag(args []string) error {
 	return err
 }
 
+// IsHelp reports whether arg asks for help as the flag package reads it:
+// -h, -help or --help (so `version -h` prints the usage, exit 0).
+func IsHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
+
 // NoArguments returns a usage error when Parse left arguments that are
 // not flags, quoting the first one unless it may hold a password (a URL
 // with a user, a "password" key: an unquoted key=value connection
