@@ -33,6 +33,10 @@ type copyGroup struct {
 	pairs []pair
 	n     int    // upserts in the group, before deduplication
 	all   []pair // every upsert of the group, in batch order
+	// key is, for each upsert of all (same index), the index in pairs of
+	// the upsert of its primary key, so that an upsert's key is found
+	// again without its text (suspectKeys, without, keysOf).
+	key []int32
 	// wholeRefused: PostgreSQL is known to refuse a row of the group as a
 	// whole (rowError), so isolateGroup starts from its parts.
 	wholeRefused bool
@@ -107,7 +111,11 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 	upserts := 0
 	for _, g := range order {
 		upserts += g.n
-		g.all, g.n = make([]pair, 0, g.n), 0
+	}
+	keyAt := make([]int32, upserts) // every group's key, one allocation
+	for _, g := range order {
+		g.all, g.key, keyAt = make([]pair, 0, g.n), keyAt[:0:g.n], keyAt[g.n:]
+		g.n = 0
 	}
 	keys := newKeyIndex(upserts)
 	defer keys.release()
@@ -121,19 +129,22 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 	for _, g := range order {
 		g.formed()
 	}
-	var suspect map[*copyGroup]map[string]bool // primary keys (appendKeyText) left to statements
+	var suspect map[*copyGroup][]pair // the upserts left to statements, of a group left too small
 	var suspects []pair
 	for _, g := range order {
 		if check == nil || g.n < minRows {
 			continue
 		}
 		if rc := check(g); rc != nil {
-			if keys := rc.suspectKeys(g); len(keys) > 0 {
-				if suspect == nil {
-					suspect = map[*copyGroup]map[string]bool{}
+			if keys := rc.suspectKeys(g); keys != nil {
+				out := g.without(keys)
+				suspects = append(suspects, out...)
+				if g.n < minRows {
+					if suspect == nil {
+						suspect = map[*copyGroup][]pair{}
+					}
+					suspect[g] = out
 				}
-				suspect[g] = keys
-				suspects = append(suspects, g.without(keys)...)
 			}
 		}
 	}
@@ -149,19 +160,16 @@ func copyGroupsChecked(planned []pair, minRows int, check func(*copyGroup) *rowC
 	if len(small) == 0 {
 		return out, rest, suspects
 	}
-	// Small groups go back to the statement path, less their suspect keys
-	// (in suspects already), in batch order.
+	// Small groups go back to the statement path, less their suspect
+	// upserts (in suspects already), in batch order.
 	rest = rest[:0]
 	for i, pr := range planned {
 		if g := in[i]; g != nil {
 			if !small[g] {
 				continue // in a COPY group, or suspect
 			}
-			if suspect[g] != nil {
-				key = appendKeyText(key[:0], g.p, pr.stmt.Args)
-				if suspect[g][string(key)] {
-					continue
-				}
+			if slices.ContainsFunc(suspect[g], func(s pair) bool { return s.d == pr.d && s.h == pr.h }) {
+				continue
 			}
 		}
 		rest = append(rest, pr)
@@ -190,11 +198,13 @@ func (g *copyGroup) add(pr pair, k []byte, keys *keyIndex) {
 	}
 	i, ok := keys.findOrPut(g, k, dedup)
 	if !ok {
+		g.key = append(g.key, int32(len(dedup)))
 		if g.pairs != nil {
 			g.pairs = append(g.pairs, pr)
 		}
 		return
 	}
+	g.key = append(g.key, int32(i))
 	if g.pairs == nil { // the first key twice: pairs becomes a copy
 		g.pairs = append(make([]pair, 0, cap(g.all)), dedup...)
 	}

@@ -87,8 +87,8 @@ func TestCopyGroupPairsAndWithout(t *testing.T) {
 			if g.sharesPairs() != tt.shared {
 				t.Fatalf("sharesPairs = %v, want %v (all %d, pairs %d)", g.sharesPairs(), tt.shared, len(g.all), len(g.pairs))
 			}
-			key := appendKeyText(nil, ratings, g.all[1].stmt.Args) // user-2's
-			removed := g.without(map[string]bool{string(key): true})
+			checkKeyIndex(t, g)
+			removed := g.without(g.keysOf([]int{int(g.key[1])})) // user-2's
 			if got := users(g, removed); len(got) != len(tt.users)-len(tt.wantAll) || slices.ContainsFunc(got, func(u string) bool { return u != "user-2" }) {
 				t.Errorf("removed %v, want every upsert of user-2", got)
 			}
@@ -101,7 +101,26 @@ func TestCopyGroupPairsAndWithout(t *testing.T) {
 			if g.n != len(tt.wantAll) {
 				t.Errorf("n = %d, want %d", g.n, len(tt.wantAll))
 			}
+			checkKeyIndex(t, g)
 		})
+	}
+}
+
+// checkKeyIndex fails t unless g.key gives, for each upsert of g.all, the
+// upsert of g.pairs with its primary key.
+func checkKeyIndex(t *testing.T, g *copyGroup) {
+	t.Helper()
+	if len(g.key) != len(g.all) {
+		t.Fatalf("%d key indexes for %d upserts", len(g.key), len(g.all))
+	}
+	for j, pr := range g.all {
+		k := int(g.key[j])
+		if k < 0 || k >= len(g.pairs) {
+			t.Fatalf("upsert %d: key index %d out of %d keys", j, k, len(g.pairs))
+		}
+		if got, want := appendKeyText(nil, g.p, g.pairs[k].stmt.Args), appendKeyText(nil, g.p, pr.stmt.Args); string(got) != string(want) {
+			t.Errorf("upsert %d: key index %d names key %q, want %q", j, k, got, want)
+		}
 	}
 }
 

@@ -505,52 +505,60 @@ func tooLong(s string, n int) bool {
 	return false
 }
 
-// suspectKeys returns the primary keys (appendKeyText) of g's upserts that
-// the table would refuse (rc.refuses), and counts those upserts in
+// keyMarks marks primary keys of a copyGroup by index into its pairs (one
+// upsert per key): true for each key marked.
+type keyMarks []bool
+
+// suspectKeys marks the primary keys of g's upserts that the table would
+// refuse (rc.refuses), nil when there is none, and counts those upserts in
 // rc.suspect.
-func (rc *rowCheck) suspectKeys(g *copyGroup) map[string]bool {
-	var keys map[string]bool
-	var key []byte
-	for _, pr := range g.all {
+func (rc *rowCheck) suspectKeys(g *copyGroup) keyMarks {
+	var keys keyMarks
+	for j, pr := range g.all {
 		if !rc.refuses(pr.stmt.Args) {
 			continue
 		}
 		rc.suspect++
 		if keys == nil {
-			keys = map[string]bool{}
+			keys = make(keyMarks, len(g.pairs))
 		}
-		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
-		keys[string(key)] = true
+		keys[g.key[j]] = true
 	}
 	return keys
 }
 
-// without removes from g every upsert of the primary keys keys, in
-// place, and returns them in batch order: g.all and g.pairs keep their
-// order, g.n counts what is left.
-func (g *copyGroup) without(keys map[string]bool) (removed []pair) {
-	var key []byte
+// without removes from g every upsert of the primary keys marked in keys,
+// in place, and returns them in batch order: g.all and g.pairs keep their
+// order, g.key is renumbered for what is left, and g.n counts it.
+func (g *copyGroup) without(keys keyMarks) (removed []pair) {
 	shared := g.sharesPairs()
-	all := g.all[:0]
-	for _, pr := range g.all {
-		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
-		if keys[string(key)] {
+	renum := make([]int32, len(g.pairs)) // new index into pairs of each kept key
+	next := int32(0)
+	for i := range g.pairs {
+		if !keys[i] {
+			renum[i] = next
+			next++
+		}
+	}
+	all, key := g.all[:0], g.key[:0]
+	for j, pr := range g.all {
+		if k := g.key[j]; keys[k] {
 			removed = append(removed, pr)
 		} else {
 			all = append(all, pr)
+			key = append(key, renum[k])
 		}
 	}
 	clear(g.all[len(all):]) // no event held beyond the slice
-	g.all = all
+	g.all, g.key = all, key
 	g.n = len(g.all)
 	if shared {
 		g.pairs = g.all
 		return removed
 	}
 	pairs := g.pairs[:0]
-	for _, pr := range g.pairs {
-		key = appendKeyText(key[:0], g.p, pr.stmt.Args)
-		if !keys[string(key)] {
+	for i, pr := range g.pairs {
+		if !keys[i] {
 			pairs = append(pairs, pr)
 		}
 	}
@@ -559,14 +567,11 @@ func (g *copyGroup) without(keys map[string]bool) (removed []pair) {
 	return removed
 }
 
-// keysOf returns the primary keys (appendKeyText) of g.pairs[i] for each
-// i of idx.
-func (g *copyGroup) keysOf(idx []int) map[string]bool {
-	keys := make(map[string]bool, len(idx))
-	var key []byte
+// keysOf marks the primary keys of g.pairs[i] for each i of idx.
+func (g *copyGroup) keysOf(idx []int) keyMarks {
+	keys := make(keyMarks, len(g.pairs))
 	for _, i := range idx {
-		key = appendKeyText(key[:0], g.p, g.pairs[i].stmt.Args)
-		keys[string(key)] = true
+		keys[i] = true
 	}
 	return keys
 }
