@@ -84,8 +84,12 @@ type LedgerConfig struct {
 	Topic string
 	// DLQTopic is the dead-letter topic whose decisions the ledger keeps:
 	// Record names it in each record (HeaderLedgerDLQTopic), and OpenLedger
-	// fails with ErrLedgerOfAnotherTopic when a record names another.
-	// Default "": records name none, and none is refused.
+	// fails with ErrLedgerOfAnotherTopic when a record names another. It
+	// must exist: OpenLedger checks first, and fails with an error wrapping
+	// ErrTopicNotFound before it creates or reads the ledger topic (a
+	// mistyped topic was blamed on the ledger, and left a ledger topic
+	// created for it: operator trial). Default "": records name none, and
+	// none is refused.
 	DLQTopic string
 	// DLQTopicSetting names where DLQTopic was set, for that error (e.g.
 	// "--dlq-topic (DLQ_TOPIC)"). Default: "the dead-letter topic".
@@ -160,10 +164,17 @@ type Ledger struct {
 // listed when it starts (creating the topic first unless cfg.ReadOnly) and
 // returns the ledger. opts are the franz-go connection options. Ledger
 // records whose key is not "<partition>:<offset>" or whose value is not a
-// decision are logged and ignored. Close the ledger when done.
+// decision are logged and ignored. It fails with an error wrapping
+// ErrTopicNotFound, before anything else, when cfg.DLQTopic does not exist.
+// Close the ledger when done.
 func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledger, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
+	}
+	if cfg.DLQTopic != "" {
+		if err := topicExists(ctx, opts, cfg.DLQTopic); err != nil {
+			return nil, fmt.Errorf("describe dead-letter topic %s: %w", cfg.DLQTopic, err)
+		}
 	}
 	log := cfg.Logger
 	l := &Ledger{topic: cfg.Topic, dlqTopic: cfg.DLQTopic, readOnly: cfg.ReadOnly, decisions: map[Coordinates]Decision{}}
@@ -228,6 +239,18 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledge
 		}
 	}
 	return l, nil
+}
+
+// topicExists returns nil when topic exists, else an error wrapping
+// ErrTopicNotFound, or the error listing it.
+func topicExists(ctx context.Context, opts []kgo.Opt, topic string) error {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	_, err = listTopic(ctx, kadm.NewClient(cl), topic)
+	return err
 }
 
 // read loads the decisions of the ledger topic up to its end offsets.

@@ -148,6 +148,8 @@ func TestLedgerKeepsTheDecisionsOfOneDeadLetterTopic(t *testing.T) {
 	b := kafkatest.New(t)
 	topic := kafkatest.TopicName(t, "ledger")
 	ctx := testCtx(t)
+	b.CreateTopic(t, "dlq-a", 1, nil)
+	b.CreateTopic(t, "dlq-b", 1, nil)
 	l, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: "dlq-a"})
 	if err != nil {
 		t.Fatal(err)
@@ -174,5 +176,47 @@ func TestLedgerKeepsTheDecisionsOfOneDeadLetterTopic(t *testing.T) {
 			t.Errorf("OpenLedger for %q: decision %+v, %v; want %+v", dlqTopic, got, ok, d)
 		}
 		again.Close()
+	}
+}
+
+// TestLedgerOfAMissingDeadLetterTopicFailsFirst: a dead-letter topic that
+// does not exist is said before anything about the ledger, and no ledger
+// topic is created for it (operator trial: a mistyped --dlq-topic was
+// blamed on a ledger holding another topic's decisions, and retry created
+// a ledger topic for it, left behind).
+func TestLedgerOfAMissingDeadLetterTopicFailsFirst(t *testing.T) {
+	b := kafkatest.New(t)
+	ctx := testCtx(t)
+	dlqTopic := kafkatest.TopicName(t, "dlq")
+	b.CreateTopic(t, dlqTopic, 1, nil)
+	used := kafkatest.TopicName(t, "ledger")
+	l, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: used, DLQTopic: dlqTopic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Record(ctx, dlq.Decision{Entry: dlq.Coordinates{Partition: 0, Offset: 0}, Action: dlq.ActionSkipped, At: 1719331200000, Actor: "alice", RunID: "r1", Reason: "test"})
+	l.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := kafkatest.TopicName(t, "fresh-ledger")
+	for _, tt := range []struct {
+		name   string
+		ledger string
+	}{{"ledger of another topic", used}, {"no ledger yet", fresh}} {
+		for _, readOnly := range []bool{true, false} {
+			_, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: tt.ledger, DLQTopic: dlqTopic + "-typo", ReadOnly: readOnly})
+			want := "describe dead-letter topic " + dlqTopic + "-typo: " + dlq.ErrTopicNotFound.Error()
+			if !errors.Is(err, dlq.ErrTopicNotFound) || err.Error() != want {
+				t.Errorf("%s, read-only %v: %v; want %q", tt.name, readOnly, err, want)
+			}
+		}
+	}
+	tds, err := kadm.NewClient(b.Client(t)).ListTopics(ctx, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tds.Has(fresh) && tds[fresh].Err == nil {
+		t.Error("a ledger topic was created for a dead-letter topic that does not exist")
 	}
 }

@@ -737,17 +737,8 @@ func eventsTopicLimits(ctx context.Context, opts []kgo.Opt, topic string) (int32
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	tds, err := adm.ListTopics(ctx, topic)
+	td, err := listTopic(ctx, adm, topic)
 	if err != nil {
-		return 0, 0, fmt.Errorf("describe events topic %s: %w", topic, err)
-	}
-	td, ok := tds[topic]
-	if !ok || td.Err != nil || len(td.Partitions) == 0 {
-		if ok && td.Err != nil && !errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
-			err = td.Err
-		} else {
-			err = ErrTopicNotFound
-		}
 		return 0, 0, fmt.Errorf("describe events topic %s: %w", topic, err)
 	}
 	var maxBytes int32
@@ -763,6 +754,24 @@ func eventsTopicLimits(ctx context.Context, opts []kgo.Opt, topic string) (int32
 		}
 	}
 	return int32(len(td.Partitions)), maxBytes, nil
+}
+
+// listTopic returns the details of topic: an error wrapping
+// ErrTopicNotFound when it does not exist (or has no partitions), or the
+// error listing it.
+func listTopic(ctx context.Context, adm *kadm.Client, topic string) (kadm.TopicDetail, error) {
+	tds, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return kadm.TopicDetail{}, err
+	}
+	td, ok := tds[topic]
+	switch {
+	case ok && td.Err != nil && !errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+		return td, td.Err
+	case !ok || td.Err != nil || len(td.Partitions) == 0:
+		return td, ErrTopicNotFound
+	}
+	return td, nil
 }
 
 // limitText is a max.message.bytes as read (0: unknown).

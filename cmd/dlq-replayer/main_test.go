@@ -287,23 +287,41 @@ func TestAFilterFromTheEnvironmentIsSaid(t *testing.T) {
 // TestAMissingTopicNamesItsFlag: a dead-letter or events topic that does
 // not exist fails the command with a cause naming its flag and variable, as
 // the ledger topic's warning does (new-user trial: "list offsets of
-// nosuch.dlq: topic does not exist" named no flag).
+// nosuch.dlq: topic does not exist" named no flag), also when the ledger
+// holds decisions about another dead-letter topic, and without creating a
+// ledger topic (operator trial: a mistyped --dlq-topic was blamed on the
+// ledger, and retry left a ledger topic created for it).
 func TestAMissingTopicNamesItsFlag(t *testing.T) {
-	f := newFixture(t, kafkatest.New(t))
+	b := kafkatest.New(t)
+	f := newFixture(t, b)
 	f.seed(t)
+	if r := runCmd(t, f.env, "skip", "--all", "--reason", "test", "--actor", "alice"); r.code != 0 {
+		t.Fatalf("skip: exit %d\n%s", r.code, r.stderr)
+	}
 	missing := kafkatest.TopicName(t, "nosuch")
+	freshLedger := kafkatest.TopicName(t, "fresh-ledger")
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"list", "--all", "--dlq-topic", missing}, "check --dlq-topic (DLQ_TOPIC)"},
 		{[]string{"summary", "--all", "--dlq-topic", missing}, "check --dlq-topic (DLQ_TOPIC)"},
+		{[]string{"retry", "--all", "--dlq-topic", missing}, "check --dlq-topic (DLQ_TOPIC)"},
+		{[]string{"retry", "--all", "--dlq-topic", missing, "--ledger-topic", freshLedger}, "check --dlq-topic (DLQ_TOPIC)"},
+		{[]string{"skip", "--all", "--reason", "r", "--actor", "a", "--dlq-topic", missing, "--ledger-topic", freshLedger}, "check --dlq-topic (DLQ_TOPIC)"},
 		{[]string{"retry", "--all", "--topic", missing}, "check --topic (EVENTS_TOPIC)"},
 	} {
 		r := runCmd(t, f.env, c.args...)
 		if r.code != 1 || !strings.Contains(r.stderr, c.want) || !strings.Contains(r.stderr, missing) {
 			t.Errorf("%v: exit %d, want 1 and %q with the topic's name\n%s", c.args, r.code, c.want, r.stderr)
 		}
+	}
+	tds, err := kadm.NewClient(b.Client(t)).ListTopics(context.Background(), freshLedger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tds.Has(freshLedger) && tds[freshLedger].Err == nil {
+		t.Errorf("ledger topic %s created for a dead-letter topic that does not exist", freshLedger)
 	}
 }
 
