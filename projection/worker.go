@@ -85,6 +85,9 @@ type Worker struct {
 	// not add up with another's.
 	processing *semaphore.Weighted
 	drained    chan struct{} // cap 1: a partition took records from its queue
+	// assignedAt (cap 1) is signalled when partitions are assigned, so
+	// that refreshHighWatermarks reads their end offsets then.
+	assignedAt chan struct{}
 
 	mu         sync.Mutex
 	partitions map[int32]*partition
@@ -138,6 +141,7 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 		partitions: make(map[int32]*partition),
 		topicIDs:   map[string]kadm.TopicID{},
 		drained:    make(chan struct{}, 1),
+		assignedAt: make(chan struct{}, 1),
 	}
 	if b, ok := db.(Beginner); ok {
 		w.begin = b
@@ -275,8 +279,9 @@ var highWatermarkEvery atomic.Int64
 
 func init() { highWatermarkEvery.Store(int64(15 * time.Second)) }
 
-// refreshHighWatermarks asks the broker, every highWatermarkEvery, for the
-// end offsets of the events and dead-letter topics, until ctx ends. It
+// refreshHighWatermarks asks the broker, at start, when partitions are
+// assigned and every highWatermarkEvery, for the end offsets of the events
+// and dead-letter topics, until ctx ends. It
 // raises the high watermark of each assigned partition that has taken
 // records to its end offset, and keeps the topics the brokers say do not
 // exist for Ready, logging each change (operator trial: with both topics
@@ -359,9 +364,22 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 	}
 	// At once, so that the IDs are the ones the client started with
 	// (operator trial: a topic deleted and created again within 15 s of
-	// the start was taken for the one the worker had read).
+	// the start was taken for the one the worker had read); and when
+	// partitions are assigned, so that each has its lag series from then,
+	// not from the next tick (operator trial: none for the first 15 s,
+	// since the first check ran before the group assigned any).
 	check()
-	every(ctx, time.Duration(highWatermarkEvery.Load()), check)
+	t := time.NewTicker(time.Duration(highWatermarkEvery.Load()))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.assignedAt:
+		}
+		check()
+	}
 }
 
 // setLagFrom sets where the consumer lag of partitions that have taken no
@@ -644,6 +662,10 @@ func (w *Worker) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 	}
 	if len(assigned[w.cfg.Topic]) > 0 {
 		w.log.Info("partitions assigned", "topic", w.cfg.Topic, "partitions", assigned[w.cfg.Topic])
+		select {
+		case w.assignedAt <- struct{}{}:
+		default: // a check is due already
+		}
 	}
 }
 
