@@ -369,17 +369,7 @@ func (w *Worker) refreshHighWatermarks(ctx context.Context) {
 	// not from the next tick (operator trial: none for the first 15 s,
 	// since the first check ran before the group assigned any).
 	check()
-	t := time.NewTicker(time.Duration(highWatermarkEvery.Load()))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-w.assignedAt:
-		}
-		check()
-	}
+	everyOr(ctx, time.Duration(highWatermarkEvery.Load()), w.assignedAt, check)
 }
 
 // setLagFrom sets where the consumer lag of partitions that have taken no
@@ -432,6 +422,12 @@ var errTopicRecreated = errors.New("not committed: the events topic was deleted 
 
 // every calls f every d until ctx ends.
 func every(ctx context.Context, d time.Duration, f func()) {
+	everyOr(ctx, d, nil, f)
+}
+
+// everyOr calls f every d, and whenever kick receives (nil: never), until
+// ctx ends.
+func everyOr(ctx context.Context, d time.Duration, kick <-chan struct{}, f func()) {
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
@@ -439,8 +435,9 @@ func every(ctx context.Context, d time.Duration, f func()) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			f()
+		case <-kick:
 		}
+		f()
 	}
 }
 
