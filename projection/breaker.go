@@ -266,10 +266,11 @@ func (b *breaker) admit(fp string) (probe bool, err error) {
 
 // exhausted records a pair of fingerprint fp that ran out of retries (probe
 // says whether it was the breaker's probe). It opens the breaker once
-// Threshold exhaustions fall within Window.
-func (b *breaker) exhausted(fp string, probe bool) {
+// Threshold exhaustions fall within Window, and then returns true and the
+// exhaustions within Window.
+func (b *breaker) exhausted(fp string, probe bool) (opened bool, n int) {
 	if b.cfg.Threshold < 0 {
-		return
+		return false, 0
 	}
 	b.mu.Lock()
 	st := b.fp[fp]
@@ -289,17 +290,18 @@ func (b *breaker) exhausted(fp string, probe bool) {
 	if len(b.fp) > maxTrackedFingerprints {
 		b.forgetQuiet(now)
 	}
-	opened := !st.open && len(st.exhausted) >= b.cfg.Threshold
+	opened = !st.open && len(st.exhausted) >= b.cfg.Threshold
 	if opened {
 		st.open, st.lastProbe = true, now
 		delete(b.slots, fp) // its waiting pairs are dead-lettered
 		b.openings.Add(1)
 	}
-	n := len(st.exhausted)
+	n = len(st.exhausted)
 	b.mu.Unlock()
 	if opened {
 		b.onChange(fp, true, n, "")
 	}
+	return opened, n
 }
 
 // quiet reports whether the open breaker st has seen no failure for a

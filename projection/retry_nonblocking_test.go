@@ -155,16 +155,28 @@ func TestWorkerRetrySetFullPausesWithoutLoss(t *testing.T) {
 // TestWorkerBreakerShortCircuitsAFingerprint: once pairs with one
 // fingerprint have exhausted their retries Threshold times, later pairs
 // with it are dead-lettered at once, retryCount 0, with the
-// causet.dlq.short-circuit header and the error text unchanged; when the
-// breaker closes (a window without failures) its line counts them.
+// causet.dlq.short-circuit header and the error text unchanged; the
+// breaker's ERROR line names the fingerprint with what fails (operator
+// trial: it named only the fingerprint); when the breaker closes (a window
+// without failures) its line counts them.
 func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
 	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" DROP COLUMN stars")
 	closed := make(chan int64, 1)
+	var openedMu sync.Mutex
+	opened := map[string]string{} // the attributes of the breaker's opening line
 	r.start(func(c *projection.Config) {
 		c.Breaker = projection.BreakerConfig{Threshold: 3, Window: 10 * time.Second, ProbeInterval: time.Hour}
 		c.Logger = slog.New(logObserver{Handler: c.Logger.Handler(), observe: func(rec slog.Record) {
+			if strings.HasPrefix(rec.Message, "breaker opened") && rec.Level == slog.LevelError {
+				openedMu.Lock()
+				rec.Attrs(func(a slog.Attr) bool {
+					opened[a.Key] = a.Value.String()
+					return true
+				})
+				openedMu.Unlock()
+			}
 			if strings.HasPrefix(rec.Message, "breaker closed") {
 				rec.Attrs(func(a slog.Attr) bool {
 					if a.Key == "dead_lettered_while_open" {
@@ -213,6 +225,17 @@ func TestWorkerBreakerShortCircuitsAFingerprint(t *testing.T) {
 	if full != 3 || short != later {
 		t.Errorf("retried in full = %d, short-circuited = %d; want 3 and %d", full, short, later)
 	}
+	openedMu.Lock()
+	for k, want := range map[string]string{"fingerprint": fp, "projection": "artist_ratings", "tenant_schema": r.tenant,
+		"error_class": "projection", "sqlstate": "42703", "exhausted": "3"} {
+		if opened[k] != want {
+			t.Errorf("breaker opened line: %s = %q, want %q (all: %v)", k, opened[k], want, opened)
+		}
+	}
+	if !strings.Contains(opened["error"], `column "stars" of relation "artist_ratings" does not exist`) {
+		t.Errorf("breaker opened line: error = %q, want PostgreSQL's error", opened["error"])
+	}
+	openedMu.Unlock()
 	select {
 	case n := <-closed:
 		if n != later {

@@ -110,7 +110,9 @@ func (pc *partition) schedule(p *retryPair) *dlq.DeadLetter {
 	if p.retries >= w.cfg.Retry.MaxRetries || wait == backoff.Stop {
 		w.breaker.unlead(p.fp, p.slot)
 		p.slot = 0
-		w.breaker.exhausted(p.fp, p.probe)
+		if opened, n := w.breaker.exhausted(p.fp, p.probe); opened {
+			w.breakerOpened(p, n)
+		}
 		dl := w.newDeadLetter(p.d, p.h.Name(), retry.Classify(p.err), p.err, p.stack, p.retries, p.firstAt, p.span)
 		return &dl
 	}
@@ -695,6 +697,17 @@ func (w *Worker) deadLettered(ctx context.Context, dl dlq.DeadLetter) {
 		return
 	}
 	w.failures.write(ctx, slog.LevelWarn, "dead-lettered", dl.Fingerprint(), attrs...)
+}
+
+// breakerOpened logs, at ERROR, the breaker that pair p's exhaustion
+// opened, with n exhaustions in the window: its fingerprint and what it
+// stands for, p's projection, tenant schema, error class, SQLSTATE and
+// error (operator trial: the line named only the fingerprint).
+func (w *Worker) breakerOpened(p *retryPair, n int) {
+	ctx := spanContext(context.Background(), p.span)
+	w.log.ErrorContext(ctx, "breaker opened: pairs failing with this fingerprint are dead-lettered at once, one probe retried in full every interval; fix the cause, then dlq-replayer retry --fingerprint",
+		"fingerprint", p.fp, "projection", p.h.Name(), "tenant_schema", p.d.ev.TenantSchema, "error_class", retry.Classify(p.err).String(),
+		"sqlstate", retry.SQLState(p.err), "error", p.err, "exhausted", n, "window", w.cfg.Breaker.Window, "probe_interval", w.cfg.Breaker.ProbeInterval)
 }
 
 // newDeadLetter is the dead letter of a pair of d; span is the pair's span

@@ -157,10 +157,8 @@ func NewWorker(cfg Config, handlers []Handler, db DB, dead DeadLetterWriter, opt
 	w.tr = newTracing(cfg)
 	w.processing = semaphore.NewWeighted(int64(cfg.MaxQueuedBytes))
 	w.breaker = newBreaker(cfg.Breaker, func(fp string, open bool, n int, why string) {
-		if open {
+		if open { // said by the pair that opened it (settle: breakerOpened)
 			cfg.Metrics.addBreakersOpen(context.Background(), 1)
-			w.log.Error("breaker opened: pairs failing with this fingerprint are dead-lettered at once, one probe retried in full every interval; fix the cause, then dlq-replayer retry --fingerprint",
-				"fingerprint", fp, "exhausted", n, "window", cfg.Breaker.Window, "probe_interval", cfg.Breaker.ProbeInterval)
 			w.wakePartitions() // their waiting pairs of fp go now
 			return
 		}
