@@ -29,7 +29,7 @@ SOAK_DURATION ?= 10m
 TEST_SOAK_DURATION ?= 75s
 TEST_SOAK_SEED ?= 4111227974322730
 
-.PHONY: help build run test test-unit test-kafka test-otel vet fuzz bench bench-peer bench-peer-clean bench-replay soak soak-kafka soak-kafka-clean clean image image-bin
+.PHONY: help build run test test-unit test-kafka test-otel vet fuzz bench bench-peer bench-peer-clean bench-replay soak soak-kafka soak-kafka-clean clean image image-bin check-alerts
 
 help:
 	@echo "make run          the worker on an embedded Kafka (127.0.0.1:9092) and a throwaway PostgreSQL, with example events"
@@ -44,6 +44,7 @@ help:
 	@echo "make bench-replay dlq-replayer scan/replay speed over 200k dead letters"
 	@echo "make build        binaries in bin/"
 	@echo "make image        the container image $(IMAGE) with buildah (BINARIES=prebuilt RUNTIME_IMAGE=scratch: no image pulled)"
+	@echo "make check-alerts promtool check rules and test rules on the PrometheusRule's alerts (deploy/kubernetes; needs promtool)"
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
@@ -71,6 +72,12 @@ vet:
 # the profile and the race detector, took make test from 270 s to 674 s. Binaries, the
 # image, make run and the benchmarks keep it.
 test vet test-kafka test-otel soak soak-kafka fuzz: export GOFLAGS := $(strip $(GOFLAGS) -pgo=off)
+
+# promtool reads a rules file, not a PrometheusRule: the test writes the
+# resource's groups to one (built with kustomize, as deployed) and runs
+# promtool check rules and promtool test rules on it.
+check-alerts:
+	CI=true $(GO) test -count=1 -run '^TestAlertRulesPromtool$$' -v ./deploy/kubernetes
 
 # make test: everything, with the race detector. Integration tests use
 # DATABASE_URL or start a throwaway PostgreSQL; with CI=true a missing
