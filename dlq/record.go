@@ -214,7 +214,7 @@ func NewRecord(dl DeadLetter, cfg RecordConfig, now time.Time) (*kgo.Record, err
 
 	src := dl.Source
 	tenant := dl.TenantSchema
-	if !validSchemaName(tenant) {
+	if !ValidSchemaName(tenant) {
 		tenant = ""
 	}
 	failedAt := now.UnixMilli()
@@ -499,8 +499,9 @@ func sourceName(r *kgo.Record) string {
 	return fmt.Sprintf("%s[%d]@%d", r.Topic, r.Partition, r.Offset)
 }
 
-// validSchemaName reports whether s matches ^[a-z_][a-z0-9_]{0,62}$.
-func validSchemaName(s string) bool {
+// ValidSchemaName reports whether s matches ^[a-z_][a-z0-9_]{0,62}$: the
+// tenant schemas a dead letter holds (NewRecord writes "" for another).
+func ValidSchemaName(s string) bool {
 	if s == "" || len(s) > 63 {
 		return false
 	}

@@ -147,6 +147,11 @@ func (s *settings) filters(now time.Time) (dlq.Filters, error) {
 		ForkID: s.forkID, Projection: s.projection, TenantSchema: s.tenantSchema, EventType: s.eventType,
 		ErrorContains: s.errorContains, Fingerprint: strings.ToLower(s.fingerprint),
 	}
+	if s.tenantSchema != "" && !dlq.ValidSchemaName(s.tenantSchema) {
+		// Refused, not matched against nothing (operator trial:
+		// ACME_PROD selected no dead letter, without a word).
+		return f, flagenv.Usagef("--tenant-schema: %q is not a tenant schema name (a lowercase letter or _, then lowercase letters, digits or _, at most 63 bytes): no dead letter holds it", s.tenantSchema)
+	}
 	if s.fingerprint != "" && !fingerprintRE.MatchString(s.fingerprint) {
 		return f, flagenv.Usagef("--fingerprint: %q is not 16 hex digits", s.fingerprint)
 	}

@@ -78,6 +78,9 @@ func TestUsageErrors(t *testing.T) {
 		{"bad until", noKafka, []string{"list", "--until", "2024-13-01"}, "--until"},
 		{"since after until", noKafka, []string{"list", "--since", "1h", "--until", "2h"}, "--since"},
 		{"bad fingerprint", noKafka, []string{"list", "--fingerprint", "xyz"}, "--fingerprint"},
+		// Refused, not matched against nothing (operator trial).
+		{"tenant schema no dead letter holds", noKafka, []string{"retry", "--tenant-schema", "ACME_PROD"}, `--tenant-schema (DLQ_TENANT_SCHEMA): "ACME_PROD" is not a tenant schema name`},
+		{"tenant schema of 64 bytes", noKafka, []string{"list", "--tenant-schema", strings.Repeat("t", 64)}, `--tenant-schema (DLQ_TENANT_SCHEMA): "tttt`},
 		{"bad dlq topic name", noKafka, []string{"list", "--all", "--dlq-topic", "bad topic"}, "--dlq-topic"},
 		{"same dlq and ledger topic", noKafka, []string{"list", "--all", "--dlq-topic", "x", "--ledger-topic", "x"}, "--ledger-topic"},
 		{"max replays 0", noKafka, []string{"retry", "--all", "--max-replays", "0"}, "--max-replays"},
