@@ -110,6 +110,9 @@ func (s *settings) list(ctx context.Context, opts []kgo.Opt, filters dlq.Filters
 	if err != nil {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
 	}
+	if err := s.wideTableOnly(); err != nil {
+		return err
+	}
 	ledger, err := s.openLedger(ctx, opts, dlq.LedgerConfig{ReadOnly: true, Logger: log})
 	if err != nil {
 		return err
@@ -157,6 +160,9 @@ func (s *settings) summary(ctx context.Context, opts []kgo.Opt, filters dlq.Filt
 	}
 	if s.output != "table" && s.output != "json" {
 		return flagenv.Usagef("--output: %q is not table or json", s.output)
+	}
+	if err := s.wideTableOnly(); err != nil {
+		return err
 	}
 	ledger, err := s.openLedger(ctx, opts, dlq.LedgerConfig{ReadOnly: true, Logger: log})
 	if err != nil {
@@ -347,6 +353,16 @@ func (s *settings) missingTopicSetting(err error) string {
 		}
 	}
 	return ""
+}
+
+// wideTableOnly returns a usage error for --wide with --output json, which
+// writes every field whatever the width (operator trial: taken without a
+// word).
+func (s *settings) wideTableOnly() error {
+	if s.wide && s.output == "json" {
+		return flagenv.Usagef("--wide widens the table; --output json writes every field already: give one of them")
+	}
+	return nil
 }
 
 // openLedger opens the ledger of cfg with the topics of s: a ledger topic

@@ -72,6 +72,8 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown flag", noKafka, []string{"list", "--all", "--nope"}, "-nope"},
 		{"positional argument", noKafka, []string{"list", "--all", "production"}, `unexpected argument "production"`},
 		{"bad output", noKafka, []string{"list", "--all", "--output", "xml"}, "--output"},
+		{"wide json list", noKafka, []string{"list", "--all", "--output", "json", "--wide"}, "--wide (DLQ_WIDE) widens the table; --output json writes every field already"},
+		{"wide json summary", noKafka, []string{"summary", "--all", "--output", "json", "--wide"}, "--wide (DLQ_WIDE) widens the table"},
 		{"negative limit", noKafka, []string{"list", "--all", "--limit", "-1"}, "--limit"},
 		{"bad group", noKafka, []string{"summary", "--all", "--by", "colour"}, "--by"},
 		{"bad since", noKafka, []string{"list", "--since", "yesterday"}, "--since"},
