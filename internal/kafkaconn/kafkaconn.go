@@ -89,6 +89,11 @@ func (s Settings) Opts() ([]kgo.Opt, error) {
 			if !strings.Contains(b, ":") {
 				return nil, flagenv.Usagef("--brokers: %q is not host:port (it has no port)", b)
 			}
+			if i := strings.LastIndexByte(b, ':'); !strings.Contains(b, "[") && net.ParseIP(b[:i]) != nil {
+				// An address hides nothing (fresh-user trial: ::1:9092
+				// was refused with no hint).
+				return nil, flagenv.Usagef("--brokers: %q is an IPv6 address and a port: write the address in brackets, [%s]:%s", b, b[:i], b[i+1:])
+			}
 			return nil, flagenv.Usagef("--brokers: entry %d (%s) is not host:port%s", i+1, shownUpToColon(b), notShown)
 		}
 		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {

@@ -154,6 +154,11 @@ func TestBrokersNotHostPortShowNothingAfterAColon(t *testing.T) {
 		{"kafka-1", `"kafka-1" is not host:port (it has no port)`},
 		{"kafka-1:99999", `"kafka-1:99999": the port must be a number from 1 to 65535`},
 		{"kafka-1:0", `"kafka-1:0": the port must be a number from 1 to 65535`},
+		// An IPv6 address without brackets hides nothing, and gets the
+		// hint; a password with colons does not parse as one.
+		{"::1:9092", `"::1:9092" is an IPv6 address and a port: write the address in brackets, [::1]:9092`},
+		{"fd00::5:19092", `write the address in brackets, [fd00::5]:19092`},
+		{"alice:S3cretX:9092", `entry 1 ("alice:…") is not host:port`},
 	} {
 		_, err := Settings{Brokers: tt.brokers}.Opts()
 		var ue *flagenv.UsageError
