@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/causet/projection-worker/retry"
 )
@@ -183,9 +184,14 @@ const driftRequiredSQL = `SELECT a.attname FROM pg_catalog.pg_attribute a
 //     a table without the definitions' primary key, or with another one
 //     (the upsert's ON CONFLICT needs it: 42P10); a NOT NULL column
 //     without a default that the definitions do not fill (23502);
+//     a column of another type than the definitions' that PostgreSQL
+//     cannot write the definitions' type into (no assignment cast, 42804:
+//     jsonb into numeric, text into timestamptz) or, for a primary-key
+//     column, compare with it (42883: uuid = text), as writeCheck finds;
 //   - not blocking: a column whose type, as PostgreSQL's format_type
 //     spells it, is not the definitions' (another type, or a modifier such
-//     as numeric(10,2)); a notNull column that the table lets be NULL. A
+//     as numeric(10,2)), which PostgreSQL converts; a notNull column that
+//     the table lets be NULL. A
 //     table made stricter by hand (integer for bigint, NOT NULL added) is
 //     reported too: the worker reads such a table's catalog and leaves
 //     what it would refuse to statements (README), so it may be meant.
@@ -194,6 +200,7 @@ const driftRequiredSQL = `SELECT a.attname FROM pg_catalog.pg_attribute a
 // returns a catalog query's error.
 func Drift(ctx context.Context, db interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }, defs *Definitions, tenantSchema string) ([]TableDrift, error) {
 	var out []TableDrift
 	for _, pd := range defs.Projections {
@@ -237,8 +244,21 @@ func Drift(ctx context.Context, db interface {
 				continue // no such column: Migrate adds it
 			}
 			if kindOf(def.Type) != cat.kind || cat.length > 0 || cat.precision > 0 || !cat.known {
-				out = append(out, TableDrift{Table: pd.Table, Column: name,
-					Problem: fmt.Sprintf("the table's type is %s, the definitions' %s (migrate changes no column's type: ALTER TABLE it by hand if the definitions are right)", cat.typ, def.Type)})
+				key := slices.Contains(pd.PrimaryKey, name)
+				switch err := writeCheck(ctx, db, qualified, name, def.Type, key); {
+				case err == nil:
+					out = append(out, TableDrift{Table: pd.Table, Column: name,
+						Problem: fmt.Sprintf("the table's type is %s, the definitions' %s (migrate changes no column's type: ALTER TABLE it by hand if the definitions are right)", cat.typ, def.Type)})
+				case retry.SQLState(err) != "" && strings.HasPrefix(retry.SQLState(err), "42"):
+					// Definition-author trial: jsonb against numeric,
+					// text against timestamptz and uuid were warnings,
+					// and every event was dead-lettered.
+					out = append(out, TableDrift{Table: pd.Table, Column: name, Blocks: true,
+						Problem: fmt.Sprintf("the table's type is %s, the definitions' %s, which PostgreSQL cannot convert: every upsert fails (%v); ALTER TABLE ... ALTER COLUMN %s TYPE %s, or give the definitions the table's type",
+							cat.typ, def.Type, err, ident(name), def.Type)})
+				default:
+					return fail(err)
+				}
 			}
 			if def.NotNull && !cat.notNull && !slices.Contains(pd.PrimaryKey, name) {
 				out = append(out, TableDrift{Table: pd.Table, Column: name,
@@ -261,6 +281,31 @@ func Drift(ctx context.Context, db interface {
 		}
 	}
 	return out, nil
+}
+
+// writeCheck returns PostgreSQL's error when a value of the definitions'
+// type typ, as the worker sends it (param), cannot be written into column
+// col of table qualified (42804, no assignment cast: jsonb into numeric)
+// or, when key (a primary-key column, which deletes compare), cannot be
+// compared with it (42883, no operator: uuid = text); nil when both can.
+// The statements are prepared (PREPARE, then DEALLOCATE, in one round
+// trip), never run.
+func writeCheck(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}, qualified, col, typ string, key bool) error {
+	stmts := []string{"INSERT INTO " + qualified + " (" + ident(col) + ") VALUES (" + param(1, typ) + ")"}
+	if key {
+		stmts = append(stmts, "SELECT 1 FROM "+qualified+" WHERE "+ident(col)+" = "+param(1, typ))
+	}
+	name := ident(reservedPrefix + "_drift_check")
+	for _, st := range stmts {
+		// No arguments: the simple protocol, both statements on one
+		// connection of a pool.
+		if _, err := db.Exec(ctx, "PREPARE "+name+" AS "+st+"; DEALLOCATE "+name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sameSet reports whether a and b hold the same strings, in any order.

@@ -1469,6 +1469,51 @@ func TestDriftSaysWhatMigrateLeaves(t *testing.T) {
 	}
 }
 
+// TestDriftBlocksTypesPostgreSQLCannotWrite: a column of another type is a
+// warning when PostgreSQL converts the definitions' type into it (bigint
+// into integer, integer into bigint, uuid into text), and blocks when it
+// cannot: no assignment cast (jsonb into numeric, text into timestamptz),
+// or, for a primary-key column, no comparison (numeric with text)
+// (definition-author trial: such tables were warnings, migrate exited 0,
+// and every event was dead-lettered with 42804 or 42883).
+func TestDriftBlocksTypesPostgreSQLCannotWrite(t *testing.T) {
+	pool, schema, _ := tblTenant(t)
+	ctx := context.Background()
+	d, _ := tblProjections(t)
+	tbl := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	for _, q := range []string{
+		"ALTER TABLE " + tbl("artist_followers") + " ALTER COLUMN score TYPE integer",
+		"ALTER TABLE " + tbl("kinds") + " ALTER COLUMN doc TYPE numeric USING NULL, ALTER COLUMN first_tag TYPE timestamptz USING NULL," +
+			" ALTER COLUMN n_int TYPE bigint, ALTER COLUMN uid TYPE text",
+		"ALTER TABLE " + tbl("typed_keys") + " ALTER COLUMN k_num TYPE text",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds, err := Drift(ctx, pool, d, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, dr := range ds {
+		line := dr.Table + "." + dr.Column
+		if dr.Blocks {
+			line = "BLOCKS " + line
+			for _, want := range []string{"which PostgreSQL cannot convert: every upsert fails", "SQLSTATE 42", "ALTER TABLE ... ALTER COLUMN"} {
+				if !strings.Contains(dr.Problem, want) {
+					t.Errorf("%s: %q does not say %q", line, dr.Problem, want)
+				}
+			}
+		}
+		got = append(got, line)
+	}
+	want := []string{"artist_followers.score", "kinds.n_int", "BLOCKS kinds.doc", "kinds.uid", "BLOCKS kinds.first_tag", "BLOCKS typed_keys.k_num"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Drift (-want +got):\n%s\n%v", diff, ds)
+	}
+}
+
 // TestMigrateANotNullColumnOnATableWithRowsSaysHow: a notNull column new
 // to a table that has rows cannot be added; the error says how to add it,
 // and nothing was migrated (new-user trial: PostgreSQL's 23502 alone).
