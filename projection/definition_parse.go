@@ -159,6 +159,17 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 	} else if name != "" {
 		where = fmt.Sprintf("projection %q", name)
 	}
+	notNullFalse := map[string]*yaml.Node{} // the columns that say notNull: false
+	defer func() {
+		// A key column is NOT NULL whatever the file says: one that says
+		// otherwise is a contradiction, refused (definition-author trial).
+		for _, k := range pd.PrimaryKey {
+			if v := notNullFalse[k]; v != nil {
+				p.fail(where+": "+memberPath("columns", k)+": notNull", v, "false, but the column is in primaryKey, and a primary-key column is always NOT NULL: remove notNull: false")
+				delete(notNullFalse, k) // once, if listed twice
+			}
+		}
+	}()
 	p.mapping(where, n, map[string]func(*yaml.Node){
 		"name":  func(v *yaml.Node) { pd.Name = p.str(where+": name", v) },
 		"table": func(v *yaml.Node) { pd.Table = p.str(where+": table", v) },
@@ -179,7 +190,11 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 			}
 			pd.Columns = map[string]ColumnDef{}
 			p.eachPair(where+": columns", v, func(k, cv *yaml.Node) {
-				pd.Columns[k.Value] = p.column(where+": "+memberPath("columns", k.Value), cv)
+				var nf *yaml.Node
+				pd.Columns[k.Value], nf = p.column(where+": "+memberPath("columns", k.Value), cv)
+				if nf != nil {
+					notNullFalse[k.Value] = nf
+				}
 				pd.ColumnNames = append(pd.ColumnNames, k.Value)
 			})
 		},
@@ -216,8 +231,10 @@ func memberPath(prefix, key string) string {
 	return prefix + "." + key
 }
 
-func (p *defParser) column(where string, n *yaml.Node) ColumnDef {
-	var c ColumnDef
+// column reads the column definition n, and returns its notNull node
+// when it is false (nil otherwise), which a primary-key column may not
+// say.
+func (p *defParser) column(where string, n *yaml.Node) (c ColumnDef, notNullFalse *yaml.Node) {
 	p.mapping(where, n, map[string]func(*yaml.Node){
 		"type":   func(v *yaml.Node) { c.Type = p.str(where+": type", v) },
 		"from":   func(v *yaml.Node) { c.From = p.str(where+": from", v) },
@@ -225,10 +242,12 @@ func (p *defParser) column(where string, n *yaml.Node) ColumnDef {
 		"notNull": func(v *yaml.Node) {
 			if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" || v.Decode(&c.NotNull) != nil {
 				p.refuse(where+": notNull", v, "must be true or false")
+			} else if !c.NotNull {
+				notNullFalse = v
 			}
 		},
 	})
-	return c
+	return c, notNullFalse
 }
 
 // mapping calls fields[key] for each key of the mapping n; unknown and

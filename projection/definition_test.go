@@ -310,6 +310,11 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: projection "p": columns.ctid: "ctid" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 10)`,
 			`d.yaml: projection "p": columns.xmin: "xmin" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 9)`,
 		}},
+		// A contradiction, refused (definition-author trial: validate said
+		// ok); notNull: false on another column is the default, said.
+		{"primary-key column notNull false", head + "    columns:\n      id: {type: text, from: entityId, notNull: false}\n      v: {type: text, from: forkId, notNull: false}\n", []string{
+			`d.yaml: projection "p": columns.id: notNull: false, but the column is in primaryKey, and a primary-key column is always NOT NULL: remove notNull: false (line 8)`,
+		}},
 		{"payload into a column not jsonb", head + "    columns:\n      id: {type: text, from: entityId}\n      doc: {type: jsonb, from: payload}\n      all: {type: text, from: payload}\n", []string{
 			`d.yaml: projection "p": columns.all: from: payload is the whole JSON object, which only a jsonb column takes (docs/definitions.md); make the column jsonb or take a field, payload.<key> (line 10)`,
 		}},
