@@ -211,7 +211,17 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 					p.fail(where+": events", k, "key %s is YAML's %s, not an event type name: quote it (\"%s\") if an event type is spelt so", k.Value, strings.TrimPrefix(k.Tag, "!!"), k.Value)
 					return
 				}
-				pd.Events[k.Value] = Op(p.str(where+": "+memberPath("events", k.Value), ov))
+				at := where + ": " + memberPath("events", k.Value)
+				switch t := k.Value; {
+				// Matched exactly against the wire's eventType: a likely
+				// typo, as a from path's white space is (definition-author
+				// trial: " E", "E\t" and a zero-width space were taken).
+				case strings.TrimSpace(t) != t:
+					p.fail(at, k, "%+q starts or ends with white space, and an event's eventType is matched exactly: remove it", t)
+				case strings.ContainsFunc(t, func(r rune) bool { return !unicode.IsGraphic(r) }):
+					p.fail(at, k, "%+q holds a character that is not a visible one (a control or format character), and an event's eventType is matched exactly: remove it", t)
+				}
+				pd.Events[k.Value] = Op(p.str(at, ov))
 			})
 		},
 	})
@@ -223,9 +233,11 @@ func (p *defParser) projection(i int, n *yaml.Node, named map[string]int) Projec
 // character Go quotes (a control character, invalid UTF-8), so that a
 // path in an error can carry no terminal escape sequence or new line
 // (security trial: a column key "v\x1b[2J..." cleared the screen of
-// whoever read validate's error, "E\nX" forged a line).
+// whoever read validate's error, "E\nX" forged a line); so is a key that
+// is empty or starts or ends with white space, which reads as no key or
+// none at all after the dot.
 func memberPath(prefix, key string) string {
-	if q := strconv.Quote(key); q[1:len(q)-1] != key {
+	if q := strconv.Quote(key); q[1:len(q)-1] != key || key == "" || strings.TrimSpace(key) != key {
 		return prefix + "[" + q + "]"
 	}
 	return prefix + "." + key

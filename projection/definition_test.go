@@ -310,6 +310,11 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: projection "p": columns.ctid: "ctid" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 10)`,
 			`d.yaml: projection "p": columns.xmin: "xmin" is the name of a PostgreSQL system column (tableoid, xmin, cmin, xmax, cmax, ctid), which no table column may take; rename it (line 9)`,
 		}},
+		{"event type with white space or an invisible character", "irVersion: v1\nprojections:\n  - name: p\n    table: t\n    primaryKey: [id]\n    columns: {id: {type: text, from: entityId}}\n    events:\n      \" E\": upsert\n      \"E\\t\": upsert\n      \"ORDER\\u200bPLACED\": delete\n      \"ORDER PLACED\": upsert\n", []string{
+			`d.yaml: projection "p": events[" E"]: " E" starts or ends with white space, and an event's eventType is matched exactly: remove it (line 8)`,
+			`d.yaml: projection "p": events["E\t"]: "E\t" starts or ends with white space, and an event's eventType is matched exactly: remove it (line 9)`,
+			`d.yaml: projection "p": events["ORDER\u200bPLACED"]: "ORDER\u200bPLACED" holds a character that is not a visible one (a control or format character), and an event's eventType is matched exactly: remove it (line 10)`,
+		}},
 		// A contradiction, refused (definition-author trial: validate said
 		// ok); notNull: false on another column is the default, said.
 		{"primary-key column notNull false", head + "    columns:\n      id: {type: text, from: entityId, notNull: false}\n      v: {type: text, from: forkId, notNull: false}\n", []string{
@@ -405,6 +410,7 @@ func TestParseDefinitionsProblems(t *testing.T) {
 		// new line forging a line; such a key's path is Go-quoted.
 		{"control characters in keys", head[:len(head)-len("    events: {E: upsert}\n")] +
 			"    events: {\"E\\nX\": upsert2}\n    columns: {id: {type: text, from: entityId}, \"v\\e[2J\\rOK\": {type: text, from: entityId}}\n", []string{
+			`d.yaml: projection "p": events["E\nX"]: "E\nX" holds a character that is not a visible one (a control or format character), and an event's eventType is matched exactly: remove it (line 6)`,
 			`d.yaml: projection "p": columns["v\x1b[2J\rOK"]: "v\x1b[2J\rOK" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 7)`,
 			`d.yaml: projection "p": events["E\nX"]: unknown operation "upsert2" (want upsert or delete) (line 6)`,
 		}},
