@@ -544,6 +544,12 @@ func checkTimeText(k colKind, typ, s string) string {
 		return ""
 	}
 	if err != nil && fieldOutOfRange(err) {
+		if t := pgTrim(s); len(t) > 13 && t[11:13] == "24" {
+			// PostgreSQL reads 24:00:00 as the next midnight; RFC 3339
+			// has no hour 24 (definition-author trial: refused in
+			// PostgreSQL's words, which PostgreSQL 15 takes).
+			return "hour 24 is not RFC 3339 (hours 00 to 23): write 00:00:00 of the next day: " + quoteValue(s)
+		}
 		// RFC 3339, of a time that does not exist: PostgreSQL's words
 		// (definitions trial: 2024-02-30T00:00:00Z was told to be RFC 3339).
 		return "date/time field value out of range: " + quoteValue(s)
@@ -560,8 +566,17 @@ func checkTimeText(k colKind, typ, s string) string {
 	if tm.Year() < 1 {
 		return "date/time field value out of range: " + quoteValue(s) // year 0000 does not exist
 	}
+	if _, off := tm.Zone(); off >= maxTZDisplacement || off <= -maxTZDisplacement {
+		// PostgreSQL's words and limit (22009; definition-author trial:
+		// +16:00 reached PostgreSQL, its dead letter naming no column).
+		return "time zone displacement out of range: " + quoteValue(s)
+	}
 	return ""
 }
+
+// maxTZDisplacement is the first UTC offset PostgreSQL refuses, in
+// seconds: 16 hours (its MAX_TZDISP_HOUR is 15).
+const maxTZDisplacement = 16 * 3600
 
 // leapSecond reports whether t is an RFC 3339 date-time whose seconds are
 // 60, with no fraction or a fraction of zeros.
