@@ -297,6 +297,12 @@ func (p *defParser) eachPair(where string, n *yaml.Node, f func(k, v *yaml.Node)
 			p.fail(where, k, "keys must be strings")
 			continue
 		}
+		if k.Tag == "!!merge" {
+			// Definition-author trial: `unknown key "<<"` said nothing of
+			// why.
+			p.fail(where, k, "YAML merge keys (<<) are not supported: write the keys out, or make the whole value an alias (*name)")
+			continue
+		}
 		if first, dup := seen[k.Value]; dup {
 			if first.Line == k.Line {
 				// One line ({ from: a, from: b }): the columns tell them

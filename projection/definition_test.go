@@ -324,7 +324,11 @@ func TestParseDefinitionsProblems(t *testing.T) {
 			`d.yaml: projection "p": columns.all: from: payload is the whole JSON object, which only a jsonb column takes (docs/definitions.md); make the column jsonb or take a field, payload.<key> (line 10)`,
 		}},
 		{"identifier too long", head + "    columns:\n      id: {type: text, from: entityId}\n      " + strings.Repeat("c", 64) + ": {type: text, from: forkId}\n", []string{
-			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$) (line 9)`,
+			`d.yaml: projection "p": columns.` + strings.Repeat("c", 64) + `: "` + strings.Repeat("c", 64) + `" is 64 bytes, longer than the 63 PostgreSQL keeps of a name (want ^[a-z_][a-z0-9_]{0,62}$) (line 9)`,
+		}},
+		{"YAML merge key", "irVersion: v1\nprojections:\n  - name: p\n    table: t\n    primaryKey: [id]\n    events: {E: upsert}\n    columns:\n      id: &text {type: text, from: entityId}\n      v:\n        <<: *text\n        from: forkId\n", []string{
+			`d.yaml: projection "p": columns.v: YAML merge keys (<<) are not supported: write the keys out, or make the whole value an alias (*name) (line 10)`,
+			`d.yaml: projection "p": columns.v: type: missing (line 10)`, // as merged in, it is
 		}},
 		// New-user trial: validated, then every event dead-lettered. A
 		// derive whose type the checker knows, and which no value of fits

@@ -280,8 +280,17 @@ func nameProblem(s string) string {
 	if validIdentifier(s) {
 		return fmt.Sprintf("%q starts with the reserved prefix %q", s, reservedPrefix)
 	}
+	if len(s) > maxIdentifierBytes && validIdentifier(s[:maxIdentifierBytes]) &&
+		strings.Trim(s[maxIdentifierBytes:], "abcdefghijklmnopqrstuvwxyz0123456789_") == "" {
+		// Said apart (definition-author trial: only the pattern).
+		return fmt.Sprintf("%q is %d bytes, longer than the %d PostgreSQL keeps of a name (want ^[a-z_][a-z0-9_]{0,62}$)", s, len(s), maxIdentifierBytes)
+	}
 	return fmt.Sprintf("%q is not a valid identifier (want ^[a-z_][a-z0-9_]{0,62}$)", s)
 }
+
+// maxIdentifierBytes is the longest name PostgreSQL keeps whole
+// (NAMEDATALEN − 1).
+const maxIdentifierBytes = 63
 
 // checkFromPath checks a from path: non-empty segments, the first one an
 // event field, subfields only under payload.
