@@ -249,7 +249,7 @@ func Drift(ctx context.Context, db interface {
 				case err == nil:
 					out = append(out, TableDrift{Table: pd.Table, Column: name,
 						Problem: fmt.Sprintf("the table's type is %s, the definitions' %s (migrate changes no column's type: ALTER TABLE it by hand if the definitions are right)", cat.typ, def.Type)})
-				case retry.SQLState(err) != "" && strings.HasPrefix(retry.SQLState(err), "42"):
+				case strings.HasPrefix(retry.SQLState(err), "42"):
 					// Definition-author trial: jsonb against numeric,
 					// text against timestamptz and uuid were warnings,
 					// and every event was dead-lettered.
