@@ -331,8 +331,11 @@ func (s *settings) redactor() *redact.Redactor {
 	return redact.New(append(redact.PostgresSecrets(s.databaseURL), s.kafka.SASLPassword)...)
 }
 
+// requireDatabase returns a usage error when --database-url is empty or
+// only white space, which is ignored around it (fresh-user trial: " " and
+// a Secret's lone newline were taken, and pgx connected to its defaults).
 func (s *settings) requireDatabase() error {
-	if s.databaseURL == "" {
+	if strings.TrimSpace(s.databaseURL) == "" {
 		return flagenv.Usagef("--database-url (DATABASE_URL) is required: set it to a PostgreSQL connection string")
 	}
 	return nil

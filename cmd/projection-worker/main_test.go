@@ -268,6 +268,12 @@ func TestCommandLineContract(t *testing.T) {
 			wantCode: 2, wantStderr: []string{"--tenant-schema", `"t1,t2"`, "repeat the flag for several"}},
 		{name: "migrate without database url", args: []string{"migrate", "--projections", exampleProjections, "--tenant-schema", "t1"},
 			wantCode: 2, wantStderr: []string{"DATABASE_URL"}},
+		// White space only, as a Secret's lone newline (fresh-user trial:
+		// taken, and pgx connected to its defaults).
+		{name: "migrate with a database url of white space", args: []string{"migrate", "--database-url", " \n", "--projections", exampleProjections, "--tenant-schema", "t1"},
+			wantCode: 2, wantStderr: []string{"--database-url (DATABASE_URL) is required"}},
+		{name: "run with a database url of white space", args: []string{"run", "--database-url", "\n", "--projections", exampleProjections, "--create-topics=false"},
+			wantCode: 2, wantStderr: []string{"--database-url (DATABASE_URL) is required"}},
 		{name: "topics brokers without port", args: []string{"topics", "--brokers", "nohostport"}, wantCode: 2, wantStderr: []string{"--brokers (KAFKA_BROKERS)"}},
 		{name: "version", args: []string{"version"}, wantCode: 0},
 		{name: "migrate bad log level", args: []string{"migrate", "--log-level", "verbose"}, wantCode: 2, wantStderr: []string{"--log-level (LOG_LEVEL)", `"verbose"`}},
