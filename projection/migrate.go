@@ -254,8 +254,12 @@ func Drift(ctx context.Context, db interface {
 					// text against timestamptz and uuid were warnings,
 					// and every event was dead-lettered.
 					out = append(out, TableDrift{Table: pd.Table, Column: name, Blocks: true,
-						Problem: fmt.Sprintf("the table's type is %s, the definitions' %s, which PostgreSQL cannot convert: every upsert fails (%v); ALTER TABLE ... ALTER COLUMN %s TYPE %s, or give the definitions the table's type",
-							cat.typ, def.Type, err, ident(name), def.Type)})
+						// The statement to run whole (fresh-user trial: with
+						// no USING, PostgreSQL refused it for a jsonb column),
+						// converting through text, which every type reads
+						// and writes (numeric has no cast to jsonb).
+						Problem: fmt.Sprintf("the table's type is %s, the definitions' %s, which PostgreSQL cannot convert: every upsert fails (%v); ALTER TABLE %s ALTER COLUMN %s TYPE %s USING %s::text::%s, or give the definitions the table's type",
+							cat.typ, def.Type, err, qualified, ident(name), def.Type, ident(name), def.Type)})
 				default:
 					return fail(err)
 				}
