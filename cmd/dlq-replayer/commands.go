@@ -92,7 +92,7 @@ func kafkaCause(err error, brokers string) string {
 		return cause
 	}
 	if kafkaconn.DialError(err) {
-		return "no broker of --brokers (KAFKA_BROKERS) " + brokers + " answers: check the addresses and that Kafka is running"
+		return kafkaconn.NoBrokerAnswers(brokers)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		// New-user trial: --tls against a plaintext listener waited, then

@@ -206,11 +206,11 @@ func runTopics(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := kafkaconn.Closed(tctx, cl); err != nil {
-		return topicsError(err)
+		return topicsError(err, s.kafka.Brokers)
 	}
 	rep, err := dlq.EnsureTopics(tctx, kadm.NewClient(cl), cfg)
 	if err != nil {
-		return topicsError(err)
+		return topicsError(err, s.kafka.Brokers)
 	}
 	for _, t := range rep.Created {
 		fmt.Fprintf(stdout, "created %s\n", t)

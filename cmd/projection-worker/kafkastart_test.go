@@ -126,14 +126,15 @@ func TestKafkaStartBackOffDoubles(t *testing.T) {
 // no answer (a TLS client on a plaintext listener, which takes the
 // connection and never answers) names what can cause it and the flags
 // (fresh-user trial: `topics --kafka-tls` said "context deadline exceeded"
-// alone after 30 s); a refused dial is said as it is.
+// alone after 30 s); a refused dial names --brokers and its value
+// (fresh-user trial: "unable to dial: ... connection refused" alone).
 func TestTopicsErrorSaysWhatNoAnswerCanBe(t *testing.T) {
-	err := topicsError(fmt.Errorf("ensure topics: list topics: %w", context.DeadlineExceeded))
+	err := topicsError(fmt.Errorf("ensure topics: list topics: %w", context.DeadlineExceeded), "k1:9092")
 	if !strings.Contains(err.Error(), "no answer in time") || !strings.Contains(err.Error(), "--kafka-tls") || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("topicsError = %v, want the no-answer hint naming --kafka-tls, wrapping the deadline", err)
 	}
-	refused := topicsError(fmt.Errorf("list topics: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}))
-	if strings.Contains(refused.Error(), "no answer in time") {
-		t.Errorf("topicsError of a refused dial = %v, want no no-answer hint", refused)
+	refused := topicsError(fmt.Errorf("list topics: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), "k1:9092")
+	if strings.Contains(refused.Error(), "no answer in time") || !strings.Contains(refused.Error(), "no broker of --brokers (KAFKA_BROKERS) k1:9092 answers") {
+		t.Errorf("topicsError of a refused dial = %v, want --brokers and its value named, no no-answer hint", refused)
 	}
 }

@@ -465,13 +465,20 @@ func watchDatabase(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, ev
 
 // topicsError is err, an error of the first requests about the topics,
 // with the cause Kafka's answer gives in terms of the flags, when it gives
-// one (kafkaconn.Explain, kafkaconn.ClosedHint), or, when no answer came
-// in time, what can cause that (kafkaconn.NoAnswerHint; fresh-user trial:
-// `topics --kafka-tls` against a plaintext listener said "context
-// deadline exceeded" alone after 30 s): "topics: <cause>: <err>".
-func topicsError(err error) error {
+// one (kafkaconn.Explain, kafkaconn.ClosedHint), or, when no broker of
+// brokers took a connection, that (kafkaconn.NoBrokerAnswers), or, when no
+// answer came in time, what can cause that (kafkaconn.NoAnswerHint;
+// fresh-user trial: `topics --kafka-tls` against a plaintext listener said
+// "context deadline exceeded" alone after 30 s): "topics: <cause>: <err>".
+func topicsError(err error, brokers string) error {
 	reason := cmp.Or(kafkaconn.Explain(err), kafkaconn.ClosedHint(err))
-	if reason == "" && errors.Is(err, context.DeadlineExceeded) && !kafkaconn.DialError(err) {
+	switch {
+	case reason != "":
+	case kafkaconn.DialError(err):
+		// Named as run and dlq-replayer name it (fresh-user trial:
+		// "unable to dial: ... connection refused" named no flag).
+		reason = kafkaconn.NoBrokerAnswers(brokers)
+	case errors.Is(err, context.DeadlineExceeded):
 		reason = kafkaconn.NoAnswerHint
 	}
 	if reason != "" {
@@ -504,7 +511,7 @@ func checkTopics(ctx context.Context, s *settings, cl *kgo.Client, cfg dlq.Topic
 	case errors.As(err, &unreachable):
 		return rep, err // says what it is: no "topics:" in front
 	case err != nil:
-		return rep, topicsError(err)
+		return rep, topicsError(err, s.kafka.Brokers)
 	}
 	for _, t := range rep.Created {
 		if t == cfg.EventsTopic && !s.embedded {

@@ -248,6 +248,12 @@ func Closed(ctx context.Context, cl *kgo.Client) error {
 // in time: the causes to check, in terms of the connection flags.
 const NoAnswerHint = "no answer in time: a host that drops connection attempts, something other than a Kafka listener at that port, or TLS or SASL settings (--kafka-tls, --kafka-sasl-mechanism) its listener does not expect"
 
+// NoBrokerAnswers says that no broker of brokers (--brokers) took a
+// connection, and what to check.
+func NoBrokerAnswers(brokers string) string {
+	return "no broker of --brokers (KAFKA_BROKERS) " + brokers + " answers: check the addresses and that Kafka is running"
+}
+
 // DialError reports whether err is a dial's: connection refused, no route,
 // a name that does not resolve (no broker answered at all).
 func DialError(err error) bool {
