@@ -171,8 +171,16 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledge
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
+	// One admin client for the dead-letter topic's check and the ledger
+	// topic's creation.
+	admCl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	adm := kadm.NewClient(admCl)
+	defer admCl.Close()
 	if cfg.DLQTopic != "" {
-		if err := topicExists(ctx, opts, cfg.DLQTopic); err != nil {
+		if _, err := listTopic(ctx, adm, cfg.DLQTopic); err != nil {
 			return nil, fmt.Errorf("describe dead-letter topic %s: %w", cfg.DLQTopic, err)
 		}
 	}
@@ -186,7 +194,7 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledge
 	var created bool
 	if !cfg.ReadOnly {
 		var err error
-		if created, err = createLedgerTopic(ctx, opts, cfg); err != nil {
+		if created, err = createLedgerTopic(ctx, adm, cfg); err != nil {
 			return nil, err
 		}
 		if cfg.BeforeRead != nil {
@@ -241,18 +249,6 @@ func OpenLedger(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (_ *Ledge
 	return l, nil
 }
 
-// topicExists returns nil when topic exists, else an error wrapping
-// ErrTopicNotFound, or the error listing it.
-func topicExists(ctx context.Context, opts []kgo.Opt, topic string) error {
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
-	}
-	defer cl.Close()
-	_, err = listTopic(ctx, kadm.NewClient(cl), topic)
-	return err
-}
-
 // read loads the decisions of the ledger topic up to its end offsets.
 func (l *Ledger) read(ctx context.Context, opts []kgo.Opt, topic string, log *slog.Logger) error {
 	_, err := readToEnd(ctx, opts, topic, log, nil, func(r *kgo.Record) error {
@@ -284,13 +280,7 @@ func (l *Ledger) read(ctx context.Context, opts []kgo.Opt, topic string, log *sl
 
 // createLedgerTopic creates the compacted ledger topic unless it exists and
 // reports whether it created it.
-func createLedgerTopic(ctx context.Context, opts []kgo.Opt, cfg LedgerConfig) (bool, error) {
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return false, fmt.Errorf("kafka client: %w", err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+func createLedgerTopic(ctx context.Context, adm *kadm.Client, cfg LedgerConfig) (bool, error) {
 	topics, err := adm.ListTopics(ctx, cfg.Topic)
 	if err != nil {
 		return false, fmt.Errorf("describe ledger topic %s: %w", cfg.Topic, err)
