@@ -148,9 +148,11 @@ func TestLedgerKeepsTheDecisionsOfOneDeadLetterTopic(t *testing.T) {
 	b := kafkatest.New(t)
 	topic := kafkatest.TopicName(t, "ledger")
 	ctx := testCtx(t)
-	b.CreateTopic(t, "dlq-a", 1, nil)
-	b.CreateTopic(t, "dlq-b", 1, nil)
-	l, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: "dlq-a"})
+	// Topics of their own: a real broker keeps them from run to run.
+	dlqA, dlqB := kafkatest.TopicName(t, "dlq-a"), kafkatest.TopicName(t, "dlq-b")
+	b.CreateTopic(t, dlqA, 1, nil)
+	b.CreateTopic(t, dlqB, 1, nil)
+	l, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: dlqA})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,13 +163,13 @@ func TestLedgerKeepsTheDecisionsOfOneDeadLetterTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, readOnly := range []bool{true, false} {
-		_, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: "dlq-b", DLQTopicSetting: "--dlq-topic", TopicSetting: "--ledger-topic", ReadOnly: readOnly})
-		want := `--ledger-topic "` + topic + `" holds decisions about the dead letters of "dlq-a", keyed by partition and offset only, so it cannot also keep those of --dlq-topic "dlq-b"`
+		_, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: dlqB, DLQTopicSetting: "--dlq-topic", TopicSetting: "--ledger-topic", ReadOnly: readOnly})
+		want := `--ledger-topic "` + topic + `" holds decisions about the dead letters of "` + dlqA + `", keyed by partition and offset only, so it cannot also keep those of --dlq-topic "` + dlqB + `"`
 		if !errors.Is(err, dlq.ErrLedgerOfAnotherTopic) || !strings.Contains(err.Error(), want) {
-			t.Errorf("read-only %v: OpenLedger for dlq-b: %v; want ErrLedgerOfAnotherTopic saying %q", readOnly, err, want)
+			t.Errorf("read-only %v: OpenLedger for %s: %v; want ErrLedgerOfAnotherTopic saying %q", readOnly, dlqB, err, want)
 		}
 	}
-	for _, dlqTopic := range []string{"dlq-a", ""} {
+	for _, dlqTopic := range []string{dlqA, ""} {
 		again, err := dlq.OpenLedger(ctx, b.Opts(), dlq.LedgerConfig{Topic: topic, DLQTopic: dlqTopic, ReadOnly: true})
 		if err != nil {
 			t.Fatalf("OpenLedger for %q: %v", dlqTopic, err)
