@@ -335,8 +335,13 @@ func (s *settings) redactor() *redact.Redactor {
 // only white space, which is ignored around it (fresh-user trial: " " and
 // a Secret's lone newline were taken, and pgx connected to its defaults).
 func (s *settings) requireDatabase() error {
-	if strings.TrimSpace(s.databaseURL) == "" {
+	if s.databaseURL == "" {
 		return flagenv.Usagef("--database-url (DATABASE_URL) is required: set it to a PostgreSQL connection string")
+	}
+	if strings.TrimSpace(s.databaseURL) == "" {
+		// Said as given (final fresh-user check: "required" read oddly
+		// of a value given).
+		return flagenv.Usagef("--database-url (DATABASE_URL) is required, and is only white space: set it to a PostgreSQL connection string")
 	}
 	return nil
 }
