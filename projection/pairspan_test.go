@@ -112,7 +112,11 @@ func TestCopyBatchSpanSaysWhatItApplied(t *testing.T) {
 	if copyMinRows < 0 {
 		t.Skip("TEST_NO_COPY=1: no COPY transaction")
 	}
-	r, _ := ratingsRig(t, 2)
+	r, ratings := ratingsRig(t, 2)
+	// The same rule written with a function, which the worker does not
+	// evaluate in Go (checkExpr): the refused rows fail inside the COPY
+	// batch, whose span this test is about.
+	exec(t, r.pool, "ALTER TABLE "+ratings+" DROP CONSTRAINT stars_positive, ADD CONSTRAINT stars_positive CHECK (sign(stars) = 1)")
 	const n, refused = 40, 3
 	var keys, values []string
 	for i := range n {

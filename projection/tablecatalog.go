@@ -77,10 +77,12 @@ type catalogEntry struct {
 }
 
 // catalogCheck is a CHECK constraint of a table: its expression as
-// pg_get_expr prints it and the columns it reads.
+// pg_get_expr prints it, the columns it reads, and the expression parsed
+// for Go to evaluate (nil when parseCheckExpr does not read it).
 type catalogCheck struct {
-	expr string
-	cols []string
+	expr   string
+	cols   []string
+	parsed *checkExpr
 }
 
 // catalogChecksSQL reads the CHECK constraints of the table named by $1
@@ -164,7 +166,8 @@ func (c *tableCatalog) lookup(ctx context.Context, schema, table string) (map[st
 	var checks []catalogCheck
 	var ck catalogCheck
 	if _, err := pgx.ForEachRow(rows, []any{&ck.expr, &ck.cols}, func() error {
-		checks = append(checks, catalogCheck{expr: ck.expr, cols: slices.Clone(ck.cols)})
+		parsed, _ := parseCheckExpr(ck.expr) // nil: PostgreSQL alone evaluates it
+		checks = append(checks, catalogCheck{expr: ck.expr, cols: slices.Clone(ck.cols), parsed: parsed})
 		return nil
 	}); err != nil {
 		return nil, nil, err
@@ -265,9 +268,11 @@ func parseCatalogType(typ string) catalogColumn {
 
 // rowCheck is what the catalog says of a table projection's upserts in one
 // tenant schema: the columns where the table is stricter than the
-// definition. It belongs to one batch.
+// definition, and the table's CHECK constraints that Go evaluates
+// (withChecks). It belongs to one batch.
 type rowCheck struct {
 	cols    []colCheck
+	checks  []*boundCheck
 	suspect int // upserts found suspect (counted by suspectKeys)
 }
 
@@ -305,10 +310,37 @@ func newRowCheck(p *TableProjection, cols map[string]catalogColumn) *rowCheck {
 	return &rc
 }
 
+// withChecks returns rc with those of the table's CHECK constraints
+// (checks, as the catalog has them) that Go evaluates bound to p's
+// columns (cols: the table's), a new rowCheck when rc is nil and one
+// binds; rc when none does.
+func (rc *rowCheck) withChecks(p *TableProjection, checks []catalogCheck, cols map[string]catalogColumn) *rowCheck {
+	for _, ck := range checks {
+		if ck.parsed == nil {
+			continue
+		}
+		b, ok := ck.parsed.bind(p, cols)
+		if !ok {
+			continue
+		}
+		if rc == nil {
+			rc = &rowCheck{}
+		}
+		rc.checks = append(rc.checks, b)
+	}
+	return rc
+}
+
 // refuses reports whether the table would refuse the upsert with
 // arguments args (as Plan sends them: text or nil): a NULL for a NOT NULL
-// column, or a value its column type refuses.
+// column, a value its column type refuses, or values a CHECK constraint
+// is false for.
 func (rc *rowCheck) refuses(args []any) bool {
+	for _, b := range rc.checks {
+		if b.refuses(args) {
+			return true
+		}
+	}
 	for _, c := range rc.cols {
 		v := args[c.i]
 		if v == nil {
@@ -626,7 +658,7 @@ func (pc *partition) formCopyGroups(ctx context.Context, planned []pair) ([]*cop
 	var seen []checked
 	groups, rest, suspects := copyGroupsChecked(planned, w.cfg.CopyMinRows, func(g *copyGroup) *rowCheck {
 		cols := w.catalog.columns(ctx, g.schema, g.p.def.Table)
-		rc := newRowCheck(g.p, cols)
+		rc := newRowCheck(g.p, cols).withChecks(g.p, w.catalog.checks(g.schema, g.p.def.Table), cols)
 		if pc.refusedGroups.has(g) {
 			// A row of the last group of this table was refused: the
 			// table's CHECK constraints are evaluated on this one's rows

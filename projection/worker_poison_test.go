@@ -219,6 +219,12 @@ func (c *logCounter) withPrefix(prefix string) []slog.Record {
 	return out
 }
 
+// starsRangeUnread is a CHECK constraint of artist_ratings, stars from 0
+// to 10, written with a function, which the worker does not evaluate in Go
+// (a comparison it would: checkExpr): PostgreSQL alone refuses the rows,
+// inside their COPY groups, as the tests of that path need.
+const starsRangeUnread = "CHECK (abs(stars - 5) <= 5)"
+
 // TestWorkerCopyBisectionIsolatesConstraintViolations puts rows that only
 // PostgreSQL refuses (a CHECK constraint) into one COPY group of 128 rows
 // with CopyMinRows 16: the failed group's copied rows are upserted by parts
@@ -232,7 +238,7 @@ func (c *logCounter) withPrefix(prefix string) []slog.Record {
 func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
-	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range "+starsRangeUnread)
 	const n, minRows = 128, 16
 	var keys, values []string
 	wantDead := map[string]int{}
@@ -306,7 +312,7 @@ func TestWorkerCopyBisectionIsolatesConstraintViolations(t *testing.T) {
 func TestWorkerCopyUndoesAFailedGroupAlone(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigOptions{})
-	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range "+starsRangeUnread)
 	const n = 64
 	var keys, values []string
 	wantDead := map[string]int{}
@@ -489,19 +495,7 @@ func refuseStarsAbove(t *testing.T, r *rig, max int) {
 // with PostgreSQL's 23514.
 func TestWorkerCopyChecksConstraintsAfterARefusedGroup(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, rigOptions{})
-	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
-	logs := r.startLogged(func(c *projection.Config) {
-		c.CopyMinRows = 16
-		c.MaxBatchRecords = 500
-		c.Retry.MaxRetries = 1
-	})
-	const perWave = 48
-	wantDead := map[string]int{}
-	wave := func(w int) {
-		t.Helper()
-		ratingsWave(t, r, w, perWave, wantDead, func(i int) bool { return i == 0 || i == perWave/2 })
-	}
+	r, logs, wave, wantDead := checkedRatingsRig(t, "CONSTRAINT stars_range "+starsRangeUnread)
 	wave(1)
 	if len(logs.records(logCopyAgain)) == 0 {
 		t.Fatal("the first refused group did not fail: the test no longer shows what it should")
@@ -520,7 +514,57 @@ func TestWorkerCopyChecksConstraintsAfterARefusedGroup(t *testing.T) {
 	if n := logSum(logs, logSuspect, "upserts") - suspect; n < 1 || n > 4 {
 		t.Errorf("%d upserts left the groups of waves 2 and 3, want their refused ones (1 to 4)", n)
 	}
-	checkRefusedRatings(t, r, wantDead, 3*perWave)
+	checkRefusedRatings(t, r, wantDead, 3*checkedRatingsPerWave)
+}
+
+// TestWorkerCopyLeavesRowsACheckRefusesToStatements: a CHECK constraint
+// that Go evaluates (a comparison, checkExpr) takes the rows it refuses
+// out of their COPY groups from the first group on (issue 11: each
+// refused row failed its group, which was then isolated or checked in
+// PostgreSQL): no group fails, none is isolated, the refused rows go to
+// their statements and are dead-lettered once each with PostgreSQL's
+// 23514, and every good row is applied.
+func TestWorkerCopyLeavesRowsACheckRefusesToStatements(t *testing.T) {
+	t.Parallel()
+	r, logs, wave, wantDead := checkedRatingsRig(t, "CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+	for w := 1; w <= 3; w++ {
+		wave(w)
+	}
+	if n := len(logs.records(logCopyAgain)); n != 0 {
+		t.Errorf("%d groups tried whole and refused, want 0", n)
+	}
+	if n := len(logs.records(logIsolated)); n != 0 {
+		t.Errorf("%d groups isolated, want 0: their refused rows left them", n)
+	}
+	if n := logSum(logs, logSuspect, "upserts"); n < 1 || n > 6 {
+		t.Errorf("%d upserts left the groups, want their refused ones (1 to 6)", n)
+	}
+	checkRefusedRatings(t, r, wantDead, 3*checkedRatingsPerWave)
+}
+
+// checkedRatingsPerWave is the ratings of a wave of checkedRatingsRig.
+const checkedRatingsPerWave = 48
+
+// checkedRatingsRig returns a rig whose artist_ratings gets constraint
+// (ADD's text), its worker started with --copy-min-rows 16, batches of
+// 500 records and one retry, logged; wave(w) produces wave w of
+// checkedRatingsPerWave ratings (ratingsWave), the first and the middle
+// one rating 99 stars, and waits for them; wantDead gathers their users.
+func checkedRatingsRig(t *testing.T, constraint string) (r *rig, logs *logCounter, wave func(w int), wantDead map[string]int) {
+	t.Helper()
+	r = newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD "+constraint)
+	logs = r.startLogged(func(c *projection.Config) {
+		c.CopyMinRows = 16
+		c.MaxBatchRecords = 500
+		c.Retry.MaxRetries = 1
+	})
+	wantDead = map[string]int{}
+	wave = func(w int) {
+		t.Helper()
+		ratingsWave(t, r, w, checkedRatingsPerWave, wantDead, func(i int) bool { return i == 0 || i == checkedRatingsPerWave/2 })
+	}
+	return r, logs, wave, wantDead
 }
 
 // checkRefusedRatings checks that the users of wantDead, and they alone,
@@ -663,7 +707,7 @@ func TestWorkerCopyGroupsOfTwoTenantsInOneBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{r.tenant, other} {
-		exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{s, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range CHECK (stars BETWEEN 0 AND 10)")
+		exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{s, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range "+starsRangeUnread)
 	}
 	logs := r.startLogged(func(c *projection.Config) {
 		c.CopyMinRows = 4
