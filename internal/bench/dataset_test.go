@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,8 +81,16 @@ type event struct {
 	review uint8 // index into reviews; noReview: the field is absent (nullPoison)
 }
 
-// noReview is event.review of an ARTIST_RATED without a review field.
-const noReview = 255
+// noReview is event.review of an ARTIST_RATED without a review field,
+// longReview of one whose review is longReviewText (checkFnPoison).
+const (
+	noReview   = 255
+	longReview = 254
+)
+
+// longReviewText is the review of checkFnPoison: 520 characters, beyond
+// the 500 that benchConstraints' review_length takes.
+var longReviewText = strings.Repeat("Long review. ", 40)
 
 func (e *event) partition() int32 { return e.user % numPartitions }
 
@@ -100,12 +109,20 @@ func (e *event) poisonedPair(proj int) bool {
 	switch e.poison {
 	case derivePoison, rangePoison:
 		return proj == projFollowers
-	case nullPoison, checkPoison:
+	case nullPoison, checkPoison, checkFnPoison:
 		return proj == projRatings
 	case unmigratedPoison:
 		return true
 	}
 	return false
+}
+
+// reviewText is the review of an ARTIST_RATED with one.
+func (e *event) reviewText() string {
+	if e.review == longReview {
+		return longReviewText
+	}
+	return reviews[e.review]
 }
 
 // poisonKind is the poison of a dataset: 1% of its events, one kind each.
@@ -132,9 +149,16 @@ const (
 	nullPoison
 	// checkPoison: ARTIST_RATED with 0 stars. The definitions take any
 	// integer, so Plan passes it; benchConstraints adds a CHECK constraint
-	// (stars between 1 and 5), so PostgreSQL refuses it (23514) inside the
-	// COPY group: what no check of the column's type or nullability knows.
+	// (stars between 1 and 5), so PostgreSQL refuses it (23514). The worker
+	// evaluates that comparison from the table's catalog and sends the
+	// upsert to its statement, as for rangePoison.
 	checkPoison
+	// checkFnPoison: ARTIST_RATED whose review has 520 characters.
+	// benchConstraints adds a CHECK constraint written with a function
+	// (char_length(review) <= 500), which the worker does not evaluate: the
+	// expensive case, where PostgreSQL refuses the row (23514) inside its
+	// COPY group, which then fails.
+	checkFnPoison
 )
 
 // dataset is the generated stream of one run.
@@ -200,6 +224,8 @@ func newDataset(n int, poison poisonKind) *dataset {
 				e.typ, e.review = rated, noReview
 			case checkPoison:
 				e.typ, e.stars = rated, 0
+			case checkFnPoison:
+				e.typ, e.review = rated, longReview
 			case unmigratedPoison:
 				e.absent = true
 			}
@@ -251,7 +277,7 @@ func appendValue(b []byte, e *event, tenant string) []byte {
 		b = strconv.AppendInt(b, int64(e.stars), 10)
 		if e.review != noReview {
 			b = append(b, `,"review":"`...)
-			b = append(b, reviews[e.review]...)
+			b = append(b, e.reviewText()...)
 			b = append(b, '"')
 		}
 		b = append(b, `,"venue_id":"venue-0042"`...)

@@ -49,7 +49,9 @@ import (
 //     tenant that is not migrated, BENCH_POISON=22003 or 23502 those that
 //     PostgreSQL refuses (at their statements, which the worker's catalog
 //     check sends them to instead of their COPY groups), BENCH_POISON=23514
-//     the one it refuses inside COPY groups (a CHECK constraint; the tenant schema gets
+//     the one a CHECK constraint refuses (a comparison, which the worker
+//     evaluates from the catalog), BENCH_POISON=23514fn the one a CHECK
+//     written with a function refuses inside COPY groups (the tenant schema gets
 //     benchConstraints, as in BenchmarkWorkerThroughput, in every case);
 //   - BENCH_MAX_POLL_RECORDS and BENCH_MAX_QUEUED_BYTES set those worker
 //     Config fields (unset: the worker's defaults);
@@ -74,6 +76,8 @@ func BenchmarkWorkerInProcess(b *testing.B) {
 		kind = nullPoison
 	case "23514":
 		kind = checkPoison
+	case "23514fn":
+		kind = checkFnPoison
 	default:
 		kind = derivePoison
 	}

@@ -93,7 +93,7 @@ func appendRow(b []byte, e *event, t int) []byte {
 		b = str(b, "artist_id", artist)
 		b = str(append(b, ','), "user_id", user)
 		b = num(append(b, ','), "stars", int64(e.stars))
-		b = str(append(b, ','), "review", reviews[e.review])
+		b = str(append(b, ','), "review", e.reviewText())
 		b = num(append(b, ','), "rated_at", e.ts)
 	}
 	b = num(append(b, ','), "_causet_seq", e.seq)

@@ -77,6 +77,7 @@ func TestPoisonKinds(t *testing.T) {
 		{"22003", rangePoison, "22003"},
 		{"23502", nullPoison, "23502"},
 		{"23514", checkPoison, "23514"},
+		{"23514fn", checkFnPoison, "23514"},
 		{"unmigrated", unmigratedPoison, "42P01"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -55,7 +55,7 @@ func (s rawSQL) queue(b *pgx.Batch, e *event) int {
 		if e.poisonedPair(projRatings) {
 			return 0
 		}
-		b.Queue(s.ratings, artist, user, int32(e.stars), reviews[e.review], ts, e.seq)
+		b.Queue(s.ratings, artist, user, int32(e.stars), e.reviewText(), ts, e.seq)
 		return 1
 	}
 }

@@ -32,7 +32,7 @@ const (
 
 // scenarioWords are the words of BENCH_SCENARIOS, each selecting rows of
 // BenchmarkWorkerThroughput's table.
-var scenarioWords = []string{"raw", "clean", "derive", "22003", "23502", "23514", "unmigrated", "trace"}
+var scenarioWords = []string{"raw", "clean", "derive", "22003", "23502", "23514", "23514fn", "unmigrated", "trace"}
 
 // benchScenarios returns the words of BENCH_SCENARIOS (comma or space
 // separated; unset or empty: every word; "all" in the list: every word of
@@ -146,14 +146,17 @@ func (s *benchScenario) worker() bool { return s.work != nil }
 // becomes integer (the definition says bigint; a score beyond 2^31−1 is
 // 22003 numeric_value_out_of_range), artist_ratings.review NOT NULL (the
 // definition leaves it nullable; a missing review is 23502
-// not_null_violation) and artist_ratings.stars gets CHECK (stars BETWEEN 1
-// AND 5) (0 stars is 23514 check_violation). The clean events satisfy all
-// three. The error names the statement that failed.
+// not_null_violation), artist_ratings.stars gets CHECK (stars BETWEEN 1
+// AND 5) (0 stars is 23514 check_violation) and artist_ratings.review
+// CHECK (char_length(review) <= 500) (a longer review is 23514 too, from a
+// constraint the worker does not evaluate in Go). The clean events
+// satisfy all four. The error names the statement that failed.
 func benchConstraints(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	for _, sql := range []string{
 		"ALTER TABLE " + pgx.Identifier{schema, "artist_followers"}.Sanitize() + " ALTER COLUMN score TYPE integer",
 		"ALTER TABLE " + pgx.Identifier{schema, "artist_ratings"}.Sanitize() + " ALTER COLUMN review SET NOT NULL",
 		"ALTER TABLE " + pgx.Identifier{schema, "artist_ratings"}.Sanitize() + " ADD CONSTRAINT stars_range CHECK (stars BETWEEN 1 AND 5)",
+		"ALTER TABLE " + pgx.Identifier{schema, "artist_ratings"}.Sanitize() + " ADD CONSTRAINT review_length CHECK (char_length(review) <= 500)",
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("%s: %w", sql, err)
@@ -417,13 +420,16 @@ func (t *throughput) deleteTopics(topics ...string) {
 //     four in each round.
 //   - clean: the projection-worker binary over the clean workload (its own
 //     COPY path), against raw-best (target 0.8).
-//   - derive, 22003, 23502, 23514, unmigrated: 1% of the events poisoned
-//     (one pair each; both pairs for unmigrated), against clean (target
-//     0.9): a score derive dividing by zero (permanent, refused at plan
-//     time); a score beyond integer (22003), a missing review (23502) and 0
-//     stars (23514, a CHECK constraint), which Plan passes and PostgreSQL
-//     refuses inside the COPY groups because of benchConstraints (23502 and
-//     23514 are projection errors: retried, then dead-lettered or
+//   - derive, 22003, 23502, 23514, 23514fn, unmigrated: 1% of the events
+//     poisoned (one pair each; both pairs for unmigrated), against clean
+//     (target 0.9): a score derive dividing by zero (permanent, refused at
+//     plan time); a score beyond integer (22003), a missing review (23502)
+//     and 0 stars (23514, a CHECK comparison), which Plan passes and
+//     PostgreSQL refuses because of benchConstraints, and which the worker
+//     leaves to statements from the table's catalog; a review of 520
+//     characters (23514fn: a CHECK with a function, which the worker does
+//     not evaluate), which PostgreSQL refuses inside its COPY group (23502
+//     and 23514 are projection errors: retried, then dead-lettered or
 //     short-circuited by the breaker); events for a tenant schema never migrated (42P01, a
 //     projection error: retried, then dead-lettered; the breaker opens
 //     after the first pairs exhaust their ~6 s of retries, so a short run
@@ -516,6 +522,8 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 			work: work(nullPoison, "notnull", "23502"), dl: onTenant("artist_ratings", "23502")},
 		{name: "poison-23514", word: "23514", ref: "clean", target: targetPoison,
 			work: work(checkPoison, "check", "23514"), dl: onTenant("artist_ratings", "23514")},
+		{name: "poison-23514-fn", word: "23514fn", ref: "clean", target: targetPoison,
+			work: work(checkFnPoison, "checkfn", "23514fn"), dl: onTenant("artist_ratings", "23514")},
 		{name: "poison-unmigrated", word: "unmigrated", ref: "clean", target: targetPoison,
 			work: work(unmigratedPoison, "nomig", "unmigrated"),
 			dl:   func(w *workload) deadLetterWant { return deadLetterWant{tenant: w.absent, sqlstate: "42P01"} }},
