@@ -231,3 +231,32 @@ func baselined(payload string) string {
 func containsKey(payload, k string) bool {
 	return strings.Contains(payload, `{"`+k+`":`) || strings.Contains(payload, `,"`+k+`":`)
 }
+
+// FuzzParseCheckExpr: any text parses or is refused with errCheckUnread,
+// never panics; what parses binds and evaluates on any arguments without
+// panicking.
+func FuzzParseCheckExpr(f *testing.F) {
+	for _, s := range []string{
+		"((stars >= 1) AND (stars <= 5))", "(s = ANY (ARRAY['a'::text, 'b'::text]))", "(NOT (stars = 4))",
+		"((n > '-1.5'::numeric) AND (n <> (0)::numeric))", `("Odd Col" > 0)`, "(stars < b)", "(b IS NULL)",
+		"((stars)::numeric > 1.5e3)", "(s = 'it''s'::text)", "(stars <> ALL (ARRAY[7, 8]))",
+	} {
+		f.Add(s)
+	}
+	p := inlineProjection(f, `stars: { type: integer, from: payload.stars }`)
+	cols := map[string]catalogColumn{"id": parseCatalogType("text"), "stars": parseCatalogType("integer")}
+	f.Fuzz(func(t *testing.T, expr string) {
+		e, err := parseCheckExpr(expr)
+		if err != nil {
+			if !errors.Is(err, errCheckUnread) {
+				t.Fatalf("%q: %v, want errCheckUnread", expr, err)
+			}
+			return
+		}
+		if b, ok := e.bind(p, cols); ok {
+			for _, args := range [][]any{{"a", "3", "1"}, {"a", nil, "1"}, {"a", "x", "1"}, {"a", " -7 ", "1"}} {
+				b.refuses(args)
+			}
+		}
+	})
+}

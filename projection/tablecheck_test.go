@@ -512,7 +512,7 @@ projections:
 // inlineProjection returns projection "p" of table t, keyed by entityId
 // (column id), with one more column (YAML "name: {...}") and upserting
 // events of type E.
-func inlineProjection(t *testing.T, column string) *TableProjection {
+func inlineProjection(t testing.TB, column string) *TableProjection {
 	t.Helper()
 	d, err := ParseDefinitions("inline.yaml", inlineDefinitions(column))
 	if err != nil {
