@@ -47,7 +47,10 @@ type catalogQuerier interface {
 // table) as PostgreSQL's catalog has them, so that copyGroupsChecked leaves to
 // statements the upserts that the table would refuse although the
 // definition's column type takes them (a table stricter than its
-// definition), and its CHECK constraints (copyGroup.check). An entry is
+// definition), and its CHECK constraints: those checkExpr reads leave the
+// upserts they refuse to statements too (rowCheck.withChecks), and all of
+// them are evaluated in PostgreSQL after a group had a row refused
+// (copyGroup.check). An entry is
 // read with two queries (catalogColumnsSQL, then catalogChecksSQL for a
 // table that exists) the first time a table has a COPY group, kept for catalogTTL, and dropped
 // when an apply on the table fails with a class 42 error (forgetOn). A
