@@ -859,7 +859,7 @@ func (p *TableProjection) isolateSQL(schema, tmp string, n, minRows int, fromPar
 	at := quoteLiteral("pg_temp."+pgx.Identifier{copyAtSequence}.Sanitize()) + "::regclass"
 	upsert := strings.NewReplacer("$1::text", quoteLiteral(p.def.Table)+"::text",
 		"$2::bigint", "_causet_lo", "$3::bigint", "_causet_hi").Replace(
-		p.copyInsertSQL(schema, p.copyRangeSQL(tmp), "setval("+at+", src."+rangeColumn+") >= 0 AND "))
+		p.copyInsertSQL(schema, p.copyRangeSQL(tmp), "setval("+at+", src."+rangeColumn+") >= 0 AND ", true))
 	result := pgx.Identifier{copyResultTable}.Sanitize()
 	return "CREATE TEMP TABLE IF NOT EXISTS " + result + " (kind text, lo bigint, hi bigint, affected bigint," +
 		" sqlstate text, message text, detail text, hint text, schema_name text, table_name text," +
@@ -1020,7 +1020,7 @@ func copyRows(ctx context.Context, tx pgx.Tx, g *copyGroup, filled tempTables) (
 		if numbered {
 			b.Queue(checkDeleteSQL(tmp, g.check))
 		}
-		b.Queue(g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize(), ""), g.p.def.Table)
+		b.Queue(g.p.copyInsertSQL(g.schema, pgx.Identifier{tmp}.Sanitize(), "", false), g.p.def.Table)
 		b.Queue("RELEASE " + copySavepoint)
 		br := tx.SendBatch(ctx, b)
 		if numbered {
@@ -1189,7 +1189,13 @@ func (p *TableProjection) copyRangeSQL(tmp string) string {
 
 // copyInsertSQL is upsertSQL for the rows of from, the temporary table or
 // a subquery of it: the same casts, tombstone check and sequence guard ($1
-// is the table name). Without qual, the rows are upserted in primary key
+// is the table name). With skipNewer it also proposes no row where the
+// table's is newer, as upsertSQL does (PostgreSQL checks a proposed row's
+// constraints before ON CONFLICT finds the existing row, so an upsert
+// older than its row that a CHECK refuses would be reported refused, not
+// stale; fresh-user trial: 100 stale events dead-lettered with 23514 with
+// --max-retries 0). isolateSQL takes it: isolating a failed group costs a
+// probe of the primary key per row; a group's first COPY does not. Without qual, the rows are upserted in primary key
 // order, each value as sent, byte by byte (lock order: lockorder.go); the
 // sort costs PostgreSQL about 0.25 µs a row
 // (BenchmarkCommitWithIdleCopyTables/none, 300 rows, 3 alternated runs:
@@ -1200,7 +1206,7 @@ func (p *TableProjection) copyRangeSQL(tmp string) string {
 // key's type's: the same for text keys in a database whose collation is
 // C, not for others (a deadlock with another partition is then possible
 // within one range of an isolation, and PostgreSQL ends it: 40P01).
-func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
+func (p *TableProjection) copyInsertSQL(schema, from, qual string, skipNewer bool) string {
 	cast := func(name, typ string) string {
 		if typ == "text" {
 			return "src." + ident(name)
@@ -1225,6 +1231,15 @@ func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 	values = append(values, seq)
 	sets = append(sets, seqColumn+" = EXCLUDED."+seqColumn)
 	s := pgx.Identifier{schema}.Sanitize()
+	newer := ""
+	if skipNewer {
+		match := make([]string, len(p.pk))
+		for j, i := range p.pk {
+			match[j] = "n." + ident(p.cols[i].name) + " = " + keyExprs[j]
+		}
+		newer = " AND NOT EXISTS (SELECT 1 FROM " + s + "." + ident(p.def.Table) + " n WHERE " +
+			strings.Join(match, " AND ") + " AND n." + seqColumn + " > " + seq + ")"
+	}
 	orderBy := ""
 	if qual == "" {
 		order := make([]string, len(p.pk))
@@ -1237,7 +1252,7 @@ func (p *TableProjection) copyInsertSQL(schema, from, qual string) string {
 		" SELECT " + strings.Join(values, ", ") + " FROM " + from + " src" +
 		" WHERE " + qual + "NOT EXISTS (SELECT 1 FROM " + s + "." + ident(tombstoneTable) + " tb" +
 		" WHERE tb.table_name = $1::text AND " + tombstoneMatch(keyExprs, keyTypes) +
-		" AND tb." + seqColumn + " >= " + seq + ")" +
+		" AND tb." + seqColumn + " >= " + seq + ")" + newer +
 		orderBy +
 		" ON CONFLICT (" + strings.Join(keys, ", ") + ") DO UPDATE SET " + strings.Join(sets, ", ") +
 		" WHERE t." + seqColumn + " <= EXCLUDED." + seqColumn

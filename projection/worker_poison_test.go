@@ -542,6 +542,58 @@ func TestWorkerCopyLeavesRowsACheckRefusesToStatements(t *testing.T) {
 	checkRefusedRatings(t, r, wantDead, 3*checkedRatingsPerWave)
 }
 
+// TestWorkerCopyIsolationSkipsUpsertsOlderThanTheirRow: ratings older
+// than their row that a CHECK only PostgreSQL evaluates would refuse,
+// copied in one group with good ones and with ratings that it refuses for
+// good, are stale no-ops, not refused: with no retries to turn a refusal
+// into a stale retry, only the new refused ratings are dead-lettered, the
+// rows keep their newer ratings and the good ones apply (fresh-user
+// trial: PostgreSQL checks a proposed row before ON CONFLICT finds the
+// newer row, so isolation reported 100 stale events refused, and they
+// were dead-lettered with 23514).
+func TestWorkerCopyIsolationSkipsUpsertsOlderThanTheirRow(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigOptions{})
+	exec(t, r.pool, "ALTER TABLE "+pgx.Identifier{r.tenant, "artist_ratings"}.Sanitize()+" ADD CONSTRAINT stars_range "+starsRangeUnread)
+	r.start(func(c *projection.Config) {
+		c.CopyMinRows = 16
+		c.MaxBatchRecords = 500
+		c.Retry.MaxRetries = 0
+	})
+	const n = 40
+	rate := func(keys, values *[]string, user string, seq, stars int) {
+		*keys = append(*keys, "one-partition")
+		*values = append(*values, r.event("ARTIST_RATED", user, int64(seq), fmt.Sprintf(`{"user_id":%q,"artist_id":"a","stars":%d}`, user, stars)))
+	}
+	var keys, values []string
+	for i := range n {
+		rate(&keys, &values, fmt.Sprintf("old-%d", i), 10, 1)
+	}
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
+	keys, values = nil, nil
+	for i := range n {
+		rate(&keys, &values, fmt.Sprintf("old-%d", i), 5, 99) // older than the row, beyond the CHECK
+		rate(&keys, &values, fmt.Sprintf("new-%d", i), 1, 2)
+	}
+	rate(&keys, &values, "refused-0", 1, 99)
+	rate(&keys, &values, "refused-1", 1, 99)
+	r.produceAll(keys, values)
+	r.waitCommitted(testTimeout)
+	if diff := cmp.Diff(map[string]int{"refused-0@1": 1, "refused-1@1": 1}, deadLetteredUsers(t, r.deadLetters())); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+	}
+	ratings := r.ratings()
+	for i := range n {
+		if got, want := ratings[fmt.Sprintf("old-%d", i)], [2]int64{1, 10}; got != want {
+			t.Errorf("old-%d: (stars, seq) %v, want %v", i, got, want)
+		}
+		if got, want := ratings[fmt.Sprintf("new-%d", i)], [2]int64{2, 1}; got != want {
+			t.Errorf("new-%d: (stars, seq) %v, want %v", i, got, want)
+		}
+	}
+}
+
 // checkedRatingsPerWave is the ratings of a wave of checkedRatingsRig.
 const checkedRatingsPerWave = 48
 
