@@ -65,25 +65,16 @@ func TestParseCheckExprReadsWhatPgGetExprPrints(t *testing.T) {
 	}
 }
 
-// checkExprDefinitions has one projection of table t whose columns have
-// the types the checks read (text, integer, numeric, bigint) and some they
-// do not (jsonb, double precision).
-const checkExprDefinitions = `irVersion: v1
-projections:
-  - name: p
-    table: t
-    primaryKey: [id]
-    columns:
-      id: { type: text, from: entityId }
-      stars: { type: integer, from: payload.stars }
+// checkExprColumns are the columns of TestCheckExprAgreesWithPostgres's
+// projection (inlineDefinitions): types the checks read (text, integer,
+// numeric, bigint) and some they do not (jsonb, double precision).
+const checkExprColumns = `stars: { type: integer, from: payload.stars }
       n: { type: numeric, from: payload.n }
       b: { type: bigint, from: payload.b }
       s: { type: text, from: payload.s }
       v: { type: text, from: payload.v }
       f: { type: double precision, from: payload.f }
-      j: { type: jsonb, from: payload.j }
-    events: { E: upsert }
-`
+      j: { type: jsonb, from: payload.j }`
 
 // TestCheckExprAgreesWithPostgres adds CHECK constraints one at a time to
 // a table (v a character varying(5)), reads them through the catalog as
@@ -96,7 +87,7 @@ projections:
 func TestCheckExprAgreesWithPostgres(t *testing.T) {
 	pool := pgtest.Pool(t)
 	ctx := context.Background()
-	d, err := ParseDefinitions("check.yaml", []byte(checkExprDefinitions))
+	d, err := ParseDefinitions("check.yaml", inlineDefinitions(checkExprColumns))
 	if err != nil {
 		t.Fatal(err)
 	}
