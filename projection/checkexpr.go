@@ -209,7 +209,7 @@ func (p *checkParser) unread() error {
 // keyword reports whether the next token is the bare word kw (any case),
 // taking it when it is.
 func (p *checkParser) keyword(kw string) bool {
-	if p.i < len(p.toks) && p.toks[p.i].kind == 'w' && strings.EqualFold(p.toks[p.i].text, kw) {
+	if p.isKeyword(kw) {
 		p.i++
 		return true
 	}
@@ -457,7 +457,7 @@ func castNode(n *checkNode, typ string) (*checkNode, bool) {
 		case "numeric":
 			return num, true
 		case "smallint", "integer", "bigint":
-			bits := map[string]int{"smallint": 16, "integer": 32, "bigint": 64}[typ]
+			bits := intBits(kindOf(typ))
 			if !num.isSmall || bits < 64 && (num.small >= 1<<(bits-1) || num.small < -(1<<(bits-1))) {
 				return nil, false
 			}
